@@ -1,0 +1,36 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Each target installs what it needs: a venv with both distributions, and the npm test tools.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+NPM_DIR := tests/conformance
+
+.PHONY: test demo lint venv npm clean
+
+$(BIN)/.installed: pyproject.toml server/pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test]" -e ./server
+	touch $@
+
+$(NPM_DIR)/node_modules/.installed: $(NPM_DIR)/package.json $(NPM_DIR)/package-lock.json
+	cd $(NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+venv: $(BIN)/.installed
+
+npm: $(NPM_DIR)/node_modules/.installed
+
+lint: venv
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+test: venv npm lint
+	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/pytest
+
+demo: venv
+	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m durastream_spark.demo
+
+clean:
+	rm -rf $(VENV) $(NPM_DIR)/node_modules

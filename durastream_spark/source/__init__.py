@@ -1,0 +1,1 @@
+"""The durastream source: stream offsets mapped to replay-deterministic micro-batch offsets."""

@@ -1,0 +1,1 @@
+"""Protocol semantics over storage: the ``Engine`` and its request/result values."""

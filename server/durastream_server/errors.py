@@ -1,0 +1,130 @@
+"""Typed protocol errors. Every failure the server reports is one of these; the HTTP layer maps them to a
+status code, headers and a JSON body ``{"error": {"code": ..., "message": ...}}``.
+
+Status codes come from the exception *type*, never from message text (hazard 38). Anything that is not a
+``ProtocolError`` and escapes a handler is an internal fault: it is logged with its traceback and answered
+with a 500 carrying no internal detail.
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Base class: an error with a defined HTTP status, machine-readable code and extra headers."""
+
+    status: int = 500
+    code: str = "INTERNAL"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers: dict[str, str] = dict(headers or {})
+
+
+class BadRequest(ProtocolError):
+    status = 400
+    code = "BAD_REQUEST"
+
+
+class InvalidJson(BadRequest):
+    code = "INVALID_JSON"
+
+
+class EmptyJsonArray(BadRequest):
+    code = "EMPTY_ARRAY"
+
+
+class Unauthorized(ProtocolError):
+    status = 401
+    code = "UNAUTHORIZED"
+
+
+class StaleEpoch(ProtocolError):
+    """The producer's epoch is older than the server's: the writer is a zombie (fenced)."""
+
+    status = 403
+    code = "STALE_EPOCH"
+
+
+class Forbidden(ProtocolError):
+    status = 403
+    code = "FORBIDDEN"
+
+
+class NotFound(ProtocolError):
+    status = 404
+    code = "NOT_FOUND"
+
+
+class MethodNotAllowed(ProtocolError):
+    status = 405
+    code = "METHOD_NOT_ALLOWED"
+
+
+class Conflict(ProtocolError):
+    status = 409
+    code = "CONFLICT"
+
+
+class StreamClosed(Conflict):
+    """Append to a closed stream. Carries ``Stream-Closed: true`` and the final ``Stream-Next-Offset``."""
+
+    code = "STREAM_CLOSED"
+
+
+class ContentTypeMismatch(Conflict):
+    code = "CONTENT_TYPE_MISMATCH"
+
+
+class StreamSeqRegression(Conflict):
+    code = "STREAM_SEQ_REGRESSION"
+
+
+class SequenceGap(Conflict):
+    """Producer seq skipped ahead. Carries Producer-Expected-Seq and Producer-Received-Seq."""
+
+    code = "SEQUENCE_GAP"
+
+
+class DuplicateMismatch(Conflict):
+    """A duplicate (producer, epoch, seq) whose payload digest differs from the accepted one."""
+
+    code = "DUPLICATE_PAYLOAD_MISMATCH"
+
+
+class ConfigMismatch(Conflict):
+    code = "CONFIG_MISMATCH"
+
+
+class Gone(ProtocolError):
+    status = 410
+    code = "GONE"
+
+
+class PayloadTooLarge(ProtocolError):
+    status = 413
+    code = "PAYLOAD_TOO_LARGE"
+
+
+class UnsupportedMediaType(ProtocolError):
+    status = 415
+    code = "UNSUPPORTED_MEDIA_TYPE"
+
+
+class StorageFailure(ProtocolError):
+    """An I/O error in the storage layer (disk full, EIO, fsync failure). The data dir needs attention."""
+
+    status = 503
+    code = "STORAGE_FAILURE"
+
+
+class InsufficientStorage(StorageFailure):
+    status = 507
+    code = "INSUFFICIENT_STORAGE"
+
+
+class CorruptStream(ProtocolError):
+    """A stream's log failed its checksums mid-file. It is quarantined, never served as data."""
+
+    status = 500
+    code = "CORRUPT_STREAM"
