@@ -1,4 +1,4 @@
-"""The protocol engine. CONTRACT STUB: the engine module owner implements it.
+"""The protocol engine.
 
 One ``Engine`` per server, on one asyncio loop. It owns the path -> current incarnation map, derived fork
 reference counts (never stored, so they cannot drift: hazard 31), TTL and expiry, producer validation
@@ -6,12 +6,39 @@ reference counts (never stored, so they cannot drift: hazard 31), TTL and expiry
 
 Validation of a request and ``StreamLog.stage()`` of its entry happen with no ``await`` in between, which
 serializes append, close and delete per stream (hazard 17).
+
+Append error precedence (section 5.2, hazard 35), decided against the conformance suite:
+
+1. the stream must exist: 404, or 410 when soft-deleted (an expired stream answers like a deleted one);
+2. malformed request: empty body without ``Stream-Closed`` -> 400; a body without (or with an
+   unparseable) Content-Type -> 400; a close-only request's Content-Type is ignored;
+3. a *closed* stream: a stale producer epoch -> 403 (``producer-state-survives-close`` accepts 403 or
+   409; 403 tells a zombie it is fenced); the tuple that closed the stream -> 204 (even with a
+   different body: ``close-with-different-body-dedup`` requires the retry to dedupe to the original);
+   an already accepted earlier tuple of the current epoch -> 204 (hazard 35: the retry of a committed
+   pre-close batch is a success, not a failure); a close-only request without producer headers -> 204
+   (idempotent close); anything else -> 409 ``StreamClosed`` with ``Stream-Closed`` and the final
+   ``Stream-Next-Offset``;
+4. Content-Type mismatch -> 409;
+5. JSON validation -> 400 (``[]`` on POST -> 400);
+6. producer validation (403 stale, 400 epoch bump with seq != 0, 409 gap, 204 duplicate, 409
+   ``DuplicateMismatch`` for a reused tuple whose remembered digest differs), before
+7. ``Stream-Seq`` (byte-wise lexicographic, scoped per stream; ``<=`` last -> 409), as the suite's
+   ``producer duplicate should return 204 even with Stream-Seq header`` requires.
+
+Every 204 for a duplicate is sent only once the original is durable (``flush``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from durastream_server.engine import contenttype, expiry, jsonmode, producers
 from durastream_server.engine.api import (
     AppendRequest,
     AppendResult,
@@ -22,7 +49,29 @@ from durastream_server.engine.api import (
     StreamInfo,
     StreamListing,
 )
+from durastream_server.engine.registry import Incarnation, KeyedLocks, Registry, build
+from durastream_server.engine.view import StreamView
+from durastream_server.engine.waiters import WaitSet
+from durastream_server.errors import (
+    BadRequest,
+    ConfigMismatch,
+    Conflict,
+    ContentTypeMismatch,
+    CorruptStream,
+    Gone,
+    NotFound,
+    ProtocolError,
+    StreamClosed,
+    StreamSeqRegression,
+)
+from durastream_server.offsets import BEGINNING, NOW, InvalidOffset, format_offset, parse_position
 from durastream_server.storage import DataDir
+from durastream_server.storage.log import StreamLog
+from durastream_server.storage.records import AppendEntry, StreamHeader
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SWEEP_INTERVAL = 0.25  # seconds between expiry sweeps
 
 
 class StreamObserver:
@@ -35,32 +84,667 @@ class StreamObserver:
     def on_deleted(self, path: str) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class _ForkPlan:
+    source: Incarnation
+    content_type: str
+    anchor: int
+    position: int
+    lifetime: expiry.Lifetime
+
+
 class Engine:
-    def __init__(self, data: DataDir, *, clock: Callable[[], float] | None = None) -> None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        data: DataDir,
+        *,
+        clock: Callable[[], float] | None = None,
+        sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+    ) -> None:
+        self._data = data
+        self._clock = clock or time.time
+        self._sweep_interval = sweep_interval
+        self._registry: Registry = build(data.logs, self._clock())
+        self._create_locks = KeyedLocks()
+        self._observers: list[StreamObserver] = []
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closed = False
+        for inc in self._registry.by_id.values():
+            self._subscribe(inc)
 
-    async def create(self, request: CreateRequest) -> CreateResult: ...
+    # ------------------------------------------------------------------ lifecycle
 
-    async def append(self, request: AppendRequest) -> AppendResult: ...
+    async def start(self) -> None:
+        """Finish interrupted cascade deletions and start the expiry sweeper."""
+        for orphan in self._registry.orphans():
+            if not orphan.removed:
+                logger.info(
+                    "collecting unreferenced deleted stream %r (%s)", orphan.path, orphan.id
+                )
+                await self._collect(orphan)
+        if self._sweeper is None and self._sweep_interval > 0:
+            self._sweeper = asyncio.create_task(self._sweep_loop(), name="durastream-expiry")
 
-    def head(self, path: str) -> StreamInfo: ...
+    async def close(self) -> None:
+        """Release waiters (they answer as at a timeout) and flush storage."""
+        self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        for inc in list(self._registry.by_id.values()):
+            inc.waiters.shutdown()
+        results = await asyncio.gather(
+            *(inc.log.flush() for inc in list(self._registry.by_id.values())),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                logger.error("flush at shutdown failed: %s", result)
 
-    async def read(self, request: ReadRequest) -> ReadResult: ...
+    def add_observer(self, observer: StreamObserver) -> None:
+        self._observers.append(observer)
+
+    # ------------------------------------------------------------------ create
+
+    async def create(self, request: CreateRequest) -> CreateResult:
+        lifetime = expiry.requested(request.ttl_seconds, request.expires_at)
+        if request.forked_from is None and (
+            request.fork_offset is not None or request.fork_sub_offset is not None
+        ):
+            raise BadRequest("Stream-Fork-Offset/Stream-Fork-Sub-Offset require Stream-Forked-From")
+        sub_offset = request.fork_sub_offset or 0
+        if sub_offset < 0:
+            raise BadRequest("Stream-Fork-Sub-Offset must be a non-negative integer")
+        # Shielded: a client that disconnects must not cancel a create half-way (created on disk but
+        # never registered).
+        return await asyncio.shield(self._create_serialized(request, lifetime, sub_offset))
+
+    async def _create_serialized(
+        self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
+    ) -> CreateResult:
+        # Creates of one path are serialized, so of N concurrent identical PUTs exactly one sees no
+        # stream and creates it (201); the others find it and compare (hazard 37).
+        async with self._create_locks.hold(request.path):
+            return await self._create_locked(request, lifetime, sub_offset)
+
+    async def _create_locked(
+        self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
+    ) -> CreateResult:
+        existing = self._registry.by_path.get(request.path)
+        if existing is not None and not existing.soft_deleted and existing.expired(self._clock()):
+            await self._expire(existing)
+            existing = self._registry.by_path.get(request.path)
+        if existing is not None:
+            if existing.soft_deleted:
+                raise Conflict(
+                    "the stream at this path was deleted but is retained for its forks; "
+                    "the path cannot be re-created until they are gone"
+                )
+            self._check_same_config(existing, request, lifetime, sub_offset)
+            await existing.log.flush()
+            return CreateResult(created=False, info=self._info(existing))
+        if request.path in self._data.corrupt:
+            raise CorruptStream(
+                f"stream {request.path!r} is quarantined: {self._corrupt(request.path)}"
+            )
+
+        now = self._clock()
+        plan = (
+            self._plan_fork(request, lifetime, sub_offset)
+            if request.forked_from is not None
+            else None
+        )
+        # From the plan on, the source is referenced (no await in between), so it cannot be
+        # hard-deleted while the fork's body is parsed and its directory written.
+        hold = self._registry.hold(plan.source) if plan else contextlib.nullcontext()
+        try:
+            with hold:
+                log = await self._build(request, plan, lifetime, sub_offset, now)
+        except BaseException:
+            if plan is not None:
+                # The source may have been deleted meanwhile and kept only for this fork.
+                await self._collect(plan.source)
+            raise
+        inc = self._register(log, now)
+        info = self._info(inc)
+        self._emit("on_created", inc.path, info.next_offset)
+        return CreateResult(created=True, info=info)
+
+    async def _build(
+        self,
+        request: CreateRequest,
+        plan: _ForkPlan | None,
+        lifetime: expiry.Lifetime,
+        sub_offset: int,
+        now: float,
+    ) -> StreamLog:
+        """Write the new incarnation: header, initial data and closure in one atomic create."""
+        content_type = plan.content_type if plan else contenttype.for_create(request.content_type)
+        # Validate the whole body before anything touches disk: a bad JSON body leaves no stream
+        # behind (hazard 20).
+        if contenttype.is_json(content_type):
+            parsed = await jsonmode.split_messages_offloaded(request.body, allow_empty_array=True)
+            if isinstance(parsed, BadRequest):
+                raise parsed
+            messages = parsed
+        else:
+            messages = (request.body,) if request.body else ()
+        position = plan.position if plan else 0
+        final_lifetime = plan.lifetime if plan else lifetime
+        header = StreamHeader(
+            path=request.path,
+            content_type=content_type,
+            created_at_ms=int(now * 1000),
+            ttl_seconds=final_lifetime.ttl_seconds,
+            expires_at=final_lifetime.expires_at,
+            fork_source_id=plan.source.id if plan else None,
+            fork_source_path=plan.source.path if plan else None,
+            fork_position=position,
+            fork_offset_requested=request.fork_offset if plan else None,
+            fork_sub_offset=sub_offset if plan else 0,
+        )
+        initial = None
+        if messages or request.closed:
+            # A stream created closed is never visible open (hazard 20).
+            initial = AppendEntry(
+                position=position,
+                messages=messages,
+                timestamp_ms=int(now * 1000),
+                closes=request.closed,
+            )
+        return await self._data.create_stream(header, initial)
+
+    def _plan_fork(
+        self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
+    ) -> _ForkPlan:
+        """Validate a fork request against its source (section 4.2). Synchronous: nothing is
+        referenced until ``_create_locked`` takes its hold, so a rejection cannot leak (hazard 21)."""
+        assert request.forked_from is not None
+        try:
+            source = self._lookup(request.forked_from)
+        except Gone:
+            raise Conflict("the fork source was deleted") from None
+        except NotFound:
+            raise NotFound(f"fork source {request.forked_from!r} does not exist") from None
+        source_type = source.header.content_type
+        requested = contenttype.parse(request.content_type)
+        if requested is not None and not contenttype.same_type(requested.essence, source_type):
+            raise ContentTypeMismatch(
+                f"fork content type {requested.text!r} does not match the source's {source_type!r}"
+            )
+        view = self._view(source)
+        tail = view.tail
+        if request.fork_offset is None:
+            anchor = tail
+        else:
+            anchor = _parse_token(request.fork_offset, "Stream-Fork-Offset")
+            if anchor > tail:
+                raise BadRequest("Stream-Fork-Offset is beyond the source stream's tail")
+        # Byte streams may fork anywhere up to the tail: chunked reads hand out offsets inside a
+        # stored append. JSON offsets are always message boundaries (hazard 22).
+        if source.json and not view.is_boundary(anchor):
+            raise BadRequest("Stream-Fork-Offset is not a message boundary of the source stream")
+        position = view.boundary_after(anchor, sub_offset)
+        return _ForkPlan(
+            source=source,
+            content_type=source_type,
+            anchor=anchor,
+            position=position,
+            lifetime=expiry.for_fork(source.lifetime, lifetime),
+        )
+
+    def _check_same_config(
+        self,
+        existing: Incarnation,
+        request: CreateRequest,
+        lifetime: expiry.Lifetime,
+        sub_offset: int,
+    ) -> None:
+        """Idempotent PUT: 200 only if the request describes the stream that exists (section 5.1)."""
+        header = existing.header
+        differences: list[str] = []
+        requested_type = contenttype.parse(request.content_type)
+        if request.forked_from is not None and requested_type is None:
+            pass  # a fork without (valid) Content-Type inherits, whatever the source's type was
+        elif not contenttype.same_type(
+            contenttype.for_create(request.content_type), header.content_type
+        ):
+            differences.append("content type")
+        if request.closed != existing.log.state.closed:
+            differences.append("closed status")
+        expected_lifetime = lifetime
+        if request.forked_from is not None and not lifetime.expires:
+            source = self._registry.by_id.get(header.fork_source_id or "")
+            if source is not None:
+                expected_lifetime = expiry.for_fork(source.lifetime, lifetime)
+            else:
+                expected_lifetime = existing.lifetime  # inherited from a source that is gone
+        if expected_lifetime != existing.lifetime:
+            differences.append("TTL/expiry")
+        if request.forked_from is not None:
+            if header.fork_source_path != request.forked_from:
+                differences.append("fork source")
+            elif request.fork_offset is not None:
+                requested_anchor = _parse_token(request.fork_offset, "Stream-Fork-Offset")
+                anchor = (
+                    parse_position(header.fork_offset_requested)
+                    if header.fork_offset_requested is not None
+                    else header.fork_position
+                )
+                if requested_anchor != anchor:
+                    differences.append("fork offset")
+            if sub_offset != header.fork_sub_offset:
+                differences.append("fork sub-offset")
+        if differences:
+            raise ConfigMismatch(
+                "stream already exists with a different configuration: " + ", ".join(differences)
+            )
+
+    # ------------------------------------------------------------------ append
+
+    async def append(self, request: AppendRequest) -> AppendResult:
+        """Append and/or close. See the module docstring for the error precedence."""
+        inc = self._lookup(request.path)
+        self._touch(inc)
+        log = inc.log
+        body = request.body
+        if not body and not request.close:
+            raise BadRequest("an empty POST body requires Stream-Closed: true")
+        request_type: contenttype.ContentType | None = None
+        if body:
+            request_type = contenttype.parse(request.content_type)
+            if request_type is None:
+                raise BadRequest(
+                    "Content-Type is required with a body"
+                    if request.content_type is None
+                    else f"invalid Content-Type {request.content_type!r}"
+                )
+        producer = request.producer
+        digest = b""
+        if producer is not None:
+            producers.check_tuple_syntax(producer)
+            digest = producers.request_digest(
+                request_type.essence if request_type else None, body, request.close
+            )
+
+        parsed: tuple[bytes, ...] | BadRequest | None = None
+        if inc.json and len(body) >= jsonmode.OFFLOAD_BYTES:
+            # Parse a large JSON body off the loop *before* the validation section; its error (if
+            # any) is reported at its place in the precedence below.
+            parsed = await jsonmode.split_messages_offloaded(body, allow_empty_array=False)
+            current = self._lookup(request.path)  # the stream may have changed meanwhile
+            if current is not inc:
+                inc, log, parsed = current, current.log, None
+
+        # From here to log.stage(): no await (hazard 17).
+        state = log.state
+        if state.closed:
+            return await self._append_to_closed(inc, request, digest)
+        if request_type is not None and request_type.essence != inc.essence:
+            raise ContentTypeMismatch(
+                f"Content-Type {request_type.text!r} does not match the stream's "
+                f"{inc.header.content_type!r}"
+            )
+        if isinstance(parsed, BadRequest):
+            raise parsed
+        if parsed is not None:
+            messages = parsed
+        elif inc.json:
+            messages = jsonmode.split_messages(body, allow_empty_array=False)
+        else:
+            messages = (body,) if body else ()
+        if producer is not None:
+            decision = producers.validate(state, producer, digest)
+            if isinstance(decision, producers.Duplicate):
+                return await self._duplicate(inc, decision)
+        if (
+            request.stream_seq is not None
+            and state.last_stream_seq is not None
+            and request.stream_seq <= state.last_stream_seq
+        ):
+            # str order is code point order, which is UTF-8 byte order.
+            raise StreamSeqRegression(
+                f"Stream-Seq {request.stream_seq!r} is not greater than the last "
+                f"({state.last_stream_seq!r})"
+            )
+        entry = AppendEntry(
+            position=state.tail,
+            messages=messages,
+            timestamp_ms=max(int(self._clock() * 1000), state.last_timestamp_ms),
+            closes=request.close,
+            producer=producer,
+            stream_seq=request.stream_seq,
+            digest=digest,
+        )
+        durable = log.stage(entry)
+        next_offset = format_offset(entry.end)
+        if entry.size:
+            # Observers hear of the append once it is durable, even if this request is cancelled
+            # (client gone) while waiting: the data is committed either way.
+            path = inc.path
+            durable.add_done_callback(lambda fut: self._notify_appended(fut, path, next_offset))
+        await asyncio.shield(durable)
+        return AppendResult(
+            next_offset=next_offset,
+            closed=request.close,
+            duplicate=False,
+            producer_epoch=producer.epoch if producer else None,
+            producer_seq=producer.seq if producer else None,
+        )
+
+    async def _append_to_closed(
+        self, inc: Incarnation, request: AppendRequest, digest: bytes
+    ) -> AppendResult:
+        log = inc.log
+        state = log.state
+        producer = request.producer
+        if producer is not None:
+            if state.closed_by == producer:
+                current = state.producers[producer.producer_id]
+                decision: producers.Decision | None = producers.Duplicate(
+                    epoch=current.epoch, highest_seq=current.last_seq
+                )
+            else:
+                decision = producers.stale_or_duplicate_after_close(state, producer)
+                if decision is not None:
+                    producers.check_duplicate_digest(state, producer, digest)
+            if isinstance(decision, producers.Duplicate):
+                return await self._duplicate(inc, decision)
+        elif not request.body:
+            await log.flush()  # the close being repeated may still be in flight
+            return AppendResult(
+                next_offset=format_offset(log.durable_tail), closed=True, duplicate=True
+            )
+        await log.flush()
+        final = format_offset(log.state.tail)
+        raise StreamClosed(
+            "the stream is closed",
+            headers={"Stream-Closed": "true", "Stream-Next-Offset": final},
+        )
+
+    async def _duplicate(self, inc: Incarnation, decision: producers.Duplicate) -> AppendResult:
+        """Answer a producer retry, but only once what it duplicates is durable."""
+        await inc.log.flush()
+        return AppendResult(
+            next_offset=format_offset(inc.log.durable_tail),
+            closed=inc.log.state.closed,
+            duplicate=True,
+            producer_epoch=decision.epoch,
+            producer_seq=decision.highest_seq,
+        )
+
+    # ------------------------------------------------------------------ head / read / wait
+
+    def head(self, path: str) -> StreamInfo:
+        """Stream metadata. Does not refresh a sliding TTL (section 5.1)."""
+        return self._info(self._lookup(path))
+
+    async def read(self, request: ReadRequest) -> ReadResult:
+        inc = self._lookup(request.path)
+        self._touch(inc)
+        log = inc.log
+        view = self._view(inc)
+        tail = view.tail
+        if request.offset == NOW:
+            return ReadResult(
+                info=self._info(inc),
+                start_offset=format_offset(tail),
+                messages=(),
+                positions=(),
+                timestamps_ms=(),
+                next_offset=format_offset(tail),
+                up_to_date=True,
+                closed=log.durable_closed,
+                json=inc.json,
+            )
+        start = 0 if request.offset == BEGINNING else _parse_token(request.offset, "offset")
+        if start > tail:
+            raise BadRequest("offset is beyond the tail of the stream")
+        end = tail
+        if request.end_offset is not None:
+            end = min(_parse_token(request.end_offset, "end offset"), tail)
+            if end < start:
+                raise BadRequest("end offset is before the start offset")
+        # A JSON read must start on a message boundary: storage checks that while it reads (in its
+        # worker thread) and the view turns a violation into 400. An explicit end is checked here,
+        # since a whole-message read would silently stop short of a mid-message end.
+        if inc.json and end != tail and not view.is_boundary(end):
+            raise BadRequest("end offset is not a message boundary of this JSON stream")
+        slices, next_position = await view.read(start, request.max_bytes, end)
+        # Judge EOF against the state *after* the read: a close (with or without data) that landed
+        # meanwhile moved the durable tail, so a reader at the old tail is not told "closed" while
+        # final data remains unread (hazards 16, 23).
+        durable_tail = log.durable_tail
+        return ReadResult(
+            info=self._info(inc),
+            start_offset=format_offset(start),
+            messages=tuple(s.data for s in slices),
+            positions=tuple(format_offset(s.position) for s in slices),
+            timestamps_ms=tuple(s.timestamp_ms for s in slices),
+            next_offset=format_offset(next_position),
+            up_to_date=next_position >= durable_tail,
+            closed=log.durable_closed and next_position == durable_tail,
+            json=inc.json,
+        )
 
     async def wait(self, path: str, offset: str, timeout: float) -> bool:
         """Wait until data past ``offset`` is durable or the stream is closed; False on timeout.
 
         Raises NotFound/Gone if the stream is deleted while waiting (hazard 33). Counts as access for a
-        sliding TTL for its whole duration (hazard 26).
+        sliding TTL for its whole duration (hazard 26). Only the stream's own durable commits wake it,
+        so a fork's waiters ignore appends to its source (section 5.7).
         """
-        ...
+        inc = self._lookup(path)
+        self._touch(inc)
+        log = inc.log
+        if offset == NOW:
+            target = log.durable_tail
+        else:
+            target = 0 if offset == BEGINNING else _parse_token(offset, "offset")
+            if target > log.durable_tail:
+                raise BadRequest("offset is beyond the tail of the stream")
+        inc.active_waits += 1
+        try:
+            return await inc.waiters.wait_until(
+                lambda: log.durable_tail > target or log.durable_closed, timeout
+            )
+        finally:
+            inc.active_waits -= 1
+            self._touch(inc)
 
-    async def delete(self, path: str) -> None: ...
+    def waiting(self, path: str) -> int:
+        """How many waits are parked on the stream at ``path`` (observability; 0 if none)."""
+        inc = self._registry.by_path.get(path)
+        return inc.active_waits if inc is not None else 0
 
-    def list_streams(self, prefix: str = "") -> list[StreamListing]: ...
+    # ------------------------------------------------------------------ delete / expiry
 
-    def add_observer(self, observer: StreamObserver) -> None: ...
+    async def delete(self, path: str) -> None:
+        """Hard delete, or soft delete while forks still read the stream (section 5.4)."""
+        inc = self._lookup(path)
+        # Shielded: a half-done delete (unregistered, directory still present) must not be left
+        # behind by a client disconnect.
+        await asyncio.shield(self._remove(inc))
 
-    async def close(self) -> None:
-        """Release waiters (they answer as at a timeout) and flush storage."""
-        ...
+    async def sweep_expired(self) -> int:
+        """Delete every expired stream now; returns how many. The background sweeper calls this."""
+        now = self._clock()
+        expired = [
+            inc
+            for inc in list(self._registry.by_path.values())
+            if inc.lifetime.expires and not inc.soft_deleted and inc.expired(now)
+        ]
+        for inc in expired:
+            try:
+                await asyncio.shield(self._expire(inc))
+            except Exception:
+                logger.exception("expiring stream %r failed", inc.path)
+        return len(expired)
+
+    async def _sweep_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._sweep_interval)
+            try:
+                await self.sweep_expired()
+            except Exception:
+                logger.exception("expiry sweep failed")
+
+    async def _expire(self, inc: Incarnation) -> None:
+        if inc.removed or inc.soft_deleted:
+            return
+        logger.info("stream %r expired", inc.path)
+        await self._remove(inc)
+
+    async def _remove(self, inc: Incarnation) -> None:
+        path = inc.path
+        if self._registry.refcount(inc) > 0:
+            await self._soft_delete(inc)
+        else:
+            await self._hard_delete(inc)
+            await self._collect_source_of(inc)
+        self._emit("on_deleted", path)
+
+    async def _soft_delete(self, inc: Incarnation) -> None:
+        # Flag first (synchronously): from here on every direct request answers 410.
+        inc.soft_deleted = True
+        inc.waiters.fail(lambda: Gone("the stream was deleted"))
+        await inc.log.stage_soft_delete()
+        # The last fork may have gone while the record was being written.
+        await self._collect(inc)
+
+    async def _hard_delete(self, inc: Incarnation) -> None:
+        if inc.removed:
+            return
+        self._registry.remove(inc)
+        if inc.unsubscribe is not None:
+            inc.unsubscribe()
+            inc.unsubscribe = None
+        inc.waiters.fail(lambda: NotFound("the stream was deleted"))
+        try:
+            await self._data.delete_stream(inc.log)
+        except ProtocolError:
+            # Storage keeps serving a log it could not move to the trash; so do we, unless the path
+            # was re-created meanwhile (then it stays reachable only for its forks).
+            inc.removed = False
+            inc.waiters = WaitSet()
+            self._registry.add(inc, current=inc.path not in self._registry.by_path)
+            self._subscribe(inc)
+            raise
+
+    async def _collect(self, inc: Incarnation) -> None:
+        """Garbage-collect ``inc`` if it is deleted and unreferenced, then cascade up the chain."""
+        current: Incarnation | None = inc
+        while (
+            current is not None
+            and not current.removed
+            and current.soft_deleted
+            and self._registry.refcount(current) == 0
+        ):
+            source = self._registry.source_of(current)
+            logger.info("collecting deleted stream %r (%s)", current.path, current.id)
+            await self._hard_delete(current)
+            current = source
+
+    async def _collect_source_of(self, inc: Incarnation) -> None:
+        source_id = inc.source_id
+        source = self._registry.by_id.get(source_id) if source_id else None
+        if source is not None:
+            try:
+                await self._collect(source)
+            except Exception:
+                # The fork itself is deleted; a failed cascade is retried at the next start-up.
+                logger.exception("cascade deletion of %r failed", source.path)
+
+    # ------------------------------------------------------------------ listing
+
+    def list_streams(self, prefix: str = "") -> list[StreamListing]:
+        """Live streams whose path starts with ``prefix``, sorted by path."""
+        now = self._clock()
+        listings = []
+        for path, inc in self._registry.by_path.items():
+            if not path.startswith(prefix) or inc.soft_deleted or inc.expired(now):
+                continue
+            listings.append(
+                StreamListing(
+                    path=path,
+                    content_type=inc.header.content_type,
+                    next_offset=format_offset(inc.log.durable_tail),
+                    closed=inc.log.durable_closed,
+                )
+            )
+        listings.sort(key=lambda listing: listing.path)
+        return listings
+
+    # ------------------------------------------------------------------ helpers
+
+    def _lookup(self, path: str) -> Incarnation:
+        """The live incarnation at ``path``: 404 if none (or expired), 410 if soft-deleted."""
+        inc = self._registry.by_path.get(path)
+        if inc is None:
+            if path in self._data.corrupt:
+                raise CorruptStream(f"stream {path!r} is quarantined: {self._corrupt(path)}")
+            raise NotFound(f"stream {path!r} does not exist")
+        if inc.soft_deleted:
+            raise Gone(f"stream {path!r} was deleted")
+        if inc.expired(self._clock()):
+            # Answer as the sweeper will leave it: soft-deleted if forks still read it.
+            if self._registry.refcount(inc) > 0:
+                raise Gone(f"stream {path!r} expired")
+            raise NotFound(f"stream {path!r} does not exist")
+        return inc
+
+    def _corrupt(self, path: str) -> str:
+        return self._data.corrupt.get(path, "corrupt")
+
+    def _touch(self, inc: Incarnation) -> None:
+        inc.last_access = max(inc.last_access, self._clock())
+
+    def _view(self, inc: Incarnation) -> StreamView:
+        def source_log(storage_id: str) -> StreamLog | None:
+            source = self._registry.by_id.get(storage_id)
+            return source.log if source is not None else None
+
+        return StreamView.of(inc.log, source_log, json=inc.json)
+
+    def _register(self, log: StreamLog, now: float) -> Incarnation:
+        inc = Incarnation.of(log, now)
+        self._registry.add(inc, current=True)
+        self._subscribe(inc)
+        return inc
+
+    def _subscribe(self, inc: Incarnation) -> None:
+        inc.unsubscribe = inc.log.add_listener(inc.waiters.notify)
+
+    def _info(self, inc: Incarnation) -> StreamInfo:
+        return StreamInfo(
+            path=inc.path,
+            storage_id=inc.id,
+            content_type=inc.header.content_type,
+            next_offset=format_offset(inc.log.durable_tail),
+            closed=inc.log.durable_closed,
+            ttl_seconds=inc.lifetime.ttl_seconds,
+            expires_at=inc.lifetime.expires_at,
+        )
+
+    def _notify_appended(self, durable: asyncio.Future[None], path: str, next_offset: str) -> None:
+        if not durable.cancelled() and durable.exception() is None:
+            self._emit("on_appended", path, next_offset)
+
+    def _emit(self, hook: str, *args: str) -> None:
+        for observer in self._observers:
+            try:
+                getattr(observer, hook)(*args)
+            except Exception:
+                logger.exception("stream observer %r failed in %s", observer, hook)
+
+
+def _parse_token(text: str, what: str) -> int:
+    try:
+        return parse_position(text)
+    except InvalidOffset:
+        raise BadRequest(f"malformed {what} {text!r}") from None
+
+
+__all__ = ["Engine", "ProtocolError", "StreamObserver"]

@@ -1,4 +1,4 @@
-"""The data directory: lock, stream directories, atomic create and delete. CONTRACT STUB.
+"""The data directory: lock, stream directories, atomic create and delete.
 
 ``<data-dir>/``
   ``LOCK``         held with ``fcntl.flock`` for the server's lifetime: a second server refuses to start.
@@ -17,12 +17,36 @@ a checksum failure *followed by valid data* is mid-file corruption: the stream i
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import errno
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from durastream_server.storage.log import StreamLog
+from durastream_server import errors
+from durastream_server.storage import codec
+from durastream_server.storage.files import FdCache, fsync_dir, is_out_of_space
+from durastream_server.storage.index import LogIndex, SparseIndex
+from durastream_server.storage.log import LogContext, StreamLog
 from durastream_server.storage.records import AppendEntry, StreamHeader
+from durastream_server.storage.recovery import Quarantine, Recovered, recover_stream
+from durastream_server.storage.segments import SegmentTable, segment_name
+from durastream_server.storage.state import StreamState, apply_entry
+
+log = logging.getLogger(__name__)
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# A clean shutdown snapshots a log only if start-up would otherwise replay at least this much.
+_CLOSE_SNAPSHOT_BYTES = 256 * 1024
+_CLOSE_SNAPSHOT_ENTRIES = 256
 
 
 class Durability(str, Enum):
@@ -39,37 +63,327 @@ class StorageConfig:
     segment_bytes: int = 64 * 1024 * 1024
     index_interval_bytes: int = 64 * 1024  # one sparse-index entry per this many segment bytes
     snapshot_interval_entries: int = 4096
+    io_threads: int = 16  # worker threads for write+fsync, creates, deletes and recovery
+    read_threads: int = 16  # worker threads for reads (separate, so reads never delay commits)
+    max_open_files: int = 512  # soft bound on cached segment fds (in-use fds are never closed)
 
 
 class AlreadyLocked(RuntimeError):
     """Another server holds the data directory."""
 
 
-class DataDir:
-    """Owns the data directory for the server's lifetime."""
+def new_storage_id() -> str:
+    """Unique per incarnation and time-ordered (sorts by creation), never derived from the path."""
+    return f"{time.time_ns():016x}{secrets.token_hex(8)}"
 
-    logs: dict[
-        str, StreamLog
-    ]  # storage id -> log, every recovered incarnation (incl. soft-deleted)
-    corrupt: dict[str, str]  # path -> reason, for quarantined streams
+
+class DataDir:
+    """Owns the data directory for the server's lifetime.
+
+    ``logs``: storage id -> log, every recovered or created incarnation (incl. soft-deleted).
+    ``corrupt``: stream path -> reason, for quarantined streams (``storage:<id>`` when even the header
+    record is unreadable, so the path is unknown).
+    """
+
+    logs: dict[str, StreamLog]
+    corrupt: dict[str, str]
+
+    def __init__(self, config: StorageConfig, lock_fd: int) -> None:
+        self.config = config
+        self.root = Path(config.root)
+        self.logs = {}
+        self.corrupt = {}
+        self._lock_fd = lock_fd
+        self._executor = ThreadPoolExecutor(
+            max_workers=max(1, config.io_threads), thread_name_prefix="durastream-io"
+        )
+        self._read_executor = ThreadPoolExecutor(
+            max_workers=max(1, config.read_threads), thread_name_prefix="durastream-read"
+        )
+        self._ctx = LogContext(
+            executor=self._executor,
+            read_executor=self._read_executor,
+            cache=FdCache(config.max_open_files),
+            segment_bytes=max(1, config.segment_bytes),
+            snapshot_interval_entries=max(1, config.snapshot_interval_entries),
+            sync=config.durability == Durability.FSYNC,
+        )
+        self._background: set[concurrent.futures.Future[object]] = set()
+        self._closed = False
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The shared I/O thread pool (other components may use it for their own blocking file work)."""
+        return self._executor
+
+    def _dir(self, name: str) -> Path:
+        return self.root / name
+
+    # ------------------------------------------------------------------------------------------- open
 
     @classmethod
     async def open(cls, config: StorageConfig) -> DataDir:
         """Lock, recover every stream (snapshot + replay), return. Raises ``AlreadyLocked``."""
-        raise NotImplementedError
+        root = Path(config.root)
+        root.mkdir(parents=True, exist_ok=True)
+        lock_fd = _lock(root)
+        try:
+            self = cls(config, lock_fd)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        try:
+            await self._run(self._prepare_dirs)
+            await self._recover_all()
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            self._read_executor.shutdown(wait=True)
+            os.close(lock_fd)
+            raise
+        log.info(
+            "data dir %s: %d streams recovered, %d quarantined",
+            root,
+            len(self.logs),
+            len(self.corrupt),
+        )
+        return self
+
+    def _prepare_dirs(self) -> None:
+        for name in ("streams", "staging", "trash", "meta"):
+            self._dir(name).mkdir(exist_ok=True)
+        for name in ("staging", "trash"):
+            scratch = self._dir(name)
+            for entry in os.listdir(scratch):
+                _remove(scratch / entry)
+        if self._ctx.sync:
+            fsync_dir(self.root)
+
+    async def _recover_all(self) -> None:
+        streams = self._dir("streams")
+        ids = sorted(os.listdir(streams))
+        interval = self.config.index_interval_bytes
+
+        async def one(log_id: str) -> Recovered | Quarantine:
+            directory = str(streams / log_id)
+            if not os.path.isdir(directory):
+                log.warning("data dir: ignoring non-directory %s", directory)
+                return Quarantine(f"storage:{log_id}", "not a directory")
+            try:
+                return await self._run(
+                    recover_stream, directory, log_id, interval, sync=self._ctx.sync
+                )
+            except Quarantine as q:
+                return q
+            except Exception as exc:  # a bug must not silently drop a stream (hazard 32)
+                log.exception("stream %s: recovery failed", log_id)
+                return Quarantine(f"storage:{log_id}", f"recovery failed: {exc!r}")
+
+        for result in await asyncio.gather(*(one(i) for i in ids)):
+            if isinstance(result, Quarantine):
+                log.error("stream %s quarantined: %s", result.key, result.reason)
+                self.corrupt[result.key] = result.reason
+                continue
+            stream = StreamLog(
+                self._ctx,
+                result.log_id,
+                result.directory,
+                result.header,
+                result.state,
+                SegmentTable(result.directory, result.log_id, result.bases),
+                result.index,
+                result.file_end,
+                result.last_record,
+            )
+            stream._snapshot_entries = result.snapshot_entries
+            stream._snapshot_end = result.snapshot_end
+            self.logs[result.log_id] = stream
+
+    # ----------------------------------------------------------------------------------------- create
 
     async def create_stream(self, header: StreamHeader, initial: AppendEntry | None) -> StreamLog:
-        """Atomically create a new incarnation with its header and optional initial entry, durable."""
-        raise NotImplementedError
+        """Atomically create a new incarnation with its header and optional initial entry, durable.
+
+        Raises ``ValueError`` if ``initial`` does not start at ``header.fork_position``, and
+        ``StorageFailure``/``InsufficientStorage`` on I/O errors (nothing is left behind then).
+        """
+        self._check_open()
+        state = StreamState(tail=header.fork_position)
+        if initial is not None:
+            apply_entry(state, initial)
+        log_id = new_storage_id()
+        header_frame = codec.encode_header(header)
+        initial_frame = codec.encode_append(initial) if initial is not None else None
+        try:
+            directory = await self._run(self._build_stream, log_id, header_frame, initial_frame)
+        except OSError as exc:
+            log.error("create of %r failed: %r", header.path, exc)
+            if is_out_of_space(exc):
+                raise errors.InsufficientStorage(f"no space to create {header.path!r}") from exc
+            raise errors.StorageFailure(f"could not create {header.path!r}: {exc}") from exc
+        header_end = len(header_frame)
+        index = LogIndex(SparseIndex(self.config.index_interval_bytes))
+        index.sparse.note(header.fork_position, header_end)
+        file_end = header_end
+        if initial is not None:
+            index.note(initial.position, header_end)
+            file_end += len(initial_frame)  # type: ignore[arg-type]
+        stream = StreamLog(
+            self._ctx,
+            log_id,
+            directory,
+            header,
+            state,
+            SegmentTable(directory, log_id, [0]),
+            index,
+            file_end,
+            header_end if initial is not None else 0,
+        )
+        stream._snapshot_entries = 0
+        stream._snapshot_end = 0
+        self.logs[log_id] = stream
+        return stream
+
+    def _build_stream(self, log_id: str, header_frame: bytes, initial_frame: bytes | None) -> str:
+        """Build the stream under staging/, fsync it, then rename it into streams/ (hazard 20)."""
+        staged = self._dir("staging") / log_id
+        final = self._dir("streams") / log_id
+        sync = self._ctx.sync
+        try:
+            staged.mkdir()
+            fd = os.open(
+                staged / segment_name(0), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644
+            )
+            try:
+                data = header_frame if initial_frame is None else header_frame + initial_frame
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if sync:
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            if sync:
+                fsync_dir(staged)
+            os.rename(staged, final)
+            if sync:
+                fsync_dir(final.parent)
+        except BaseException:
+            _remove(staged)
+            raise
+        return str(final)
+
+    # ----------------------------------------------------------------------------------------- delete
 
     async def delete_stream(self, log: StreamLog) -> None:
-        """Remove an incarnation: wait for its pending commits, rename to trash, fsync, rm in background."""
-        raise NotImplementedError
+        """Remove an incarnation: wait for its pending commits, rename to trash, fsync, rm in background.
+
+        Readers of the log get ``errors.NotFound`` afterwards. Deleting a log twice is a no-op.
+        """
+        self._check_open()
+        if self.logs.get(log.id) is not log:
+            return
+        del self.logs[log.id]
+        await log._shutdown(snapshot=False)
+        src = self._dir("streams") / log.id
+        dst = self._dir("trash") / log.id
+        log._deleted = True  # from here on, readers get NotFound rather than a missing-file error
+        try:
+            await self._run(self._move_to_trash, src, dst)
+        except OSError as exc:
+            log._closed = log._deleted = False  # still on disk and intact: keep serving it
+            self.logs[log.id] = log
+            logging.getLogger(__name__).error("delete of %r failed: %r", log.header.path, exc)
+            raise errors.StorageFailure(f"could not delete {log.header.path!r}: {exc}") from exc
+        log._forget_files()
+        future = self._executor.submit(_remove, dst)
+        self._background.add(future)
+        future.add_done_callback(self._background.discard)
+
+    def _move_to_trash(self, src: Path, dst: Path) -> None:
+        os.rename(src, dst)
+        if self._ctx.sync:
+            fsync_dir(dst.parent)
+            fsync_dir(src.parent)
+
+    # ------------------------------------------------------------------------------------------- misc
 
     def meta_path(self, name: str) -> Path:
-        """A path under ``meta/`` for another component's durable files."""
-        raise NotImplementedError
+        """A path under ``meta/`` for another component's durable files (``meta/`` exists)."""
+        relative = Path(name)
+        if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+            raise ValueError(f"bad meta file name {name!r}")
+        meta = self._dir("meta")
+        meta.mkdir(exist_ok=True)
+        return meta / relative
 
     async def close(self) -> None:
         """Flush every log, write snapshots, release the lock."""
-        raise NotImplementedError
+        if self._closed:
+            return
+        self._closed = True
+        logs = list(self.logs.values())
+        results = await asyncio.gather(
+            *(self._close_log(stream) for stream in logs), return_exceptions=True
+        )
+        for stream, result in zip(logs, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("stream %s: close failed: %r", stream.id, result)
+        if self._background:
+            await asyncio.gather(
+                *(asyncio.wrap_future(f) for f in list(self._background)), return_exceptions=True
+            )
+        self._executor.shutdown(wait=True)
+        self._read_executor.shutdown(wait=True)
+        self._ctx.cache.close_all()
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        finally:
+            os.close(self._lock_fd)
+
+    async def _close_log(self, stream: StreamLog) -> None:
+        worth = (
+            stream.state.entries - stream._snapshot_entries >= _CLOSE_SNAPSHOT_ENTRIES
+            or stream._file_end - stream._snapshot_end >= _CLOSE_SNAPSHOT_BYTES
+        )
+        await stream._shutdown(snapshot=worth)
+        stream._forget_files()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.StorageFailure("data directory is closed")
+
+    async def _run(self, func, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        loop = asyncio.get_running_loop()
+        if kwargs:
+            return await loop.run_in_executor(self._executor, lambda: func(*args, **kwargs))
+        return await loop.run_in_executor(self._executor, func, *args)
+
+
+def _lock(root: Path) -> int:
+    """Take the data directory lock (hazard 24); returns the fd that holds it."""
+    fd = os.open(root / "LOCK", os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise AlreadyLocked(f"data directory {root} is in use by another server") from None
+        raise
+    try:  # for operators: who holds it
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass
+    return fd
+
+
+def _remove(path: Path | str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)

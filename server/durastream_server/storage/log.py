@@ -1,4 +1,4 @@
-"""One stream incarnation's durable log. CONTRACT STUB: the storage module owner implements it.
+"""One stream incarnation's durable log.
 
 Layout of a stream directory (``<data-dir>/streams/<id>/``):
   ``<first-file-offset:020d>.seg``  segment files of framed, checksummed records (codec.py), rolled at
@@ -23,11 +23,25 @@ disk. The in-memory state may be ahead of the disk then, so it must never be use
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
-from durastream_server.storage.records import AppendEntry, MessageSlice, StreamHeader
-from durastream_server.storage.state import StreamState
+from durastream_server import errors
+from durastream_server.storage import codec
+from durastream_server.storage.files import FdCache, is_out_of_space
+from durastream_server.storage.index import LogIndex
+from durastream_server.storage.reader import NotABoundary, read_range, walk_boundaries
+from durastream_server.storage.records import AppendEntry, MessageSlice, SoftDelete, StreamHeader
+from durastream_server.storage.segments import SegmentTable
+from durastream_server.storage.snapshot import encode_snapshot, state_to_dict, write_snapshot
+from durastream_server.storage.state import StreamState, apply_entry
+from durastream_server.storage.writer import BatchResult, WriteTarget, write_batch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,31 +52,260 @@ class ReadChunk:
     next_position: int  # position after the last returned byte; == start when nothing was returned
 
 
-class StreamLog:
-    """Append-only log of one stream incarnation."""
+class InvalidPosition(ValueError):
+    """A logical position that is not in this log or not a boundary where one is required."""
 
-    id: str  # storage id: the directory name, unique per incarnation (used in ETags and fork links)
-    header: StreamHeader
-    state: StreamState  # accepted state, including staged entries not yet durable
-    durable_tail: int  # readers never read past this
-    durable_closed: bool  # closure that is on disk (what readers may report)
+
+@dataclass(frozen=True, slots=True)
+class LogContext:
+    """What every log of a data directory shares (owned by ``DataDir``)."""
+
+    executor: Executor  # commits, snapshots: never queued behind reads
+    read_executor: Executor
+    cache: FdCache
+    segment_bytes: int
+    snapshot_interval_entries: int
+    sync: bool  # Durability.FSYNC
+
+
+_Item = AppendEntry | SoftDelete
+_Queued = tuple[_Item, "asyncio.Future[None]"]
+
+
+class StreamLog:
+    """Append-only log of one stream incarnation.
+
+    Public attributes: ``id`` (storage id: the directory name, unique per incarnation; used in ETags and
+    fork links), ``header``, ``state`` (accepted state, including staged entries not yet durable),
+    ``durable_tail`` (readers never read past it) and ``durable_closed`` (closure that is on disk).
+    Instances come from ``DataDir``; do not construct them directly.
+    """
+
+    def __init__(
+        self,
+        ctx: LogContext,
+        log_id: str,
+        directory: str,
+        header: StreamHeader,
+        state: StreamState,
+        segments: SegmentTable,
+        index: LogIndex,
+        file_end: int,
+        last_record: int,
+    ) -> None:
+        self.id = log_id
+        self.header = header
+        self.state = state
+        self.durable_tail = state.tail
+        self.durable_closed = state.closed
+        self.directory = directory
+        self._ctx = ctx
+        self._segments = segments
+        self._index = index
+        self._file_end = file_end
+        self._last_record = last_record  # global offset of the last record on disk
+        self._target = WriteTarget(directory, log_id, ctx.cache, ctx.segment_bytes, ctx.sync)
+        self._queue: list[_Queued] = []
+        self._inflight: list[_Queued] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        self._closed = False  # closed by DataDir (delete or shutdown): no more stages or reads
+        self._deleted = False
+        self._staged_count = 0
+        self._durable_count = 0
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._listeners: dict[int, Callable[[], None]] = {}
+        self._next_listener = 0
+        self._snapshot_entries = state.entries  # state.entries covered by the last snapshot
+        self._snapshot_end = file_end
+
+    # ----------------------------------------------------------------------------------------- writes
 
     @property
     def base(self) -> int:
         """First logical position stored in this log (``header.fork_position``)."""
-        raise NotImplementedError
+        return self.header.fork_position
+
+    @property
+    def poisoned(self) -> bool:
+        return self._failure is not None
 
     def stage(self, entry: AppendEntry) -> asyncio.Future[None]:
         """Apply ``entry`` to ``state`` now and queue it for the group commit.
 
         Returns a future that resolves once the entry is durable (after fsync, unless the server runs with
-        ``--durability=none``), or fails with ``StorageFailure``.
+        ``--durability=none``), or fails with ``StorageFailure``. Raises ``ValueError`` at once if the
+        entry does not start at ``state.tail`` (an engine bug; nothing is staged then).
         """
-        raise NotImplementedError
+        fut = asyncio.get_running_loop().create_future()
+        if self._failure is not None or self._closed:
+            fut.set_exception(self._error())
+            return fut
+        apply_entry(self.state, entry)
+        self._enqueue(entry, fut)
+        return fut
 
     def stage_soft_delete(self) -> asyncio.Future[None]:
         """Durably mark the stream soft-deleted (it keeps serving fork reads)."""
-        raise NotImplementedError
+        fut = asyncio.get_running_loop().create_future()
+        if self._failure is not None or self._closed:
+            fut.set_exception(self._error())
+            return fut
+        self.state.soft_deleted = True
+        self._enqueue(SoftDelete(int(time.time() * 1000)), fut)
+        return fut
+
+    async def flush(self) -> None:
+        """Wait until everything staged so far is durable (or raise the poisoning error)."""
+        if self._failure is not None:
+            raise self._error()
+        if self._durable_count >= self._staged_count:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._flush_waiters.append((self._staged_count, waiter))
+        await waiter
+
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (on the loop) after each durable commit; returns an unsubscribe function."""
+        key = self._next_listener
+        self._next_listener += 1
+        self._listeners[key] = callback
+
+        def unsubscribe() -> None:
+            self._listeners.pop(key, None)
+
+        return unsubscribe
+
+    def _enqueue(self, item: _Item, fut: asyncio.Future[None]) -> None:
+        self._queue.append((item, fut))
+        self._staged_count += 1
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """The log's writer task: commit batches until the queue is empty, then exit."""
+        loop = asyncio.get_running_loop()
+        try:
+            while self._queue and self._failure is None:
+                batch = self._queue
+                self._queue = []
+                self._inflight = batch
+                snapshot_state = state_to_dict(self.state) if self._snapshot_due() else None
+                try:
+                    result = await loop.run_in_executor(
+                        self._ctx.executor,
+                        write_batch,
+                        self._target,
+                        [item for item, _ in batch],
+                        self._segments.last,
+                        self._file_end,
+                    )
+                except asyncio.CancelledError:
+                    self._poison(errors.StorageFailure("log writer was cancelled mid-commit"))
+                    raise
+                except Exception as exc:  # OSError, or a bug: either way nothing may be acked
+                    self._poison(exc)
+                    return
+                self._inflight = []
+                self._commit(batch, result)
+                if snapshot_state is not None:
+                    await self._write_snapshot(snapshot_state, result.end, self._last_record)
+        finally:
+            self._writer = None
+
+    def _commit(self, batch: list[_Queued], result: BatchResult) -> None:
+        index = self._index
+        tail = None
+        closed = False
+        for (item, _), offset in zip(batch, result.offsets, strict=True):
+            if type(item) is AppendEntry:
+                index.note(item.position, offset)
+                tail = item.position + item.size
+                closed = closed or item.closes
+        if result.new_segments:
+            self._segments.bases.extend(result.new_segments)
+        self._file_end = result.end
+        if result.offsets:
+            self._last_record = result.offsets[-1]
+        if tail is not None:
+            self.durable_tail = tail
+        if closed:
+            self.durable_closed = True
+        self._durable_count += len(batch)
+        for _, fut in batch:
+            if not fut.done():  # the stager may have been cancelled; the entry is durable anyway
+                fut.set_result(None)
+        if self._flush_waiters:
+            durable = self._durable_count
+            still = []
+            for target, waiter in self._flush_waiters:
+                if target <= durable:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                else:
+                    still.append((target, waiter))
+            self._flush_waiters = still
+        for callback in list(self._listeners.values()):
+            try:
+                callback()
+            except Exception:
+                log.exception("stream %s: commit listener failed", self.id)
+
+    def _poison(self, exc: BaseException) -> None:
+        self._failure = exc
+        log.error(
+            "stream %s (%s): storage write failed, log poisoned until restart: %r",
+            self.id,
+            self.header.path,
+            exc,
+            exc_info=not isinstance(exc, OSError | errors.StorageFailure),
+        )
+        pending = self._inflight + self._queue
+        self._inflight = []
+        self._queue = []
+        for _, fut in pending:
+            if not fut.done():
+                fut.set_exception(self._error())
+        waiters, self._flush_waiters = self._flush_waiters, []
+        for _, waiter in waiters:
+            if not waiter.done():
+                waiter.set_exception(self._error())
+
+    def _error(self) -> errors.StorageFailure:
+        exc = self._failure
+        if exc is None:
+            return errors.StorageFailure(f"stream {self.header.path!r}: log is closed")
+        if is_out_of_space(exc):
+            return errors.InsufficientStorage(
+                f"stream {self.header.path!r}: no space left for the log ({exc})"
+            )
+        return errors.StorageFailure(f"stream {self.header.path!r}: storage failure ({exc})")
+
+    # -------------------------------------------------------------------------------------- snapshots
+
+    def _snapshot_due(self) -> bool:
+        """Every ``snapshot_interval_entries``, and only once the bytes written since are worth more
+        than re-writing the index (so a huge index is not rewritten every few KiB)."""
+        if self.state.entries - self._snapshot_entries < self._ctx.snapshot_interval_entries:
+            return False
+        return self._file_end - self._snapshot_end >= 16 * len(self._index.sparse)
+
+    async def _write_snapshot(self, state: dict, covered_end: int, last_record: int) -> None:
+        data = encode_snapshot(self.id, covered_end, last_record, state, self._index.sparse)
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._ctx.executor,
+                lambda: write_snapshot(self.directory, data, sync=self._ctx.sync),
+            )
+        except OSError as exc:
+            log.warning(
+                "stream %s: snapshot not written (%s); start-up will replay more", self.id, exc
+            )
+            return
+        self._snapshot_entries = state["entries"]
+        self._snapshot_end = covered_end
+
+    # ------------------------------------------------------------------------------------------ reads
 
     async def read(
         self, start: int, max_bytes: int, end: int | None = None, *, whole_messages: bool
@@ -74,31 +317,143 @@ class StreamLog:
           ``InvalidPosition``.
         - Byte streams: may start and stop inside a stored message.
         - ``start`` outside ``[base, durable_tail]`` raises ``InvalidPosition``.
+        - A read of a deleted log raises ``errors.NotFound``; checksum failure ``errors.CorruptStream``;
+          an I/O error ``errors.StorageFailure``.
         Uses the index to find the start and ``pread`` from disk in a worker thread; never loads a segment
         whole.
         """
-        raise NotImplementedError
+        self._check_open()
+        tail = self.durable_tail
+        if not self.base <= start <= tail:
+            raise InvalidPosition(f"position {start} is outside [{self.base}, {tail}]")
+        cap = tail if end is None else min(end, tail)
+        if cap <= start:
+            return ReadChunk((), start)
+        _, scan_from = self._index.floor(start)
+        view = self._segments.view(self._file_end)
+        try:
+            slices, next_position = await asyncio.get_running_loop().run_in_executor(
+                self._ctx.read_executor,
+                read_range,
+                view,
+                self._ctx.cache,
+                scan_from,
+                start,
+                cap,
+                max_bytes,
+                whole_messages,
+            )
+        except NotABoundary as exc:
+            raise InvalidPosition(str(exc)) from None
+        except (codec.CorruptRecord, OSError) as exc:
+            raise self._read_error(exc) from exc
+        return ReadChunk(tuple(slices), next_position)
+
+    def is_boundary(self, position: int) -> bool:
+        """True if ``position`` is a message boundary (or the tail), staged entries included."""
+        state = self.state
+        if position < self.base or position > state.tail:
+            return False
+        if position == self.base or position == self.durable_tail or position == state.tail:
+            return True
+        try:
+            for m_pos, _ in self._messages_from(position):
+                return m_pos == position
+        except NotABoundary:
+            return False
+        return True
 
     def boundary_after(self, anchor: int, count: int, *, messages: bool) -> int:
         """Position ``count`` messages (or bytes) past ``anchor``, for fork sub-offsets.
 
-        Raises ``InvalidPosition`` if ``anchor`` is not a boundary or the result would pass the end of the
-        message that starts at ``anchor`` / the tail.
+        Raises ``InvalidPosition`` if ``anchor`` is not a boundary, ``count`` is negative, or the result
+        would pass the tail (``messages=True``) or the end of the message that starts at ``anchor``
+        (``messages=False``). Staged entries count. Scans record headers on the calling thread (a
+        bounded amount for byte streams; proportional to ``count`` for JSON), as fork creation is rare.
         """
-        raise NotImplementedError
+        if count < 0:
+            raise InvalidPosition(f"negative count {count}")
+        if not self.is_boundary(anchor):
+            raise InvalidPosition(f"position {anchor} is not a message boundary")
+        if count == 0:
+            return anchor
+        try:
+            if messages:
+                for seen, (m_pos, length) in enumerate(self._messages_from(anchor), 1):
+                    if seen == count:
+                        return m_pos + length
+                raise InvalidPosition(f"{count} messages past {anchor} is past the tail")
+            for _, length in self._messages_from(anchor):
+                if count > length:
+                    raise InvalidPosition(
+                        f"{count} bytes past {anchor} passes the end of its message ({length} bytes)"
+                    )
+                return anchor + count
+            raise InvalidPosition(f"no message at {anchor}")
+        except NotABoundary as exc:
+            raise InvalidPosition(str(exc)) from None
 
-    def is_boundary(self, position: int) -> bool:
-        """True if ``position`` is a message boundary (or the tail)."""
-        raise NotImplementedError
+    def _messages_from(self, anchor: int) -> Iterator[tuple[int, int]]:
+        """(position, length) of each message from ``anchor`` on: durable ones from disk, then staged."""
+        staged = self._inflight + self._queue
+        if anchor < self.durable_tail:
+            self._check_open()
+            _, scan_from = self._index.floor(anchor)
+            walk = walk_boundaries(
+                self._segments.view(self._file_end), self._ctx.cache, scan_from, anchor
+            )
+            try:
+                yield from walk
+            except (codec.CorruptRecord, OSError) as exc:
+                raise self._read_error(exc) from exc
+            finally:
+                walk.close()
+        for item, _ in staged:
+            if type(item) is not AppendEntry:
+                continue
+            m_pos = item.position
+            for message in item.messages:
+                m_end = m_pos + len(message)
+                if m_end > anchor:
+                    if m_pos < anchor:
+                        raise NotABoundary(f"position {anchor} is inside a message")
+                    yield m_pos, len(message)
+                m_pos = m_end
 
-    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` (on the loop) after each durable commit; returns an unsubscribe function."""
-        raise NotImplementedError
+    def _check_open(self) -> None:
+        if self._deleted:
+            raise errors.NotFound(f"stream {self.header.path!r} was deleted")
 
-    async def flush(self) -> None:
-        """Wait until everything staged so far is durable (or raise the poisoning error)."""
-        raise NotImplementedError
+    def _read_error(self, exc: BaseException) -> errors.ProtocolError:
+        if self._deleted:
+            return errors.NotFound(f"stream {self.header.path!r} was deleted")
+        if isinstance(exc, codec.CorruptRecord):
+            log.error("stream %s (%s): corrupt record on read: %s", self.id, self.header.path, exc)
+            return errors.CorruptStream(f"stream {self.header.path!r} failed its checksums")
+        log.error("stream %s (%s): read failed: %r", self.id, self.header.path, exc)
+        return errors.StorageFailure(f"stream {self.header.path!r}: read failed ({exc})")
 
+    # ---------------------------------------------------------------------- lifecycle (for DataDir)
 
-class InvalidPosition(ValueError):
-    """A logical position that is not in this log or not a boundary where one is required."""
+    async def _shutdown(self, *, snapshot: bool) -> None:
+        """Stop accepting stages, drain the queue, optionally snapshot. Never raises for the log's own
+        failure (it was logged when it happened)."""
+        self._closed = True
+        with contextlib.suppress(errors.StorageFailure):
+            await self.flush()
+        writer = self._writer
+        if writer is not None:
+            await asyncio.shield(writer)
+        if (
+            snapshot
+            and self._failure is None
+            and not self._deleted
+            and (
+                self.state.entries != self._snapshot_entries or self._file_end != self._snapshot_end
+            )
+        ):
+            await self._write_snapshot(state_to_dict(self.state), self._file_end, self._last_record)
+
+    def _forget_files(self) -> None:
+        log_id = self.id
+        self._ctx.cache.discard(lambda key: key[0] == log_id)

@@ -1,0 +1,102 @@
+"""JSON mode (section 9.1): validation and one-level flattening of request bodies.
+
+Each message is stored as the *original bytes* of its JSON value (surrounding whitespace trimmed), not a
+re-serialization: Python's float conversion would change numbers the client sent (``1.10``, 20-digit
+decimals, ``1e400`` would even become ``Infinity``), and the protocol promises to keep what was written.
+Validation still parses every value, so only RFC 8259 JSON is stored: ``NaN``/``Infinity`` (which
+Python's parser accepts by default) and raw control characters in strings are rejected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Final
+
+from durastream_server.errors import BadRequest, EmptyJsonArray, InvalidJson
+
+# Bodies at least this large are parsed in a worker thread, so a big JSON batch does not stall the
+# event loop (and every other stream's requests) while it is validated.
+OFFLOAD_BYTES: Final = 1 << 20
+
+_WHITESPACE: Final = " \t\n\r"
+_BOM: Final = "\ufeff"
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def _skip_ws(text: str, index: int) -> int:
+    while index < len(text) and text[index] in _WHITESPACE:
+        index += 1
+    return index
+
+
+def _value_end(text: str, index: int) -> int:
+    """Parse one JSON value starting at ``index``; return the index just after it."""
+    try:
+        _, end = _DECODER.raw_decode(text, index)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidJson(f"invalid JSON: {exc}") from None
+    return end
+
+
+def split_messages(body: bytes, *, allow_empty_array: bool) -> tuple[bytes, ...]:
+    """Validate ``body`` and return its messages: the elements of a top-level array, else the value.
+
+    ``allow_empty_array`` is True for PUT (an empty array creates an empty stream) and False for POST,
+    where ``[]`` is a client bug (400, section 9.1.3). An empty body yields no messages; the caller
+    decides whether that is allowed.
+    """
+    if not body:
+        return ()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidJson("JSON body is not valid UTF-8") from None
+    if text.startswith(_BOM):
+        text = text[1:]
+    start = _skip_ws(text, 0)
+    if start == len(text):
+        raise InvalidJson("JSON body is empty")
+    if text[start] != "[":
+        end = _value_end(text, start)
+        if _skip_ws(text, end) != len(text):
+            raise InvalidJson("unexpected data after the JSON value")
+        return (text[start:end].encode("utf-8"),)
+    # Validate the whole document first (a C-speed pass that also catches trailing junk), then walk
+    # the top-level array to cut out each element's original text.
+    end = _value_end(text, start)
+    if _skip_ws(text, end) != len(text):
+        raise InvalidJson("unexpected data after the JSON value")
+    messages: list[bytes] = []
+    index = _skip_ws(text, start + 1)
+    if text[index] == "]":
+        if not allow_empty_array:
+            raise EmptyJsonArray("an empty JSON array appends nothing")
+        return ()
+    while True:
+        element_end = _value_end(text, index)
+        messages.append(text[index:element_end].encode("utf-8"))
+        index = _skip_ws(text, element_end)
+        if text[index] == "]":
+            return tuple(messages)
+        # The document already validated, so the separator must be a comma.
+        index = _skip_ws(text, index + 1)
+
+
+async def split_messages_offloaded(
+    body: bytes, *, allow_empty_array: bool
+) -> tuple[bytes, ...] | BadRequest:
+    """``split_messages``, in a worker thread for large bodies. Returns the validation error instead
+    of raising it, so the caller can report it at its place in the error precedence."""
+    try:
+        if len(body) < OFFLOAD_BYTES:
+            return split_messages(body, allow_empty_array=allow_empty_array)
+        return await asyncio.to_thread(split_messages, body, allow_empty_array=allow_empty_array)
+    except (InvalidJson, EmptyJsonArray) as exc:
+        return exc

@@ -1,0 +1,178 @@
+"""Which incarnation a path names, and who still reads from whom.
+
+Fork reference counts are *derived*, never stored (hazard 31): the forks of an incarnation are the live
+incarnations whose header names it as ``fork_source_id``, plus fork creations still in flight (a
+``hold``). A rejected fork never registers, so it cannot leak a reference (hazard 21), and a crash can
+never leave a count that disagrees with the logs on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+
+from durastream_server.engine import contenttype, expiry
+from durastream_server.engine.waiters import WaitSet
+from durastream_server.storage.log import StreamLog
+from durastream_server.storage.records import StreamHeader
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Incarnation:
+    """One stream incarnation (one storage id) as the engine tracks it."""
+
+    log: StreamLog
+    lifetime: expiry.Lifetime
+    last_access: float  # clock() of the last read or write, for a sliding TTL
+    soft_deleted: bool = False
+    removed: bool = False  # hard-deleted (or being deleted): no longer reachable
+    active_waits: int = 0  # long-polls/SSE parked on it: they count as access (hazard 26)
+    waiters: WaitSet = field(default_factory=WaitSet)
+    unsubscribe: Callable[[], None] | None = None
+    json: bool = False
+    essence: str = ""  # media type essence of the stream's content type (append compares it)
+    hard_deadline: float | None = None  # Expires-At as epoch seconds, parsed once
+
+    @property
+    def id(self) -> str:
+        return self.log.id
+
+    @property
+    def header(self) -> StreamHeader:
+        return self.log.header
+
+    @property
+    def path(self) -> str:
+        return self.log.header.path
+
+    @property
+    def source_id(self) -> str | None:
+        return self.log.header.fork_source_id
+
+    def expired(self, now: float) -> bool:
+        if self.hard_deadline is not None:
+            return now >= self.hard_deadline
+        ttl = self.lifetime.ttl_seconds
+        if ttl is None or self.active_waits:
+            return False
+        return now >= self.last_access + ttl
+
+    @classmethod
+    def of(cls, log: StreamLog, now: float) -> Incarnation:
+        header = log.header
+        lifetime = expiry.Lifetime(header.ttl_seconds, header.expires_at)
+        return cls(
+            log=log,
+            lifetime=lifetime,
+            last_access=now,
+            soft_deleted=log.state.soft_deleted,
+            json=contenttype.is_json(header.content_type),
+            essence=contenttype.essence(header.content_type),
+            hard_deadline=expiry.deadline(lifetime, now) if header.expires_at else None,
+        )
+
+
+class Registry:
+    """Path -> current incarnation, id -> incarnation, and the derived fork graph."""
+
+    def __init__(self) -> None:
+        self.by_path: dict[str, Incarnation] = {}
+        self.by_id: dict[str, Incarnation] = {}
+        self._forks: dict[str, set[str]] = {}  # source id -> ids of incarnations forked from it
+        self._pending: Counter[str] = Counter()  # source id -> fork creations in flight
+
+    def add(self, inc: Incarnation, *, current: bool) -> None:
+        self.by_id[inc.id] = inc
+        if current:
+            self.by_path[inc.path] = inc
+        if inc.source_id is not None:
+            self._forks.setdefault(inc.source_id, set()).add(inc.id)
+
+    def remove(self, inc: Incarnation) -> None:
+        """Forget a hard-deleted incarnation. Synchronous, so no request can see it half-removed."""
+        inc.removed = True
+        self.by_id.pop(inc.id, None)
+        if self.by_path.get(inc.path) is inc:
+            del self.by_path[inc.path]
+        if inc.source_id is not None:
+            forks = self._forks.get(inc.source_id)
+            if forks is not None:
+                forks.discard(inc.id)
+                if not forks:
+                    del self._forks[inc.source_id]
+
+    def source_of(self, inc: Incarnation) -> Incarnation | None:
+        return self.by_id.get(inc.source_id) if inc.source_id is not None else None
+
+    def refcount(self, inc: Incarnation) -> int:
+        """Live forks reading from ``inc`` plus fork creations in flight."""
+        return len(self._forks.get(inc.id, ())) + self._pending[inc.id]
+
+    @contextmanager
+    def hold(self, source: Incarnation) -> Iterator[None]:
+        """Count an in-flight fork creation as a reference, so the source is not hard-deleted while
+        the fork's directory is being written (the fork's header is not registered yet)."""
+        self._pending[source.id] += 1
+        try:
+            yield
+        finally:
+            self._pending[source.id] -= 1
+            if self._pending[source.id] <= 0:
+                del self._pending[source.id]
+
+    def orphans(self) -> list[Incarnation]:
+        """Soft-deleted incarnations no fork reads any more (a cascade a crash interrupted)."""
+        return [inc for inc in self.by_id.values() if inc.soft_deleted and self.refcount(inc) == 0]
+
+
+def build(logs: dict[str, StreamLog], now: float) -> Registry:
+    """Rebuild the registry from the recovered logs. One incarnation per path is current: the live one
+    (a soft-deleted path blocks re-creation, so normally there is exactly one); others are kept only
+    for the forks that still read from them."""
+    registry = Registry()
+    by_path: dict[str, list[Incarnation]] = {}
+    for log in logs.values():
+        by_path.setdefault(log.header.path, []).append(Incarnation.of(log, now))
+    for path, incs in by_path.items():
+        incs.sort(key=lambda inc: (not inc.soft_deleted, inc.header.created_at_ms))
+        current = incs[-1]
+        live = [inc for inc in incs if not inc.soft_deleted]
+        if len(live) > 1:
+            logger.warning(
+                "path %r has %d live incarnations; serving the newest (%s)",
+                path,
+                len(live),
+                current.id,
+            )
+        for inc in incs:
+            registry.add(inc, current=inc is current)
+    return registry
+
+
+class KeyedLocks:
+    """One asyncio lock per key, created on demand and dropped when unused."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)

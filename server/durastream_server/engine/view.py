@@ -1,0 +1,130 @@
+"""A stream as readers see it: its own log stitched onto its fork chain (section 4.2, 8).
+
+Forks share their source's offset space. A fork stores only positions ``>= fork_position`` (its
+``base``); everything below comes from the source incarnation, found by storage id, so a soft-deleted
+source keeps serving its forks. Chains compose: the stream itself serves ``[base_0, durable_tail]`` and
+level ``i`` of the chain serves ``[base_i, min(base_0 .. base_{i-1}))``. The minimum matters: a fork
+of a fork may branch inside the inherited range (below its source's own base), and then nothing of
+the levels above that point is visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from durastream_server.errors import BadRequest, CorruptStream
+from durastream_server.storage.log import InvalidPosition, StreamLog
+from durastream_server.storage.records import MessageSlice
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    log: StreamLog
+    limit: int | None  # exclusive upper bound inside this view; None for the stream's own log
+
+
+class _MissingSource:
+    """Stands in for a fork source that is not on disk: any read of its range is CorruptStream,
+    never an empty or shortened answer. The fork's own range stays readable."""
+
+    def __init__(self, storage_id: str, path: str) -> None:
+        self.base = 0
+        self._what = f"fork source {storage_id} of {path!r} is missing"
+
+    def __getattr__(self, name: str) -> object:
+        raise CorruptStream(self._what)
+
+
+class StreamView:
+    def __init__(self, levels: list[Level], *, json: bool) -> None:
+        self.levels = levels
+        self.json = json
+
+    @classmethod
+    def of(
+        cls, log: StreamLog, source_log: Callable[[str], StreamLog | None], *, json: bool
+    ) -> StreamView:
+        """Build the chain for ``log``; ``source_log`` resolves a storage id (None if missing)."""
+        levels = [Level(log, None)]
+        current = log
+        limit = log.base
+        while current.header.fork_source_id is not None:
+            source = source_log(current.header.fork_source_id)
+            if source is None:
+                if limit > 0:
+                    missing = _MissingSource(current.header.fork_source_id, log.header.path)
+                    levels.append(Level(missing, limit))  # type: ignore[arg-type]
+                break
+            if source.base < limit:  # otherwise this level contributes nothing to the view
+                levels.append(Level(source, limit))
+            limit = min(limit, source.base)
+            current = source
+        return cls(levels, json=json)
+
+    @property
+    def own(self) -> StreamLog:
+        return self.levels[0].log
+
+    @property
+    def tail(self) -> int:
+        return self.own.durable_tail
+
+    def locate(self, position: int) -> Level:
+        """The level that stores ``position`` (the tail belongs to the stream's own log)."""
+        for level in self.levels:
+            if position >= level.log.base and (level.limit is None or position < level.limit):
+                return level
+        return self.levels[-1]
+
+    def is_boundary(self, position: int) -> bool:
+        """True if ``position`` is a message boundary of this view (fork points and the tail are)."""
+        if position == self.tail:
+            return True
+        if any(level.limit == position for level in self.levels):
+            return True
+        return self.locate(position).log.is_boundary(position)
+
+    def boundary_after(self, anchor: int, count: int) -> int:
+        """Resolve a fork sub-offset: ``count`` messages (JSON) or bytes past ``anchor``.
+
+        The result may not pass the end of the message that starts at ``anchor`` *as this view sees
+        it*: a message a fork cut short ends at the fork point.
+        """
+        if count == 0:
+            return anchor
+        level = self.locate(anchor)
+        limit = self.tail if level.limit is None else level.limit
+        if anchor >= limit:
+            raise BadRequest("Stream-Fork-Sub-Offset points past the end of the stream")
+        try:
+            result = level.log.boundary_after(anchor, count, messages=self.json)
+        except InvalidPosition as exc:
+            raise BadRequest(f"invalid Stream-Fork-Sub-Offset: {exc}") from None
+        if result > limit:
+            raise BadRequest("Stream-Fork-Sub-Offset points past the next data boundary")
+        return result
+
+    async def read(self, start: int, max_bytes: int, end: int) -> tuple[list[MessageSlice], int]:
+        """Read ``[start, end)`` across the chain, about ``max_bytes`` of payload (JSON: whole
+        messages, at least one). Returns the slices and the position after the last one."""
+        slices: list[MessageSlice] = []
+        position = start
+        budget = max_bytes
+        while position < end and (budget > 0 or not slices):
+            level = self.locate(position)
+            stop = end if level.limit is None else min(end, level.limit)
+            if position >= stop:
+                break
+            try:
+                chunk = await level.log.read(
+                    position, max(budget, 1), stop, whole_messages=self.json
+                )
+            except InvalidPosition as exc:
+                raise BadRequest(f"invalid offset: {exc}") from None
+            if chunk.next_position <= position:
+                break
+            slices.extend(chunk.slices)
+            budget -= sum(len(s.data) for s in chunk.slices)
+            position = chunk.next_position
+        return slices, position

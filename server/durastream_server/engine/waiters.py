@@ -1,0 +1,76 @@
+"""Waiting for a stream to change: long-poll and SSE park here.
+
+A ``WaitSet`` belongs to one stream incarnation. It is woken only by that incarnation's durable commits
+(the engine registers ``notify`` as a ``StreamLog`` listener), so a fork's waiters never wake for its
+source's appends, and nobody wakes for data that is not yet on disk.
+
+Three ways out besides a wake-up: the timeout (``False``), the stream's deletion (the waiter gets the
+NotFound/Gone error, never a fake "200 up to date", hazard 33) and engine shutdown (answers like a
+timeout, so clients simply reconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from durastream_server.errors import ProtocolError
+
+
+class _Shutdown(Exception):
+    """Internal: the engine is closing; the waiter answers as at a timeout."""
+
+
+class WaitSet:
+    def __init__(self) -> None:
+        self._futures: set[asyncio.Future[None]] = set()
+        self._failure: Callable[[], ProtocolError] | None = None
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._futures)
+
+    def notify(self) -> None:
+        """Wake every waiter; each re-checks its condition."""
+        for future in self._futures:
+            if not future.done():
+                future.set_result(None)
+        self._futures.clear()
+
+    def fail(self, make_error: Callable[[], ProtocolError]) -> None:
+        """The stream is gone: current and future waiters raise a fresh ``make_error()``."""
+        self._failure = make_error
+        for future in self._futures:
+            if not future.done():
+                future.set_exception(make_error())
+        self._futures.clear()
+
+    def shutdown(self) -> None:
+        self._closed = True
+        for future in self._futures:
+            if not future.done():
+                future.set_exception(_Shutdown())
+        self._futures.clear()
+
+    async def wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Return True once ``ready()`` holds, False after ``timeout`` seconds or on shutdown."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        while True:
+            if self._failure is not None:
+                raise self._failure()
+            if ready():
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0 or self._closed:
+                return False
+            future: asyncio.Future[None] = loop.create_future()
+            self._futures.add(future)
+            try:
+                await asyncio.wait_for(future, remaining)
+            except asyncio.TimeoutError:
+                return False
+            except _Shutdown:
+                return False
+            finally:
+                self._futures.discard(future)

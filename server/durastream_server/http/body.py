@@ -1,0 +1,46 @@
+"""Reading a request body with a hard size limit (hazard 25).
+
+A declared ``Content-Length`` over the limit is refused before a single body byte is read. A chunked body is
+read piece by piece and refused as soon as it crosses the limit; the rest is never buffered (uvicorn pauses
+the socket once its small receive buffer is full, and the 413 closes the connection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from durastream_server.errors import BadRequest, PayloadTooLarge
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class ClientDisconnected(Exception):
+    """The client went away before sending its whole body; there is nobody to answer."""
+
+
+async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared is not None:
+        text = declared.strip()
+        if not text.isascii() or not text.isdigit() or len(text) > 19:
+            raise BadRequest(f"invalid Content-Length {declared!r}")
+        if int(text) > limit:
+            raise PayloadTooLarge(
+                f"request body of {int(text)} bytes exceeds the {limit}-byte limit"
+            )
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)

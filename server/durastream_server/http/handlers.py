@@ -1,0 +1,343 @@
+"""Stream operations over HTTP (section 5): PUT create, POST append/close, GET read (catch-up, long-poll,
+SSE), HEAD metadata, DELETE.
+
+Each handler parses the request into an engine request (``parse.py``), awaits the engine, and renders the
+result. Engine errors are typed ``ProtocolError``s and propagate to the app, which maps them by type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from durastream_server.config import ServerConfig
+from durastream_server.engine.api import ReadRequest, ReadResult
+from durastream_server.errors import MethodNotAllowed, ProtocolError
+from durastream_server.http import parse, responses, sse
+from durastream_server.http.body import Receive, read_body
+from durastream_server.http.cursor import next_cursor
+from durastream_server.http.etag import if_none_match, make_etag
+from durastream_server.http.live import Disconnect, LiveReaders
+from durastream_server.http.responses import Headers, Send
+from durastream_server.offsets import NOW
+
+if TYPE_CHECKING:
+    from durastream_server.engine.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+STREAM_METHODS = ("GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS")
+
+
+@dataclass(slots=True)
+class Request:
+    """What a handler needs from an ASGI HTTP scope, parsed once."""
+
+    method: str
+    raw_path: bytes
+    query_string: bytes
+    headers: dict[str, str]
+    scheme: str
+    server: tuple[str, int] | None
+    receive: Receive
+    send: Send
+
+    @property
+    def authority(self) -> str:
+        host = self.headers.get("host", "").strip()
+        if host:
+            return host
+        if self.server is not None:
+            name, port = self.server
+            return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
+        return "localhost"
+
+    def absolute_url(self) -> str:
+        return f"{self.scheme}://{self.authority}{self.raw_path.decode('latin-1')}"
+
+
+def render_payload(result: ReadResult) -> bytes:
+    """The response body of a read: a JSON array for JSON streams (section 9.1.5), raw bytes otherwise."""
+    if result.json:
+        return b"[" + b",".join(result.messages) + b"]"
+    if len(result.messages) == 1:
+        return result.messages[0]
+    return b"".join(result.messages)
+
+
+class StreamHandlers:
+    def __init__(
+        self,
+        engine: Engine,
+        live: LiveReaders,
+        config: ServerConfig,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._engine = engine
+        self._live = live
+        self._config = config
+        self._clock = clock
+
+    async def handle(self, request: Request, path: str) -> None:
+        method = request.method
+        if method in ("GET",):
+            await self._get(request, path)
+        elif method == "HEAD":
+            await self._head(request, path)
+        elif method == "POST":
+            await self._post(request, path)
+        elif method == "PUT":
+            await self._put(request, path)
+        elif method == "DELETE":
+            await self._delete(request, path)
+        else:
+            raise MethodNotAllowed(
+                f"{method} is not supported on streams",
+                headers={"Allow": ", ".join(STREAM_METHODS)},
+            )
+
+    # -- writes ---------------------------------------------------------------------------------------
+
+    async def _put(self, request: Request, path: str) -> None:
+        body = await read_body(request.receive, request.headers, self._config.max_body_bytes)
+        result = await self._engine.create(parse.create_request(path, request.headers, body))
+        info = result.info
+        headers: Headers = [
+            ("Content-Type", info.content_type),
+            ("Stream-Next-Offset", info.next_offset),
+            ("Cache-Control", responses.CACHE_NO_STORE),
+        ]
+        if info.closed:
+            headers.append(("Stream-Closed", "true"))
+        if result.created:
+            headers.append(("Location", request.absolute_url()))
+        await responses.send_response(request.send, 201 if result.created else 200, headers)
+
+    async def _post(self, request: Request, path: str) -> None:
+        body = await read_body(request.receive, request.headers, self._config.max_body_bytes)
+        append = parse.append_request(path, request.headers, body)
+        result = await self._engine.append(append)
+        headers: Headers = [
+            ("Stream-Next-Offset", result.next_offset),
+            ("Cache-Control", responses.CACHE_NO_STORE),
+        ]
+        if result.closed:
+            headers.append(("Stream-Closed", "true"))
+        if append.producer is not None:
+            epoch = (
+                result.producer_epoch
+                if result.producer_epoch is not None
+                else append.producer.epoch
+            )
+            seq = result.producer_seq if result.producer_seq is not None else append.producer.seq
+            headers.append(("Producer-Epoch", str(epoch)))
+            headers.append(("Producer-Seq", str(seq)))
+        # Section 5.2.1: new data from a producer is 200; plain appends, close-only requests and
+        # duplicates are 204.
+        status = 200 if append.producer is not None and body and not result.duplicate else 204
+        await responses.send_response(request.send, status, headers)
+
+    async def _delete(self, request: Request, path: str) -> None:
+        await self._engine.delete(path)
+        headers: Headers = [("Cache-Control", responses.CACHE_NO_STORE)]
+        await responses.send_response(request.send, 204, headers)
+
+    # -- metadata -------------------------------------------------------------------------------------
+
+    async def _head(self, request: Request, path: str) -> None:
+        info = self._engine.head(path)
+        headers: Headers = [
+            ("Content-Type", info.content_type),
+            ("Stream-Next-Offset", info.next_offset),
+            ("Cache-Control", responses.CACHE_NO_STORE),  # section 5.5: never cache the tail
+        ]
+        if info.ttl_seconds is not None:
+            headers.append(("Stream-TTL", str(info.ttl_seconds)))
+        if info.expires_at is not None:
+            headers.append(("Stream-Expires-At", info.expires_at))
+        if info.closed:
+            headers.append(("Stream-Closed", "true"))
+        await responses.send_response(request.send, 200, headers, head=True)
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    async def _read(self, path: str, offset: str) -> ReadResult:
+        return await self._engine.read(
+            ReadRequest(path=path, offset=offset, max_bytes=self._config.chunk_bytes)
+        )
+
+    def _cursor(self, params: parse.ReadParams) -> str:
+        return next_cursor(params.cursor, clock=self._clock)
+
+    async def _get(self, request: Request, path: str) -> None:
+        params = parse.read_params(request.query_string)
+        if params.live == "sse":
+            await self._sse(request, path, params)
+        elif params.live == "long-poll":
+            await self._long_poll(request, path, params)
+        else:
+            result = await self._read(path, params.offset)
+            await self._send_read(request, result, params, cursor=None)
+
+    async def _send_read(
+        self, request: Request, result: ReadResult, params: parse.ReadParams, cursor: str | None
+    ) -> None:
+        """A 200 read response (catch-up, or a long-poll that found data)."""
+        headers: Headers = [
+            ("Content-Type", result.info.content_type),
+            ("Stream-Next-Offset", result.next_offset),
+        ]
+        if result.up_to_date:
+            headers.append(("Stream-Up-To-Date", "true"))
+        if result.closed:
+            headers.append(("Stream-Closed", "true"))
+        elif cursor is not None:
+            headers.append(("Stream-Cursor", cursor))
+        if params.offset == NOW:
+            # Section 8: the tail moves, so neither cache it nor tag it.
+            headers.append(("Cache-Control", responses.CACHE_NO_STORE))
+        else:
+            etag = make_etag(
+                result.info.storage_id, result.start_offset, result.next_offset, result.closed
+            )
+            headers.append(("ETag", etag))
+            headers.append(("Cache-Control", responses.CACHE_CATCH_UP))
+            if if_none_match(request.headers.get("if-none-match"), etag):
+                await responses.send_response(request.send, 304, headers)
+                return
+        await responses.send_response(request.send, 200, headers, render_payload(result))
+
+    async def _long_poll(self, request: Request, path: str, params: parse.ReadParams) -> None:
+        """Section 5.7: answer at once when there is data (or EOF); else wait up to the timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.long_poll_timeout
+        result = await self._read(path, params.offset)
+        disconnect: Disconnect | None = None
+        try:
+            while not result.messages and not result.closed:
+                remaining = deadline - loop.time()
+                woke: bool | None = False
+                if remaining > 0:
+                    disconnect = disconnect or Disconnect(request.receive)
+                    woke = await self._live.wait(path, result.next_offset, remaining, disconnect)
+                if not woke:  # timeout, or released by shutdown / hang-up: answer as a timeout
+                    await self._send_no_content(request, result.next_offset, params, closed=False)
+                    return
+                result = await self._read(path, result.next_offset)
+        finally:
+            if disconnect is not None:
+                await disconnect.close()
+        if result.messages:
+            # Data that arrived together with the close carries Stream-Closed (hazard 16).
+            await self._send_read(request, result, params, cursor=self._cursor(params))
+        else:
+            await self._send_no_content(request, result.next_offset, params, closed=True)
+
+    async def _send_no_content(
+        self, request: Request, next_offset: str, params: parse.ReadParams, *, closed: bool
+    ) -> None:
+        headers: Headers = [
+            ("Stream-Next-Offset", next_offset),
+            ("Stream-Up-To-Date", "true"),
+            ("Cache-Control", responses.CACHE_NO_STORE),  # section 10.1: don't cache 204s
+        ]
+        if closed:
+            headers.append(("Stream-Closed", "true"))
+        else:
+            headers.append(("Stream-Cursor", self._cursor(params)))
+        await responses.send_response(request.send, 204, headers)
+
+    async def _sse(self, request: Request, path: str, params: parse.ReadParams) -> None:
+        """Section 5.8. The first read happens before the headers, so a missing stream is a real 404."""
+        result = await self._read(path, params.offset)
+        base64_encoded = params.sse_base64 or not sse.is_text_type(result.info.content_type)
+        headers: Headers = [
+            ("Content-Type", "text/event-stream"),
+            ("Cache-Control", responses.CACHE_SSE),
+        ]
+        if base64_encoded:
+            headers.append((sse.ENCODING_HEADER, "base64"))
+        await responses.start_streaming(request.send, 200, headers)
+        disconnect = Disconnect(request.receive)
+        try:
+            await self._sse_events(request, path, params, result, base64_encoded, disconnect)
+        except ProtocolError as exc:
+            # E.g. the stream was deleted mid-connection: end the response; a reconnect gets the status.
+            logger.debug("SSE on %s ended by %s: %s", path, type(exc).__name__, exc.message)
+        finally:
+            await disconnect.close()
+            await request.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _sse_events(
+        self,
+        request: Request,
+        path: str,
+        params: parse.ReadParams,
+        result: ReadResult,
+        base64_encoded: bool,
+        disconnect: Disconnect,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        # Section 10.2: end the connection about every minute so CDNs can collapse reconnects.
+        deadline = loop.time() + self._config.sse_reconnect_seconds
+        keepalive = self._config.long_poll_timeout
+        sent_control = False
+
+        async def emit(chunk: bytes) -> None:
+            # Awaiting send applies the transport's backpressure to this reader alone.
+            await request.send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        while True:
+            if result.messages:
+                event = sse.data_event(render_payload(result), base64_encoded=base64_encoded)
+                event += sse.control_event(
+                    result.next_offset,
+                    cursor=self._cursor(params),
+                    up_to_date=result.up_to_date,
+                    closed=result.closed,
+                )
+                await emit(event)
+                sent_control = True
+                if result.closed:
+                    return
+                if not result.up_to_date:
+                    result = await self._read(path, result.next_offset)
+                    continue
+            elif result.closed:
+                await emit(
+                    sse.control_event(result.next_offset, cursor=None, up_to_date=True, closed=True)
+                )
+                return
+            elif not sent_control:
+                await emit(
+                    sse.control_event(
+                        result.next_offset,
+                        cursor=self._cursor(params),
+                        up_to_date=True,
+                        closed=False,
+                    )
+                )
+                sent_control = True
+
+            offset = result.next_offset
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0 or disconnect.happened:
+                    return
+                woke = await self._live.wait(path, offset, min(remaining, keepalive), disconnect)
+                if woke is None:
+                    return
+                if woke:
+                    break
+                if deadline - loop.time() > 0:
+                    await emit(
+                        sse.control_event(
+                            offset, cursor=self._cursor(params), up_to_date=True, closed=False
+                        )
+                    )
+            result = await self._read(path, offset)

@@ -1,0 +1,81 @@
+"""Building and sending responses: common security headers, JSON error bodies, the ASGI send calls.
+
+Every response (success, error, preflight, health) goes out through ``send_response`` or
+``start_streaming``, so the browser security headers of section 12.7 and the CORS headers are on all of
+them by construction, not by each handler remembering to add them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any, Final
+
+from durastream_server.errors import ProtocolError
+from durastream_server.http import cors
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+Headers = list[tuple[str, str]]
+
+CACHE_NO_STORE: Final = "no-store"
+CACHE_CATCH_UP: Final = "public, max-age=60, stale-while-revalidate=300"  # section 10.1
+CACHE_SSE: Final = "no-cache"  # section 5.8 and the conformance suite: keep proxies from buffering
+
+_SECURITY: Final = (
+    ("X-Content-Type-Options", "nosniff"),
+    ("Cross-Origin-Resource-Policy", "cross-origin"),
+)
+
+
+def base_headers() -> Headers:
+    return [*_SECURITY, *cors.response_headers()]
+
+
+def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    # Latin-1 round-trips every byte a request header could have carried (values echo request data).
+    return [
+        (name.lower().encode("latin-1"), value.encode("latin-1", "replace"))
+        for name, value in headers
+    ]
+
+
+async def send_response(
+    send: Send,
+    status: int,
+    headers: Iterable[tuple[str, str]] = (),
+    body: bytes = b"",
+    *,
+    head: bool = False,
+) -> None:
+    """Send a complete response. ``head`` drops the body (and its length) as HEAD requires."""
+    all_headers = base_headers()
+    all_headers.extend(headers)
+    if not head and status not in (204, 304):
+        all_headers.append(("Content-Length", str(len(body))))
+    await send({"type": "http.response.start", "status": status, "headers": _encode(all_headers)})
+    await send({"type": "http.response.body", "body": b"" if head else body})
+
+
+async def start_streaming(send: Send, status: int, headers: Iterable[tuple[str, str]]) -> None:
+    """Send headers for a body of unknown length (chunked), e.g. SSE."""
+    all_headers = base_headers()
+    all_headers.extend(headers)
+    await send({"type": "http.response.start", "status": status, "headers": _encode(all_headers)})
+
+
+def error_body(code: str, message: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message}}, ensure_ascii=False).encode()
+
+
+def protocol_error_parts(exc: ProtocolError) -> tuple[int, Headers, bytes]:
+    """Status, headers and JSON body for a typed protocol error. Mapping is by type only (hazard 38)."""
+    headers: Headers = [("Content-Type", "application/json"), ("Cache-Control", CACHE_NO_STORE)]
+    headers.extend(exc.headers.items())
+    if exc.status == 413:
+        headers.append(("Connection", "close"))  # don't keep reading an oversized body we refused
+    return exc.status, headers, error_body(exc.code, exc.message)
+
+
+def internal_error_parts() -> tuple[int, Headers, bytes]:
+    headers: Headers = [("Content-Type", "application/json"), ("Cache-Control", CACHE_NO_STORE)]
+    return 500, headers, error_body("INTERNAL", "internal server error")

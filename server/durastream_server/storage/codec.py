@@ -1,0 +1,276 @@
+"""On-disk encoding of log records: framed, checksummed, and cheap to skip.
+
+Frame (little-endian)::
+
+    magic    2 bytes   b"\\xd5\\x1e"   (not ASCII, so payload text rarely looks like a frame start)
+    version  u8        FORMAT_VERSION
+    kind     u8        Kind
+    length   u32       body length
+    crc      u32       zlib.crc32(kind byte + body)
+    body     length bytes
+
+The APPEND body puts everything except the message bytes first, so recovery, index scans and boundary
+checks read a few dozen bytes per record and never the payload::
+
+    position     u64    logical position of the first message
+    timestamp    i64    milliseconds since the epoch
+    n_messages   u32
+    meta_len     u32    length of the meta section below
+    flags        u8     FLAG_CLOSES | FLAG_PRODUCER | FLAG_STREAM_SEQ
+    meta:
+      [producer]    epoch u64, seq u64, id_len u32, id (utf-8)     if FLAG_PRODUCER
+      [stream_seq]  len u32, text (utf-8)                           if FLAG_STREAM_SEQ
+      digest        len u16, bytes
+      lengths       n_messages x u32
+    payload      the messages, concatenated
+
+The HEADER body is the JSON of ``StreamHeader`` (written once per stream, not a hot path); SOFT_DELETE
+holds its timestamp. Kinds 4-15 are reserved for staged (transactional) appends and their commit/abort
+markers; recovery refuses kinds it does not know rather than skipping data it cannot interpret.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import asdict, dataclass, fields
+from enum import IntEnum
+
+from durastream_server.storage.records import AppendEntry, ProducerTuple, SoftDelete, StreamHeader
+
+MAGIC = b"\xd5\x1e"
+FORMAT_VERSION = 1
+
+
+class Kind(IntEnum):
+    HEADER = 1
+    APPEND = 2
+    SOFT_DELETE = 3
+    # 4..15 reserved: STAGED_APPEND, COMMIT, ABORT (transactional appends, later issue).
+
+
+KNOWN_KINDS = frozenset(int(k) for k in Kind)
+
+FLAG_CLOSES = 0x01
+FLAG_PRODUCER = 0x02
+FLAG_STREAM_SEQ = 0x04
+_KNOWN_FLAGS = FLAG_CLOSES | FLAG_PRODUCER | FLAG_STREAM_SEQ
+
+FRAME = struct.Struct("<2sBBII")
+FRAME_SIZE = FRAME.size  # 12
+APPEND_FIXED = struct.Struct("<QqIIB")
+APPEND_FIXED_SIZE = APPEND_FIXED.size  # 25
+# Bytes from a record's start that always cover the frame and the fixed APPEND fields.
+RECORD_PREFIX = FRAME_SIZE + APPEND_FIXED_SIZE
+
+_PRODUCER = struct.Struct("<QQI")
+_U32 = struct.Struct("<I")
+_U16 = struct.Struct("<H")
+_SOFT_DELETE = struct.Struct("<q")
+_SEED = {int(k): zlib.crc32(bytes([int(k)])) for k in Kind}
+_EMPTY_FRAME_HEADER = bytes(FRAME_SIZE)
+
+
+class CorruptRecord(ValueError):
+    """Bytes at a record position are not a valid record (bad magic, version, length or checksum)."""
+
+
+def _frame(kind: int, parts: list[bytes] | tuple[bytes, ...]) -> bytearray:
+    """Join ``parts`` into one frame with a single copy, checksum it and fill in the frame header."""
+    buf = bytearray().join((_EMPTY_FRAME_HEADER, *parts))
+    body = memoryview(buf)[FRAME_SIZE:]
+    crc = zlib.crc32(body, _SEED[kind])
+    body.release()
+    FRAME.pack_into(buf, 0, MAGIC, FORMAT_VERSION, kind, len(buf) - FRAME_SIZE, crc)
+    return buf
+
+
+def encode_header(header: StreamHeader) -> bytearray:
+    body = json.dumps(asdict(header), separators=(",", ":"), sort_keys=True).encode()
+    return _frame(Kind.HEADER, (body,))
+
+
+def encode_soft_delete(record: SoftDelete) -> bytearray:
+    return _frame(Kind.SOFT_DELETE, (_SOFT_DELETE.pack(record.timestamp_ms),))
+
+
+def encode_append(entry: AppendEntry) -> bytearray:
+    """Encode one append. Hot path: a few ``struct.pack`` calls and one join, no per-byte work."""
+    msgs = entry.messages
+    n = len(msgs)
+    flags = FLAG_CLOSES if entry.closes else 0
+    meta: list[bytes] = []
+    producer = entry.producer
+    if producer is not None:
+        pid = producer.producer_id.encode()
+        meta.append(_PRODUCER.pack(producer.epoch, producer.seq, len(pid)))
+        meta.append(pid)
+        flags |= FLAG_PRODUCER
+    if entry.stream_seq is not None:
+        seq = entry.stream_seq.encode()
+        meta.append(_U32.pack(len(seq)))
+        meta.append(seq)
+        flags |= FLAG_STREAM_SEQ
+    digest = entry.digest
+    meta.append(_U16.pack(len(digest)))
+    meta.append(digest)
+    if n == 1:
+        meta.append(_U32.pack(len(msgs[0])))
+    elif n:
+        meta.append(struct.pack(f"<{n}I", *map(len, msgs)))
+    meta_len = sum(map(len, meta))
+    fixed = APPEND_FIXED.pack(entry.position, entry.timestamp_ms, n, meta_len, flags)
+    return _frame(Kind.APPEND, (fixed, *meta, *msgs))
+
+
+@dataclass(frozen=True, slots=True)
+class FrameInfo:
+    kind: int
+    body_len: int
+    crc: int
+
+    @property
+    def record_len(self) -> int:
+        return FRAME_SIZE + self.body_len
+
+
+def parse_frame(buf: bytes | bytearray | memoryview, off: int = 0) -> FrameInfo:
+    """Parse and sanity-check the frame header at ``buf[off:]`` (needs FRAME_SIZE bytes)."""
+    if len(buf) - off < FRAME_SIZE:
+        raise CorruptRecord("partial frame header")
+    magic, version, kind, body_len, crc = FRAME.unpack_from(buf, off)
+    if magic != MAGIC:
+        raise CorruptRecord("bad magic")
+    if version != FORMAT_VERSION:
+        raise CorruptRecord(f"unknown format version {version}")
+    return FrameInfo(kind, body_len, crc)
+
+
+def body_crc_ok(frame: FrameInfo, body: bytes | bytearray | memoryview) -> bool:
+    seed = _SEED.get(frame.kind)
+    if seed is None:
+        seed = zlib.crc32(bytes([frame.kind]))
+    return zlib.crc32(body, seed) == frame.crc
+
+
+def decode_header(body: bytes | bytearray | memoryview) -> StreamHeader:
+    try:
+        data = json.loads(bytes(body))
+        known = {f.name for f in fields(StreamHeader)}
+        return StreamHeader(**{k: v for k, v in data.items() if k in known})
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecord(f"bad stream header: {exc}") from exc
+
+
+def decode_soft_delete(body: bytes | bytearray | memoryview) -> SoftDelete:
+    if len(body) != _SOFT_DELETE.size:
+        raise CorruptRecord("bad soft-delete record")
+    return SoftDelete(_SOFT_DELETE.unpack_from(body, 0)[0])
+
+
+@dataclass(frozen=True, slots=True)
+class AppendMeta:
+    """Everything in an APPEND record except the message bytes. Offsets are relative to the body."""
+
+    position: int
+    timestamp_ms: int
+    closes: bool
+    producer: ProducerTuple | None
+    stream_seq: str | None
+    digest: bytes
+    lengths: tuple[int, ...]
+    payload_off: int  # where the concatenated messages start, relative to the body
+
+    @property
+    def size(self) -> int:
+        return sum(self.lengths)
+
+
+def append_meta_len(buf: bytes | bytearray | memoryview, body_off: int) -> int:
+    """Bytes from the body start up to the payload (fixed part + meta section)."""
+    return APPEND_FIXED_SIZE + APPEND_FIXED.unpack_from(buf, body_off)[3]
+
+
+def decode_append_meta(
+    buf: bytes | bytearray | memoryview, body_off: int, body_len: int
+) -> AppendMeta:
+    """Decode the non-payload part of an APPEND body that starts at ``buf[body_off]``.
+
+    ``buf`` must hold at least the fixed part and the meta section; ``body_len`` is the full body length
+    from the frame and is used to check that the lengths add up.
+    """
+    try:
+        position, timestamp_ms, n, meta_len, flags = APPEND_FIXED.unpack_from(buf, body_off)
+        if flags & ~_KNOWN_FLAGS:
+            raise CorruptRecord(f"unknown append flags {flags:#x}")
+        p = body_off + APPEND_FIXED_SIZE
+        meta_end = p + meta_len
+        if meta_end > len(buf) or APPEND_FIXED_SIZE + meta_len > body_len:
+            raise CorruptRecord("append meta past end of record")
+        producer = None
+        if flags & FLAG_PRODUCER:
+            epoch, seq, id_len = _PRODUCER.unpack_from(buf, p)
+            p += _PRODUCER.size
+            producer = ProducerTuple(bytes(buf[p : p + id_len]).decode(), epoch, seq)
+            p += id_len
+        stream_seq = None
+        if flags & FLAG_STREAM_SEQ:
+            (seq_len,) = _U32.unpack_from(buf, p)
+            p += 4
+            stream_seq = bytes(buf[p : p + seq_len]).decode()
+            p += seq_len
+        (digest_len,) = _U16.unpack_from(buf, p)
+        p += 2
+        digest = bytes(buf[p : p + digest_len])
+        p += digest_len
+        if p + 4 * n != meta_end:
+            raise CorruptRecord("append meta length mismatch")
+        lengths = struct.unpack_from(f"<{n}I", buf, p) if n else ()
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptRecord(f"bad append record: {exc}") from exc
+    payload_off = APPEND_FIXED_SIZE + meta_len
+    if payload_off + sum(lengths) != body_len:
+        raise CorruptRecord("append payload length mismatch")
+    return AppendMeta(
+        position=position,
+        timestamp_ms=timestamp_ms,
+        closes=bool(flags & FLAG_CLOSES),
+        producer=producer,
+        stream_seq=stream_seq,
+        digest=digest,
+        lengths=lengths,
+        payload_off=payload_off,
+    )
+
+
+def message_lengths(buf: bytes | bytearray | memoryview, body_off: int) -> tuple[int, ...]:
+    """Only the per-message lengths of an APPEND body (the tail of its meta section)."""
+    _, _, n, meta_len, _ = APPEND_FIXED.unpack_from(buf, body_off)
+    if not n:
+        return ()
+    return struct.unpack_from(f"<{n}I", buf, body_off + APPEND_FIXED_SIZE + meta_len - 4 * n)
+
+
+def decode_append(
+    buf: bytes | bytearray | memoryview, body_off: int, body_len: int, *, copy: bool = True
+) -> AppendEntry:
+    """Decode a whole APPEND body. With ``copy=False`` messages are memoryviews into ``buf`` (recovery
+    only needs their lengths, so replay avoids copying payload)."""
+    meta = decode_append_meta(buf, body_off, body_len)
+    view = memoryview(buf)
+    p = body_off + meta.payload_off
+    messages = []
+    for length in meta.lengths:
+        m = view[p : p + length]
+        messages.append(bytes(m) if copy else m)
+        p += length
+    return AppendEntry(
+        position=meta.position,
+        messages=tuple(messages),  # type: ignore[arg-type]
+        timestamp_ms=meta.timestamp_ms,
+        closes=meta.closes,
+        producer=meta.producer,
+        stream_seq=meta.stream_seq,
+        digest=meta.digest,
+    )

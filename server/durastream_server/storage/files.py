@@ -1,0 +1,166 @@
+"""Low-level file helpers: a bounded, reference-counted fd cache and fsync/pwrite utilities.
+
+Why reference counts: a cached fd may be evicted (or its stream deleted) while a worker thread is still
+writing, fsyncing or reading through it. Closing it then would either skip an fsync (hazard 30) or, worse,
+let the number be reused by another open() so the thread writes into the wrong file. A handle is therefore
+closed only when it is both evicted and no longer in use; whoever wrote through a handle fsyncs that same
+handle before releasing it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+
+log = logging.getLogger(__name__)
+
+_IOV_MAX = 1024
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class Handle:
+    """One open file descriptor shared by readers and the writer of a segment."""
+
+    __slots__ = ("fd", "key", "refs", "retired")
+
+    def __init__(self, fd: int, key: Hashable) -> None:
+        self.fd = fd
+        self.key = key
+        self.refs = 0
+        self.retired = False
+
+
+class FdCache:
+    """A bounded LRU of segment fds. Thread-safe: acquired on the loop and in worker threads.
+
+    The bound is soft: handles in use are never closed, so a burst can exceed ``capacity`` briefly.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = max(1, capacity)
+        self._lock = threading.Lock()
+        self._open: OrderedDict[Hashable, Handle] = OrderedDict()
+
+    def acquire(self, key: Hashable, path: str) -> Handle:
+        """Return the handle for ``key``, opening ``path`` if needed. Pair with ``release``."""
+        with self._lock:
+            handle = self._open.get(key)
+            if handle is not None:
+                self._open.move_to_end(key)
+                handle.refs += 1
+                return handle
+        fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+        to_close: list[int] = []
+        with self._lock:
+            handle = self._open.get(key)
+            if handle is not None:  # another thread opened it meanwhile
+                to_close.append(fd)
+                handle.refs += 1
+            else:
+                handle = Handle(fd, key)
+                handle.refs = 1  # before evicting, so the new handle is never a victim
+                self._open[key] = handle
+                to_close.extend(self._evict_locked())
+        for extra in to_close:
+            os.close(extra)
+        return handle
+
+    def release(self, handle: Handle) -> None:
+        with self._lock:
+            handle.refs -= 1
+            close_now = handle.retired and handle.refs == 0
+            if close_now:
+                handle.retired = False
+                handle.fd, fd = -1, handle.fd
+        if close_now:
+            os.close(fd)
+
+    def discard(self, predicate: Callable[[Hashable], bool]) -> None:
+        """Forget every handle whose key matches; close those not in use (the rest on release)."""
+        to_close: list[int] = []
+        with self._lock:
+            for key in [k for k in self._open if predicate(k)]:
+                to_close.extend(self._retire_locked(self._open.pop(key)))
+        for fd in to_close:
+            os.close(fd)
+
+    def close_all(self) -> None:
+        self.discard(lambda _key: True)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def _evict_locked(self) -> list[int]:
+        closed: list[int] = []
+        if len(self._open) <= self._capacity:
+            return closed
+        for key in list(self._open):
+            if len(self._open) <= self._capacity:
+                break
+            handle = self._open[key]
+            if handle.refs == 0:
+                del self._open[key]
+                closed.extend(self._retire_locked(handle))
+        return closed
+
+    @staticmethod
+    def _retire_locked(handle: Handle) -> list[int]:
+        if handle.refs == 0:
+            fd, handle.fd = handle.fd, -1
+            return [fd]
+        handle.retired = True
+        return []
+
+
+def pwrite_all(fd: int, buffers: Sequence[bytes | bytearray], offset: int) -> int:
+    """Write every buffer at ``offset`` (pwritev in IOV_MAX chunks, resuming after short writes)."""
+    total = 0
+    i = 0
+    while i < len(buffers):
+        chunk = buffers[i : i + _IOV_MAX]
+        want = sum(len(b) for b in chunk)
+        done = os.pwritev(fd, chunk, offset)
+        if done < want:
+            rest = b"".join(chunk)
+            while done < want:
+                n = os.pwrite(fd, memoryview(rest)[done:], offset + done)
+                if n <= 0:
+                    raise OSError(errno.EIO, "short write")
+                done += n
+        offset += want
+        total += want
+        i += _IOV_MAX
+    return total
+
+
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """``pread`` exactly ``length`` bytes or raise (a short read inside known data means the file shrank)."""
+    data = os.pread(fd, length, offset)
+    if len(data) == length:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, offset + got)
+        if not more:
+            raise OSError(errno.EIO, f"short read at {offset + got} (wanted {length} bytes)")
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a directory's entries (creates, renames) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def is_out_of_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))

@@ -1,0 +1,168 @@
+"""Blocking read algorithms over a log's durable records: ranged reads and boundary lookups.
+
+They start at an index point (a record start at or before the wanted position), walk record headers
+forward and read only the payload they return. Callers run ``read_range`` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+
+from durastream_server.storage import codec
+from durastream_server.storage.codec import APPEND_FIXED_SIZE, FRAME, CorruptRecord, Kind
+from durastream_server.storage.files import FdCache
+from durastream_server.storage.records import MessageSlice
+from durastream_server.storage.segments import (
+    FRAME_SIZE,
+    VERIFY_WHOLE_LIMIT,
+    SegmentView,
+    Window,
+    iter_appends,
+)
+
+
+class NotABoundary(ValueError):
+    """A whole-message read or boundary lookup started inside a message."""
+
+
+_HEAD = struct.Struct("<2sBBIIQqIIB")  # frame header + fixed APPEND fields, parsed in one go
+_HEAD_SIZE = _HEAD.size
+_APPEND = int(Kind.APPEND)
+_APPEND_SEED = zlib.crc32(bytes([_APPEND]))
+_VERSION = codec.FORMAT_VERSION
+_MAGIC = codec.MAGIC
+
+
+def read_range(
+    segs: SegmentView,
+    cache: FdCache,
+    scan_from: int,
+    start: int,
+    cap: int,
+    max_bytes: int,
+    whole_messages: bool,
+) -> tuple[list[MessageSlice], int]:
+    """Read payload in ``[start, cap)`` (about ``max_bytes``), scanning records from ``scan_from``.
+
+    Returns the slices and the position after the last returned byte. Raises ``NotABoundary`` for a
+    whole-message read that starts inside a message and ``codec.CorruptRecord`` on checksum failure.
+    This is the read hot path, so it parses headers inline rather than through ``iter_appends``.
+    """
+    out: list[MessageSlice] = []
+    got = 0
+    next_pos = start
+    budget = max(1, max_bytes)
+    end = segs.end
+    off = scan_from
+    with Window(segs, cache) as window:
+        ensure = window.ensure
+        while off < end and got < budget:
+            buf, rel = ensure(off, _HEAD_SIZE, partial=True)
+            if len(buf) - rel >= _HEAD_SIZE:
+                magic, version, kind, body_len, crc, position, ts, n, meta_len, _ = (
+                    _HEAD.unpack_from(buf, rel)
+                )
+            else:  # a short non-APPEND record at the very end of a segment
+                magic, version, kind, body_len, crc = FRAME.unpack_from(*ensure(off, FRAME_SIZE))
+                if kind == _APPEND:
+                    raise CorruptRecord(f"append record at {off} is cut short")
+            if magic != _MAGIC or version != _VERSION:
+                raise CorruptRecord(f"bad frame at file offset {off}")
+            rec_len = FRAME_SIZE + body_len
+            if kind != _APPEND:
+                off += rec_len
+                continue
+            if position >= cap:
+                break
+            payload_len = body_len - APPEND_FIXED_SIZE - meta_len
+            if position + payload_len <= next_pos:
+                off += rec_len  # wholly before the start (or empty)
+                continue
+            if n == 1:
+                lengths: tuple[int, ...] = (payload_len,)
+            else:
+                lbuf, lrel = ensure(off + _HEAD_SIZE + meta_len - 4 * n, 4 * n)
+                lengths = struct.unpack_from(f"<{n}I", lbuf, lrel)
+            # Pick the messages (or byte ranges of them) of this record: (pos, from, to, whole),
+            # with from/to relative to the record's payload.
+            picks: list[tuple[int, int, int, bool]] = []
+            m_pos = position
+            rel_m = 0
+            done = False
+            for length in lengths:
+                m_end = m_pos + length
+                if m_end > next_pos:
+                    if whole_messages:
+                        if m_pos < next_pos:
+                            raise NotABoundary(f"position {start} is inside a message")
+                        if m_end > cap or (got and got + length > budget):
+                            done = True
+                            break
+                        picks.append((m_pos, rel_m, rel_m + length, True))
+                        got += length
+                        next_pos = m_end
+                    else:
+                        lo = m_pos if m_pos > next_pos else next_pos
+                        hi = min(m_end, cap, lo + (budget - got))
+                        if hi <= lo:
+                            done = True
+                            break
+                        picks.append(
+                            (
+                                lo,
+                                rel_m + lo - m_pos,
+                                rel_m + hi - m_pos,
+                                lo == m_pos and hi == m_end,
+                            )
+                        )
+                        got += hi - lo
+                        next_pos = hi
+                        if hi < m_end:
+                            done = True
+                            break
+                m_pos = m_end
+                rel_m += length
+            if picks:
+                first, last = picks[0][1], picks[-1][2]
+                if rec_len <= VERIFY_WHOLE_LIMIT or (first == 0 and last == payload_len):
+                    rbuf, rrel = ensure(off, rec_len)
+                    body_at = rrel + FRAME_SIZE
+                    if (
+                        zlib.crc32(memoryview(rbuf)[body_at : body_at + body_len], _APPEND_SEED)
+                        != crc
+                    ):
+                        raise CorruptRecord(f"checksum mismatch in record at file offset {off}")
+                    p = body_at + APPEND_FIXED_SIZE + meta_len
+                else:
+                    # A part of a large record: read just that part (no whole-record checksum).
+                    rbuf, rrel = ensure(off + _HEAD_SIZE + meta_len + first, last - first)
+                    p = rrel - first
+                for pos, lo, hi, whole in picks:
+                    out.append(MessageSlice(pos, rbuf[p + lo : p + hi], ts, whole))
+            if done:
+                break
+            off += rec_len
+    return out, next_pos
+
+
+def walk_boundaries(
+    segs: SegmentView, cache: FdCache, scan_from: int, anchor: int
+) -> Iterator[tuple[int, int]]:
+    """Messages ``(position, length)`` of durable records from the one starting at ``anchor`` on.
+
+    Raises ``NotABoundary`` if ``anchor`` is inside a message.
+    """
+    with Window(segs, cache) as window:
+        for ref in iter_appends(window, scan_from, segs.end):
+            if ref.end <= anchor:
+                continue
+            m_pos = ref.position
+            for length in ref.lengths(window):
+                m_end = m_pos + length
+                if m_end > anchor:
+                    if m_pos < anchor:
+                        raise NotABoundary(f"position {anchor} is inside a message")
+                    yield m_pos, length
+                m_pos = m_end

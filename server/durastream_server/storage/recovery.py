@@ -1,0 +1,394 @@
+"""Start-up recovery of one stream directory: header, snapshot, replay, torn-tail repair, quarantine.
+
+Rules (hazards 18, 19, 32):
+  - State is rebuilt by replaying records through ``apply_entry``, the same fold live appends use, so
+    producer tuples, ``Stream-Seq`` and closure come back exactly as acknowledged.
+  - A bad record (partial frame, bad magic or checksum) with no valid record anywhere after it is a torn
+    tail from a crash mid-write: it is truncated away, and logged, before anything can be appended.
+  - A bad record followed by valid data is mid-file corruption; so is a missing segment, a damaged header
+    or an unreadable file. The stream is quarantined: never served, never reset to offset 0.
+  - A snapshot only shortens the replay. Any doubt about it (checksum, bounds, a replay that does not
+    line up) falls back to a full replay, which alone decides about truncation and quarantine.
+
+Runs in a worker thread; reads sequentially in bounded chunks, never a whole segment at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from durastream_server.storage import codec
+from durastream_server.storage.codec import FRAME_SIZE, MAGIC, Kind
+from durastream_server.storage.files import fsync_dir
+from durastream_server.storage.index import LogIndex, SparseIndex
+from durastream_server.storage.records import StreamHeader
+from durastream_server.storage.segments import SEGMENT_RE, segment_name
+from durastream_server.storage.snapshot import (
+    SNAPSHOT_NAME,
+    SNAPSHOT_TMP,
+    Snapshot,
+    load_snapshot,
+)
+from durastream_server.storage.state import StreamState, apply_entry
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 1024 * 1024
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class Quarantine(Exception):
+    """The stream cannot be trusted. ``key`` is its path, or ``storage:<id>`` if the header is lost."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class Recovered:
+    log_id: str
+    directory: str
+    header: StreamHeader
+    state: StreamState
+    bases: list[int]
+    index: LogIndex
+    file_end: int
+    last_record: int  # global offset of the last record (0: only the header)
+    snapshot_entries: int  # state.entries covered by the snapshot on disk (0: none)
+    snapshot_end: int  # file offset it covers (0: none)
+
+
+class _Bad(Exception):
+    """A record that does not parse or check at (segment index, local offset)."""
+
+    def __init__(self, seg: int, off: int, reason: str) -> None:
+        super().__init__(reason)
+        self.seg = seg
+        self.off = off
+        self.reason = reason
+
+
+class _Inconsistent(Exception):
+    """Valid records that do not line up (position gap, unexpected kind)."""
+
+
+class _Segments:
+    """Read-only access to a log's segment files, with one chunk of read-ahead."""
+
+    def __init__(self, directory: str, bases: list[int], sizes: list[int]) -> None:
+        self.directory = directory
+        self.bases = bases
+        self.sizes = sizes
+        self._fds: dict[int, int] = {}
+        self._buf = b""
+        self._buf_seg = -1
+        self._buf_off = 0
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def path(self, i: int) -> str:
+        return os.path.join(self.directory, segment_name(self.bases[i]))
+
+    def fd(self, i: int) -> int:
+        fd = self._fds.get(i)
+        if fd is None:
+            fd = os.open(self.path(i), os.O_RDONLY | _O_CLOEXEC)
+            self._fds[i] = fd
+        return fd
+
+    def read(self, i: int, off: int, n: int) -> memoryview | bytes:
+        """Up to ``n`` bytes at ``off`` of segment ``i`` (fewer only at the end of the file)."""
+        n = max(0, min(n, self.sizes[i] - off))
+        if (
+            self._buf_seg == i
+            and self._buf_off <= off
+            and off + n <= self._buf_off + len(self._buf)
+        ):
+            start = off - self._buf_off
+            return memoryview(self._buf)[start : start + n]
+        if n > _CHUNK:
+            return os.pread(self.fd(i), n, off)
+        self._buf = os.pread(self.fd(i), min(_CHUNK, self.sizes[i] - off), off)
+        self._buf_seg, self._buf_off = i, off
+        return memoryview(self._buf)[:n]
+
+    def record(self, i: int, off: int) -> tuple[codec.FrameInfo, memoryview | bytes]:
+        """The checked record at (``i``, ``off``): its frame and body. Raises ``_Bad``."""
+        try:
+            frame = codec.parse_frame(self.read(i, off, FRAME_SIZE))
+        except codec.CorruptRecord as exc:
+            raise _Bad(i, off, str(exc)) from None
+        if off + FRAME_SIZE + frame.body_len > self.sizes[i]:
+            raise _Bad(i, off, "record runs past the end of the segment")
+        body = self.read(i, off + FRAME_SIZE, frame.body_len)
+        if not codec.body_crc_ok(frame, body):
+            raise _Bad(i, off, "checksum mismatch")
+        return frame, body
+
+    def valid_record_after(self, i: int, off: int) -> tuple[int, int] | None:
+        """The first checksum-valid record strictly after (``i``, ``off``), searching by magic bytes."""
+        for j in range(i, len(self.bases)):
+            pos = off + 1 if j == i else 0
+            size = self.sizes[j]
+            while pos < size:
+                chunk = bytes(self.read(j, pos, _CHUNK))
+                hit = chunk.find(MAGIC)
+                while hit >= 0:
+                    try:
+                        self.record(j, pos + hit)
+                        return j, pos + hit
+                    except _Bad:
+                        hit = chunk.find(MAGIC, hit + 1)
+                if len(chunk) < len(MAGIC):
+                    break
+                pos += len(chunk) - (len(MAGIC) - 1)  # overlap: a magic split across chunks
+        return None
+
+
+def recover_stream(directory: str, log_id: str, index_interval: int, *, sync: bool) -> Recovered:
+    """Recover one stream directory or raise ``Quarantine``."""
+    key = f"storage:{log_id}"
+    try:
+        bases, sizes = _list_segments(directory, log_id, key)
+        segs = _Segments(directory, bases, sizes)
+        try:
+            header, header_end = _read_header(segs, key)
+            key = header.path
+            _check_contiguous(bases, sizes, key)
+            return _recover(segs, log_id, header, header_end, index_interval, sync, key)
+        finally:
+            segs.close()
+    except OSError as exc:
+        raise Quarantine(key, f"unreadable: {exc}") from exc
+
+
+def _list_segments(directory: str, log_id: str, key: str) -> tuple[list[int], list[int]]:
+    bases = []
+    for name in os.listdir(directory):
+        match = SEGMENT_RE.match(name)
+        if match:
+            bases.append(int(match.group(1)))
+        elif name == SNAPSHOT_TMP:
+            os.unlink(os.path.join(directory, name))  # an interrupted snapshot write
+        elif name != SNAPSHOT_NAME:
+            log.warning("stream %s: ignoring unexpected file %r", log_id, name)
+    bases.sort()
+    if not bases or bases[0] != 0:
+        raise Quarantine(key, "first segment is missing")
+    sizes = [os.stat(os.path.join(directory, segment_name(b))).st_size for b in bases]
+    return bases, sizes
+
+
+def _check_contiguous(bases: list[int], sizes: list[int], key: str) -> None:
+    for i in range(len(bases) - 1):
+        if bases[i] + sizes[i] != bases[i + 1]:
+            raise Quarantine(
+                key,
+                f"segment {segment_name(bases[i + 1])} does not follow {segment_name(bases[i])} "
+                f"({sizes[i]} bytes): a segment is missing or was resized",
+            )
+
+
+def _read_header(segs: _Segments, key: str) -> tuple[StreamHeader, int]:
+    try:
+        frame, body = segs.record(0, 0)
+    except _Bad as bad:
+        raise Quarantine(key, f"stream header record is damaged: {bad.reason}") from None
+    if frame.kind != Kind.HEADER:
+        raise Quarantine(key, f"first record is kind {frame.kind}, not a stream header")
+    try:
+        header = codec.decode_header(body)
+    except codec.CorruptRecord as exc:
+        raise Quarantine(key, str(exc)) from None
+    return header, frame.record_len
+
+
+def _recover(
+    segs: _Segments,
+    log_id: str,
+    header: StreamHeader,
+    header_end: int,
+    index_interval: int,
+    sync: bool,
+    key: str,
+) -> Recovered:
+    total_end = segs.bases[-1] + segs.sizes[-1]
+    snap = load_snapshot(segs.directory, log_id)
+    if snap is not None:
+        if _snapshot_fits(snap, segs, header, header_end, total_end):
+            snap_entries = snap.state.entries
+            state, index = snap.state, LogIndex(snap.index)
+            index.sparse.interval = max(1, index_interval)
+            progress = _Progress(snap.last_record)
+            try:
+                end = _replay(segs, snap.covered_end, state, index, progress)
+                return Recovered(
+                    log_id,
+                    segs.directory,
+                    header,
+                    state,
+                    segs.bases,
+                    index,
+                    end,
+                    progress.last_record,
+                    snap_entries,
+                    snap.covered_end,
+                )
+            except (_Bad, _Inconsistent) as exc:
+                reason = f"replay after it failed ({exc})"
+        else:
+            reason = "it does not match the segment files"
+        log.warning(
+            "stream %s (%s): discarding snapshot: %s; replaying the whole log", log_id, key, reason
+        )
+        _drop_snapshot(segs.directory, sync)  # stale: must never be trusted again
+    state = StreamState(tail=header.fork_position)
+    index = LogIndex(SparseIndex(index_interval))
+    index.sparse.note(header.fork_position, header_end)
+    progress = _Progress(0)
+    try:
+        end = _replay(segs, header_end, state, index, progress)
+    except _Inconsistent as exc:
+        raise Quarantine(key, str(exc)) from None
+    except _Bad as bad:
+        # Everything before the bad record is already folded in (the fold stops before it).
+        end = _repair_tail(segs, bad, log_id, key, sync)
+    return Recovered(
+        log_id, segs.directory, header, state, segs.bases, index, end, progress.last_record, 0, 0
+    )
+
+
+def _snapshot_fits(
+    snap: Snapshot, segs: _Segments, header: StreamHeader, header_end: int, total_end: int
+) -> bool:
+    """Bounds, the index's first point, and the anchor: the record the snapshot says ends at its
+    ``covered_end`` must be a valid record ending exactly there (so a snapshot left over from data
+    that was since truncated and rewritten cannot line up by accident)."""
+    index = snap.index
+    if not (
+        header_end <= snap.covered_end <= total_end
+        and snap.state.tail >= header.fork_position
+        and len(index) > 0
+        and index.positions[0] == header.fork_position
+        and index.offsets[0] == header_end
+        and index.offsets[-1] <= snap.covered_end
+        and 0 <= snap.last_record < snap.covered_end
+    ):
+        return False
+    try:
+        i, off = _locate(segs, snap.last_record)
+        frame, _ = segs.record(i, off)
+    except (_Bad, _Inconsistent):
+        return False
+    return snap.last_record + frame.record_len == snap.covered_end
+
+
+def _drop_snapshot(directory: str, sync: bool) -> None:
+    try:
+        os.unlink(os.path.join(directory, SNAPSHOT_NAME))
+    except FileNotFoundError:
+        return
+    if sync:
+        fsync_dir(directory)
+
+
+def _locate(segs: _Segments, offset: int) -> tuple[int, int]:
+    for i in range(len(segs.bases) - 1, -1, -1):
+        if segs.bases[i] <= offset:
+            return i, offset - segs.bases[i]
+    raise _Inconsistent(f"offset {offset} before the first segment")
+
+
+class _Progress:
+    """How far a replay got: the last good record (survives the exception that stops it)."""
+
+    __slots__ = ("last_record",)
+
+    def __init__(self, last_record: int) -> None:
+        self.last_record = last_record
+
+
+def _replay(
+    segs: _Segments, start: int, state: StreamState, index: LogIndex, progress: _Progress
+) -> int:
+    """Fold every record from global ``start`` into ``state`` and ``index``; returns the end offset."""
+    first, off = _locate(segs, start)
+    for i in range(first, len(segs.bases)):
+        base, size = segs.bases[i], segs.sizes[i]
+        if i != first:
+            off = 0
+        while off < size:
+            frame, body = segs.record(i, off)
+            kind = frame.kind
+            if kind == Kind.APPEND:
+                try:
+                    entry = codec.decode_append(body, 0, frame.body_len, copy=False)
+                except codec.CorruptRecord as exc:
+                    raise _Inconsistent(f"append record at {base + off}: {exc}") from None
+                try:
+                    apply_entry(state, entry)
+                except ValueError as exc:
+                    raise _Inconsistent(f"append record at {base + off}: {exc}") from None
+                index.note(entry.position, base + off)
+            elif kind == Kind.SOFT_DELETE:
+                try:
+                    codec.decode_soft_delete(body)
+                except codec.CorruptRecord as exc:
+                    raise _Inconsistent(f"record at {base + off}: {exc}") from None
+                state.soft_deleted = True
+            else:
+                raise _Inconsistent(f"unexpected record kind {kind} at file offset {base + off}")
+            progress.last_record = base + off
+            off += frame.record_len
+    return segs.bases[-1] + segs.sizes[-1]
+
+
+def _repair_tail(segs: _Segments, bad: _Bad, log_id: str, key: str, sync: bool) -> int:
+    """Truncate a torn tail at ``bad``, or quarantine if valid data follows it."""
+    after = segs.valid_record_after(bad.seg, bad.off)
+    where = f"{segment_name(segs.bases[bad.seg])} offset {bad.off}"
+    if after is not None:
+        j, off = after
+        log.error(
+            "stream %s (%s): %s at %s followed by valid data at %s offset %d; quarantined",
+            log_id,
+            key,
+            bad.reason,
+            where,
+            segment_name(segs.bases[j]),
+            off,
+        )
+        raise Quarantine(key, f"mid-file corruption: {bad.reason} at {where}")
+    dropped = segs.sizes[bad.seg] - bad.off + sum(segs.sizes[bad.seg + 1 :])
+    log.warning(
+        "stream %s (%s): torn tail (%s) at %s; truncating %d bytes",
+        log_id,
+        key,
+        bad.reason,
+        where,
+        dropped,
+    )
+    segs.close()
+    fd = os.open(segs.path(bad.seg), os.O_RDWR | _O_CLOEXEC)
+    try:
+        os.ftruncate(fd, bad.off)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    for j in range(len(segs.bases) - 1, bad.seg, -1):
+        os.unlink(segs.path(j))
+    del segs.bases[bad.seg + 1 :]
+    del segs.sizes[bad.seg + 1 :]
+    segs.sizes[bad.seg] = bad.off
+    segs._buf, segs._buf_seg = b"", -1
+    if sync:
+        fsync_dir(segs.directory)
+    return segs.bases[-1] + segs.sizes[-1]

@@ -1,0 +1,112 @@
+"""The blocking half of the group commit: encode a batch, write it, fsync the fds that were written.
+
+Runs in a worker thread, one batch per log at a time (the log's writer task awaits it before starting the
+next one), so it can use the segment layout it was given without locks. It returns where each record
+landed; the log applies that to its index on the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from durastream_server.storage import codec
+from durastream_server.storage.files import FdCache, fsync_dir, pwrite_all
+from durastream_server.storage.records import AppendEntry, SoftDelete
+from durastream_server.storage.segments import segment_name
+
+log = logging.getLogger(__name__)
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteTarget:
+    """Where and how a log's writer writes; constant for the log's lifetime."""
+
+    directory: str
+    log_id: str
+    cache: FdCache
+    segment_bytes: int
+    sync: bool  # fdatasync after writing (Durability.FSYNC)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    offsets: list[int]  # global file offset of each item's record, in order
+    new_segments: list[int]  # bases of segments this batch created
+    end: int  # global file end after the batch
+
+
+def encode_item(item: AppendEntry | SoftDelete) -> bytearray:
+    if type(item) is AppendEntry:
+        return codec.encode_append(item)
+    return codec.encode_soft_delete(item)  # type: ignore[arg-type]
+
+
+def write_batch(
+    target: WriteTarget, items: list[AppendEntry | SoftDelete], seg_base: int, end: int
+) -> BatchResult:
+    """Append ``items`` after global offset ``end`` (last segment starts at ``seg_base``).
+
+    One ``pwritev`` and one ``fdatasync`` per touched segment (normally exactly one of each). On an
+    OSError everything this batch wrote is truncated away (best effort) and the error propagates: the
+    caller poisons the log, and recovery would cut any torn remainder at restart.
+    """
+    frames = [encode_item(item) for item in items]
+    # Lay the records out, rolling to a new segment when the current one would pass segment_bytes.
+    chunks: list[tuple[int, int, list[bytearray], bool]] = []  # (base, local start, frames, new)
+    base, size = seg_base, end - seg_base
+    current: list[bytearray] = []
+    chunks.append((base, size, current, False))
+    offsets: list[int] = []
+    for frame in frames:
+        if size and size + len(frame) > target.segment_bytes:
+            base, size = base + size, 0
+            current = []
+            chunks.append((base, 0, current, True))
+        offsets.append(base + size)
+        current.append(frame)
+        size += len(frame)
+    new_segments = [c[0] for c in chunks if c[3]]
+    written: list[tuple[int, int, bool]] = []
+    try:
+        for c_base, c_start, c_frames, is_new in chunks:
+            if not c_frames:
+                continue
+            path = os.path.join(target.directory, segment_name(c_base))
+            if is_new:
+                os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644))
+            written.append((c_base, c_start, is_new))
+            handle = target.cache.acquire((target.log_id, c_base), path)
+            try:
+                pwrite_all(handle.fd, c_frames, c_start)
+                if target.sync:
+                    os.fdatasync(
+                        handle.fd
+                    )  # the fd we wrote through, never a re-lookup (hazard 30)
+            finally:
+                target.cache.release(handle)
+        if new_segments and target.sync:
+            fsync_dir(target.directory)
+    except OSError:
+        _undo(target, written)
+        raise
+    return BatchResult(offsets, new_segments, base + size)
+
+
+def _undo(target: WriteTarget, written: list[tuple[int, int, bool]]) -> None:
+    """Best effort: remove what a failed batch wrote, so a restart does not resurrect failed appends."""
+    for c_base, c_start, is_new in reversed(written):
+        path = os.path.join(target.directory, segment_name(c_base))
+        try:
+            if is_new:
+                target.cache.discard(lambda key, b=c_base: key == (target.log_id, b))
+                os.unlink(path)
+            else:
+                os.truncate(path, c_start)
+        except OSError as exc:
+            log.warning(
+                "stream %s: could not undo failed write in %s: %s", target.log_id, path, exc
+            )

@@ -1,0 +1,96 @@
+"""Glob patterns over stream-root-relative paths (section 6.2).
+
+A pattern is split on ``/`` into segments, matched against the path's segments:
+
+* ``**`` (a whole segment) matches zero or more path segments;
+* ``*`` (a whole segment) matches exactly one path segment;
+* a ``*`` inside a segment (``ev*``) matches any run of characters within that one segment;
+* everything else is literal. There is no ``?`` or ``[...]``: stream paths may contain those characters,
+  and a subscription must be able to name them.
+
+Patterns are compiled once when a subscription is created, never re-parsed per append.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+_ANY_SEGMENTS = "**"
+
+
+class InvalidPattern(ValueError):
+    """The text cannot be used as a subscription pattern; the message says why."""
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """One pattern segment: ``**``, or a regex over a single path segment."""
+
+    any_segments: bool
+    regex: re.Pattern[str] | None
+
+
+@dataclass(frozen=True)
+class GlobPattern:
+    text: str
+    segments: tuple[_Segment, ...]
+
+    def matches(self, path: str) -> bool:
+        return _match(self.segments, tuple(path.split("/")))
+
+    def literal_prefix(self) -> str:
+        """The longest plain-text prefix every matching path starts with, to narrow a stream listing."""
+        head, star, _ = self.text.partition("*")
+        return head if star else self.text
+
+
+def compile_pattern(text: str) -> GlobPattern:
+    if not text:
+        raise InvalidPattern("must be a non-empty glob")
+    if text.startswith("/"):
+        raise InvalidPattern("must be stream-root-relative (no leading '/')")
+    segments = []
+    for part in text.split("/"):
+        if part == _ANY_SEGMENTS:
+            segments.append(_Segment(any_segments=True, regex=None))
+        elif "**" in part:
+            raise InvalidPattern("'**' must be a whole path segment")
+        else:
+            body = ".*".join(re.escape(literal) for literal in part.split("*"))
+            segments.append(_Segment(any_segments=False, regex=re.compile(body, re.DOTALL)))
+    return GlobPattern(text=text, segments=tuple(segments))
+
+
+def _match(pattern: tuple[_Segment, ...], path: tuple[str, ...]) -> bool:
+    """Iterative matcher; ``**`` backtracks to the most recent one only (linear-ish, no blow-up)."""
+    p = s = 0
+    star_p = -1  # index of the last '**' seen
+    star_s = 0  # path index it is currently assumed to have consumed up to
+    while s < len(path):
+        if p < len(pattern) and pattern[p].any_segments:
+            star_p, star_s = p, s
+            p += 1
+        elif p < len(pattern) and _segment_matches(pattern[p], path[s]):
+            p += 1
+            s += 1
+        elif star_p >= 0:
+            star_s += 1
+            p, s = star_p + 1, star_s
+        else:
+            return False
+    while p < len(pattern) and pattern[p].any_segments:
+        p += 1
+    return p == len(pattern)
+
+
+def _segment_matches(segment: _Segment, text: str) -> bool:
+    assert segment.regex is not None
+    return segment.regex.fullmatch(text) is not None
+
+
+@lru_cache(maxsize=1024)
+def cached_pattern(text: str) -> GlobPattern:
+    """Compiled patterns are immutable, so subscriptions sharing a pattern share one compile."""
+    return compile_pattern(text)

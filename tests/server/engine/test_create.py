@@ -1,0 +1,204 @@
+"""Create (section 5.1): 201/200/409, closed creates, JSON bodies, defaults, re-creation."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from durastream_server.engine.api import CreateRequest
+from durastream_server.engine.engine import Engine
+from durastream_server.errors import (
+    BadRequest,
+    ConfigMismatch,
+    EmptyJsonArray,
+    InvalidJson,
+    NotFound,
+    StreamClosed,
+)
+from tests.server.engine.support import Recorder, append, create, read, run, text
+
+
+def test_create_then_idempotent_then_mismatch(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        first = await create(engine, "s", b"hello")
+        assert first.created
+        assert first.info.content_type == "text/plain"
+        assert first.info.next_offset.endswith("0005")
+        again = await create(engine, "s")  # the body of a matching re-PUT is not compared
+        assert not again.created
+        assert again.info.storage_id == first.info.storage_id
+        with pytest.raises(ConfigMismatch):
+            await create(engine, "s", content_type="application/json")
+        with pytest.raises(ConfigMismatch):
+            await create(engine, "s", ttl_seconds=10)
+        with pytest.raises(ConfigMismatch):
+            await create(engine, "s", closed=True)
+
+    run(tmp_path, scenario)
+
+
+def test_hazard_37_content_type_compared_after_normalization(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        created = await create(engine, "j", content_type="application/json; charset=utf-8")
+        assert created.info.content_type == "application/json; charset=utf-8"
+        assert not (await create(engine, "j", content_type="APPLICATION/JSON")).created
+        assert not (await create(engine, "j", content_type="application/json;charset=x")).created
+        # Appends follow the same rule.
+        await append(engine, "j", b'{"a":1}', content_type="application/json")
+        assert (await read(engine, "j")).json
+
+    run(tmp_path, scenario)
+
+
+def test_hazard_37_concurrent_identical_creates_make_exactly_one(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        recorder = Recorder()
+        engine.add_observer(recorder)
+        results = await asyncio.gather(*(create(engine, "race", b"x") for _ in range(20)))
+        assert sum(r.created for r in results) == 1
+        assert len({r.info.storage_id for r in results}) == 1
+        assert [e for e in recorder.events if e[0] == "created"] == [
+            ("created", "race", results[0].info.next_offset)
+        ]
+        assert await text(engine, "race") == b"x"
+
+    run(tmp_path, scenario)
+
+
+def test_missing_content_type_defaults_to_octet_stream(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        assert (await create(engine, "a", content_type=None)).info.content_type == (
+            "application/octet-stream"
+        )
+        assert (await create(engine, "b", content_type="bogus")).info.content_type == (
+            "application/octet-stream"
+        )
+        assert not (await create(engine, "a", content_type=None)).created
+
+    run(tmp_path, scenario)
+
+
+def test_create_closed_with_body_is_atomic(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        created = await create(engine, "c", b"final", closed=True)
+        assert created.info.closed
+        result = await read(engine, "c")
+        assert result.messages == (b"final",)
+        assert result.closed and result.up_to_date
+        with pytest.raises(StreamClosed):
+            await append(engine, "c", b"more")
+        assert not (await create(engine, "c", closed=True)).created
+        with pytest.raises(ConfigMismatch):
+            await create(engine, "c")  # closure status differs
+
+    run(tmp_path, scenario)
+
+
+def test_hazard_20_invalid_json_create_leaves_no_stream(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(InvalidJson):
+            await create(engine, "j", b"{bad", content_type="application/json")
+        with pytest.raises(NotFound):
+            engine.head("j")
+        with pytest.raises(NotFound):
+            await append(engine, "j", b"1", content_type="application/json")
+        # The retried PUT creates it with its data, not a 200 for an empty stream.
+        created = await create(engine, "j", b'[{"a":1},{"b":2}]', content_type="application/json")
+        assert created.created
+        assert (await read(engine, "j")).messages == (b'{"a":1}', b'{"b":2}')
+
+    run(tmp_path, scenario)
+
+
+def test_json_put_allows_empty_array_post_does_not(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        created = await create(engine, "j", b"[]", content_type="application/json")
+        assert created.info.next_offset.endswith("0000")
+        with pytest.raises(EmptyJsonArray):
+            await append(engine, "j", b"[]", content_type="application/json")
+
+    run(tmp_path, scenario)
+
+
+def test_lifetime_validation_and_normalization(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        at = datetime.now(timezone.utc) + timedelta(hours=1)
+        with pytest.raises(BadRequest):
+            await create(engine, "x", ttl_seconds=5, expires_at=at)
+        created = await create(engine, "x", expires_at=at)
+        assert created.info.expires_at is not None and created.info.expires_at.endswith("Z")
+        # Same instant in another timezone: same configuration.
+        other_zone = at.astimezone(timezone(timedelta(hours=-7)))
+        assert not (await create(engine, "x", expires_at=other_zone)).created
+        with pytest.raises(ConfigMismatch):
+            await create(engine, "x", expires_at=at + timedelta(seconds=1))
+        assert (await create(engine, "t", ttl_seconds=3600)).info.ttl_seconds == 3600
+        assert not (await create(engine, "t", ttl_seconds=3600)).created
+        with pytest.raises(ConfigMismatch):
+            await create(engine, "t", ttl_seconds=7200)
+
+    run(tmp_path, scenario)
+
+
+def test_fork_headers_without_source_are_rejected(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        with pytest.raises(BadRequest):
+            await engine.create(CreateRequest(path="x", content_type=None, fork_sub_offset=0))
+        with pytest.raises(BadRequest):
+            await engine.create(
+                CreateRequest(
+                    path="x", content_type=None, fork_offset="0000000000000000_0000000000000000"
+                )
+            )
+        with pytest.raises(NotFound):
+            engine.head("x")
+
+    run(tmp_path, scenario)
+
+
+def test_recreate_after_delete_is_fresh_and_isolated(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        old = await create(engine, "r", b"old data")
+        await append(engine, "r", b" more", producer=("p", 0, 0), stream_seq="5")
+        await engine.delete("r")
+        new = await create(engine, "r", b"new data")
+        assert new.created and new.info.storage_id != old.info.storage_id
+        assert await text(engine, "r") == b"new data"
+        # No producer or Stream-Seq state carried over.
+        assert (
+            await append(engine, "r", b"!", producer=("p", 0, 0), stream_seq="1")
+        ).duplicate is False
+
+    run(tmp_path, scenario)
+
+
+def test_observers_see_create_append_delete(tmp_path: Path) -> None:
+    async def scenario(engine: Engine) -> None:
+        recorder = Recorder()
+        engine.add_observer(recorder)
+        await create(engine, "o")
+        result = await append(engine, "o", b"abc")
+        await append(engine, "o", b"", close=True)  # no data: not an append event
+        await engine.delete("o")
+        assert recorder.events == [
+            ("created", "o", "0000000000000000_0000000000000000"),
+            ("appended", "o", result.next_offset),
+            ("deleted", "o"),
+        ]
+
+    run(tmp_path, scenario)
+
+
+def test_a_failing_observer_does_not_fail_the_request(tmp_path: Path) -> None:
+    class Broken(Recorder):
+        def on_created(self, path: str, next_offset: str) -> None:
+            raise RuntimeError("boom")
+
+    async def scenario(engine: Engine) -> None:
+        engine.add_observer(Broken())
+        assert (await create(engine, "b")).created
+
+    run(tmp_path, scenario)

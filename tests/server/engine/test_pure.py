@@ -1,0 +1,317 @@
+"""Unit tests of the engine's pure parts: content types, JSON mode, producer rules, expiry, waiters."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from durastream_server.engine import contenttype, expiry, jsonmode, producers
+from durastream_server.engine.waiters import WaitSet
+from durastream_server.errors import (
+    BadRequest,
+    DuplicateMismatch,
+    EmptyJsonArray,
+    InvalidJson,
+    NotFound,
+    SequenceGap,
+    StaleEpoch,
+)
+from durastream_server.storage.records import AppendEntry, ProducerTuple
+from durastream_server.storage.state import StreamState, apply_entry
+
+# --------------------------------------------------------------------------- content types
+
+
+@pytest.mark.parametrize(
+    ("raw", "text"),
+    [
+        ("text/plain", "text/plain"),
+        ("TEXT/Plain", "text/plain"),
+        (" application/json ; charset=utf-8 ", "application/json; charset=utf-8"),
+        ("application/json;charset=UTF-8;x=1", "application/json; charset=UTF-8; x=1"),
+    ],
+)
+def test_content_type_normalization(raw: str, text: str) -> None:
+    parsed = contenttype.parse(raw)
+    assert parsed is not None
+    assert parsed.text == text
+
+
+@pytest.mark.parametrize(
+    "raw", [None, "", "   ", "text", "text/", "/plain", "te xt/plain", "a/b/c"]
+)
+def test_invalid_content_types_parse_to_none(raw: str | None) -> None:
+    assert contenttype.parse(raw) is None
+
+
+def test_missing_or_invalid_content_type_defaults_to_octet_stream_on_create() -> None:
+    assert contenttype.for_create(None) == "application/octet-stream"
+    assert contenttype.for_create("nonsense") == "application/octet-stream"
+    assert contenttype.for_create("Text/Plain") == "text/plain"
+
+
+def test_hazard_37_parameter_only_differences_are_the_same_type() -> None:
+    assert contenttype.same_type("application/json; charset=utf-8", "APPLICATION/JSON")
+    assert contenttype.same_type("text/plain", "text/plain;charset=latin-1")
+    assert not contenttype.same_type("text/plain", "application/json")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("application/json", True),
+        ("Application/JSON; charset=utf-8", True),
+        ("application/json-patch+json", False),  # hazard 40: no substring tests
+        ("application/ndjson", False),
+        ("text/json", False),
+    ],
+)
+def test_hazard_40_one_definition_of_json(value: str, expected: bool) -> None:
+    assert contenttype.is_json(value) is expected
+
+
+# --------------------------------------------------------------------------- JSON mode
+
+
+@pytest.mark.parametrize(
+    ("body", "messages"),
+    [
+        (b'{"event": "created"}', [b'{"event": "created"}']),
+        (b'[{"event": "a"}, {"event": "b"}]', [b'{"event": "a"}', b'{"event": "b"}']),
+        (b"[[1,2], [3,4]]", [b"[1,2]", b"[3,4]"]),
+        (b"[[[1,2,3]]]", [b"[[1,2,3]]"]),
+        (b'  "text"  ', [b'"text"']),
+        (b"42", [b"42"]),
+        (b"null", [b"null"]),
+        (b" [ 1 ,\n 2.50 , -0 , 1e400 ] ", [b"1", b"2.50", b"-0", b"1e400"]),
+        ('["\u00e9", "\\ud83d\\ude00"]'.encode(), ['"\u00e9"'.encode(), b'"\\ud83d\\ude00"']),
+    ],
+)
+def test_json_flattens_exactly_one_level_keeping_original_bytes(
+    body: bytes, messages: list[bytes]
+) -> None:
+    assert list(jsonmode.split_messages(body, allow_empty_array=False)) == messages
+
+
+def test_json_empty_array_is_rejected_on_post_and_allowed_on_put() -> None:
+    with pytest.raises(EmptyJsonArray):
+        jsonmode.split_messages(b" [ ] ", allow_empty_array=False)
+    assert jsonmode.split_messages(b"[]", allow_empty_array=True) == ()
+    assert jsonmode.split_messages(b"", allow_empty_array=False) == ()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{ invalid json }",
+        b"[1, 2",
+        b"[1,]",
+        b"[1] [2]",
+        b"{} x",
+        b"NaN",
+        b"[Infinity]",
+        b"[-Infinity]",
+        b'"raw\ncontrol"',
+        b"\xff\xfe",
+        b"   ",
+        b"[" * 100_000 + b"]" * 100_000,
+    ],
+)
+def test_invalid_json_is_rejected(body: bytes) -> None:
+    with pytest.raises(InvalidJson):
+        jsonmode.split_messages(body, allow_empty_array=True)
+
+
+def test_json_accepts_a_leading_bom() -> None:
+    assert jsonmode.split_messages(b"\xef\xbb\xbf[1]", allow_empty_array=False) == (b"1",)
+
+
+# --------------------------------------------------------------------------- producers
+
+
+def _state_after(*tuples: tuple[str, int, int, bytes]) -> StreamState:
+    state = StreamState(tail=0)
+    for producer_id, epoch, seq, body in tuples:
+        digest = producers.request_digest("text/plain", body, False)
+        apply_entry(
+            state,
+            AppendEntry(
+                position=state.tail,
+                messages=(body,),
+                timestamp_ms=1,
+                producer=ProducerTuple(producer_id, epoch, seq),
+                digest=digest,
+            ),
+        )
+    return state
+
+
+def _digest(body: bytes, closes: bool = False) -> bytes:
+    return producers.request_digest("text/plain", body, closes)
+
+
+def test_unknown_producer_must_start_at_zero() -> None:
+    state = StreamState(tail=0)
+    assert isinstance(
+        producers.validate(state, ProducerTuple("p", 3, 0), _digest(b"x")), producers.Accept
+    )
+    with pytest.raises(SequenceGap) as err:
+        producers.validate(state, ProducerTuple("p", 0, 4), _digest(b"x"))
+    assert err.value.headers == {"Producer-Expected-Seq": "0", "Producer-Received-Seq": "4"}
+
+
+def test_sequence_rules_within_an_epoch() -> None:
+    state = _state_after(("p", 0, 0, b"a"), ("p", 0, 1, b"b"), ("p", 0, 2, b"c"))
+    assert isinstance(producers.validate(state, ProducerTuple("p", 0, 3), b""), producers.Accept)
+    duplicate = producers.validate(state, ProducerTuple("p", 0, 1), _digest(b"b"))
+    assert duplicate == producers.Duplicate(epoch=0, highest_seq=2)
+    with pytest.raises(SequenceGap) as err:
+        producers.validate(state, ProducerTuple("p", 0, 5), b"")
+    assert err.value.headers["Producer-Expected-Seq"] == "3"
+    assert err.value.headers["Producer-Received-Seq"] == "5"
+
+
+def test_epoch_rules() -> None:
+    state = _state_after(("p", 2, 0, b"a"))
+    with pytest.raises(StaleEpoch) as err:
+        producers.validate(state, ProducerTuple("p", 1, 0), b"")
+    assert err.value.headers == {"Producer-Epoch": "2"}
+    with pytest.raises(BadRequest):
+        producers.validate(state, ProducerTuple("p", 3, 1), b"")
+    assert isinstance(producers.validate(state, ProducerTuple("p", 3, 0), b""), producers.Accept)
+
+
+def test_hazard_4_reused_tuple_with_different_payload_is_409() -> None:
+    state = _state_after(("p", 0, 0, b"A"))
+    with pytest.raises(DuplicateMismatch):
+        producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"B"))
+    # Same bytes but now closing: a different request too.
+    with pytest.raises(DuplicateMismatch):
+        producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"A", closes=True))
+
+
+def test_duplicate_with_forgotten_digest_is_still_a_duplicate() -> None:
+    state = _state_after(*[("p", 0, seq, b"x%d" % seq) for seq in range(100)])
+    # The oldest digests were pruned (RECENT_DIGESTS): the spec's plain rule applies.
+    decision = producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"different"))
+    assert decision == producers.Duplicate(epoch=0, highest_seq=99)
+
+
+def test_digest_ignores_content_type_parameters_but_not_essence() -> None:
+    assert producers.request_digest("text/plain", b"x", False) != producers.request_digest(
+        "application/json", b"x", False
+    )
+    assert producers.request_digest(None, b"", True) == producers.request_digest(None, b"", True)
+
+
+def test_producer_tuple_syntax() -> None:
+    with pytest.raises(BadRequest):
+        producers.check_tuple_syntax(ProducerTuple("", 0, 0))
+    with pytest.raises(BadRequest):
+        producers.check_tuple_syntax(ProducerTuple("p", 2**53, 0))
+    with pytest.raises(BadRequest):
+        producers.check_tuple_syntax(ProducerTuple("p", 0, -1))
+    producers.check_tuple_syntax(ProducerTuple("p", 2**53 - 1, 0))
+
+
+def test_hazard_35_after_close_rules() -> None:
+    state = _state_after(("p", 1, 0, b"a"), ("p", 1, 1, b"b"))
+    with pytest.raises(StaleEpoch):
+        producers.stale_or_duplicate_after_close(state, ProducerTuple("p", 0, 5))
+    assert producers.stale_or_duplicate_after_close(
+        state, ProducerTuple("p", 1, 0)
+    ) == producers.Duplicate(epoch=1, highest_seq=1)
+    assert producers.stale_or_duplicate_after_close(state, ProducerTuple("p", 1, 2)) is None
+    assert producers.stale_or_duplicate_after_close(state, ProducerTuple("q", 0, 0)) is None
+
+
+# --------------------------------------------------------------------------- expiry
+
+
+def test_rfc3339_normalization_is_per_instant() -> None:
+    moment = datetime(2030, 1, 2, 3, 4, 5, 123000, tzinfo=timezone.utc)
+    same = moment.astimezone(timezone(timedelta(hours=5, minutes=30)))
+    assert expiry.format_rfc3339(moment) == "2030-01-02T03:04:05.123Z"
+    assert expiry.format_rfc3339(same) == expiry.format_rfc3339(moment)
+    assert expiry.format_rfc3339(moment.replace(microsecond=0)) == "2030-01-02T03:04:05Z"
+    assert expiry.format_rfc3339(moment.replace(microsecond=5)) == "2030-01-02T03:04:05.000005Z"
+    assert expiry.parse_rfc3339(expiry.format_rfc3339(moment)) == moment
+    with pytest.raises(BadRequest):
+        expiry.format_rfc3339(datetime(2030, 1, 1))
+
+
+def test_requested_lifetime_validation() -> None:
+    with pytest.raises(BadRequest):
+        expiry.requested(10, datetime.now(timezone.utc))
+    with pytest.raises(BadRequest):
+        expiry.requested(-1, None)
+    assert expiry.requested(None, None) == expiry.Lifetime()
+    assert expiry.requested(0, None) == expiry.Lifetime(ttl_seconds=0)
+
+
+def test_fork_lifetime_table() -> None:
+    none = expiry.Lifetime()
+    ttl = expiry.Lifetime(ttl_seconds=60)
+    at = expiry.Lifetime(expires_at="2030-01-01T00:00:00Z")
+    own_ttl = expiry.Lifetime(ttl_seconds=5)
+    own_at = expiry.Lifetime(expires_at="2031-01-01T00:00:00Z")
+    # (source, request) -> fork, the nine rows of the section 4.2 table
+    assert expiry.for_fork(none, none) == none
+    assert expiry.for_fork(none, own_ttl) == own_ttl
+    assert expiry.for_fork(none, own_at) == own_at
+    assert expiry.for_fork(ttl, none) == ttl
+    assert expiry.for_fork(ttl, own_ttl) == own_ttl
+    assert expiry.for_fork(ttl, own_at) == own_at
+    assert expiry.for_fork(at, none) == at
+    assert expiry.for_fork(at, own_ttl) == own_ttl
+    assert expiry.for_fork(at, own_at) == own_at
+
+
+def test_expiry_deadlines() -> None:
+    ttl = expiry.Lifetime(ttl_seconds=10)
+    assert not expiry.is_expired(ttl, last_access=100.0, now=109.9)
+    assert expiry.is_expired(ttl, last_access=100.0, now=110.0)
+    at = expiry.Lifetime(
+        expires_at=expiry.format_rfc3339(datetime.fromtimestamp(500, timezone.utc))
+    )
+    assert not expiry.is_expired(at, last_access=0.0, now=499.0)
+    assert expiry.is_expired(at, last_access=1000.0, now=500.0)  # access does not extend Expires-At
+    assert not expiry.is_expired(expiry.Lifetime(), last_access=0.0, now=1e12)
+
+
+# --------------------------------------------------------------------------- waiters
+
+
+def test_waitset_wakes_times_out_fails_and_shuts_down() -> None:
+    async def scenario() -> None:
+        waits = WaitSet()
+        flag = {"ready": False}
+        task = asyncio.create_task(waits.wait_until(lambda: flag["ready"], 5))
+        await asyncio.sleep(0)
+        waits.notify()  # spurious wake: condition still false, keeps waiting
+        await asyncio.sleep(0)
+        assert not task.done()
+        flag["ready"] = True
+        waits.notify()
+        assert await task is True
+
+        assert await waits.wait_until(lambda: False, 0.01) is False
+
+        task = asyncio.create_task(waits.wait_until(lambda: False, 5))
+        await asyncio.sleep(0)
+        waits.shutdown()
+        assert await task is False
+
+        failing = WaitSet()
+        task = asyncio.create_task(failing.wait_until(lambda: False, 5))
+        await asyncio.sleep(0)
+        failing.fail(lambda: NotFound("gone"))
+        with pytest.raises(NotFound):
+            await task
+        with pytest.raises(NotFound):  # later waiters fail at once
+            await failing.wait_until(lambda: True, 5)
+        assert len(failing) == 0
+
+    asyncio.run(scenario())

@@ -1,0 +1,86 @@
+"""Request bodies over ``--max-body-bytes`` get 413 without the server reading (or buffering) the rest.
+
+Raw sockets, because an HTTP client library would insist on sending the whole body before reading.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import requests
+
+from tests.support.server_process import ServerProcess
+
+LIMIT = 1024
+OCTETS = "application/octet-stream"
+
+
+def _connect(server: ServerProcess) -> socket.socket:
+    sock = socket.create_connection((server.host, server.port), timeout=10)
+    sock.settimeout(10)
+    return sock
+
+
+def _read_response(sock: socket.socket) -> bytes:
+    """Everything until the server closes the connection (a 413 must close it)."""
+    chunks = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+    raise AssertionError(f"server kept the connection open after: {b''.join(chunks)[:200]!r}")
+
+
+def _request_head(server: ServerProcess, path: str, extra: str) -> bytes:
+    return (
+        f"POST /v1/stream/{path} HTTP/1.1\r\nHost: {server.host}:{server.port}\r\n"
+        f"Content-Type: {OCTETS}\r\n{extra}\r\n"
+    ).encode()
+
+
+def test_declared_oversize_body_is_refused_before_it_is_sent(server_factory) -> None:
+    server = server_factory(max_body_bytes=LIMIT)
+    requests.put(server.stream_url("big"), headers={"Content-Type": OCTETS})
+    with _connect(server) as sock:
+        # Expect: 100-continue: a server that wanted the body would say "100 Continue" first.
+        sock.sendall(
+            _request_head(
+                server, "big", f"Content-Length: {50 * 1024 * 1024}\r\nExpect: 100-continue\r\n"
+            )
+        )
+        response = _read_response(sock)
+    assert response.startswith(b"HTTP/1.1 413 "), response[:100]
+    assert b"100 Continue" not in response
+    assert b"PAYLOAD_TOO_LARGE" in response
+    assert requests.get(server.stream_url("big")).content == b""
+
+
+def test_chunked_body_is_cut_off_at_the_limit(server_factory) -> None:
+    server = server_factory(max_body_bytes=LIMIT)
+    requests.put(server.stream_url("chunked"), headers={"Content-Type": OCTETS})
+    with _connect(server) as sock:
+        sock.sendall(_request_head(server, "chunked", "Transfer-Encoding: chunked\r\n"))
+        # Cross the limit, then stop sending (no terminating chunk): the answer must come anyway.
+        for _ in range(3):
+            sock.sendall(b"200\r\n" + b"x" * 512 + b"\r\n")
+        response = _read_response(sock)
+    assert response.startswith(b"HTTP/1.1 413 "), response[:100]
+    assert requests.get(server.stream_url("chunked")).content == b""
+    # The server is fine afterwards, and a body at the limit is accepted.
+    ok = requests.post(
+        server.stream_url("chunked"), data=b"y" * LIMIT, headers={"Content-Type": OCTETS}
+    )
+    assert ok.status_code == 204
+    assert requests.get(server.stream_url("chunked")).content == b"y" * LIMIT
+
+
+def test_oversize_create_body_is_refused_too(server_factory) -> None:
+    server = server_factory(max_body_bytes=LIMIT)
+    response = requests.put(
+        server.stream_url("big-create"), data=b"z" * (LIMIT + 1), headers={"Content-Type": OCTETS}
+    )
+    assert response.status_code == 413
+    assert requests.head(server.stream_url("big-create")).status_code == 404

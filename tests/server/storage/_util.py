@@ -1,0 +1,88 @@
+"""Shared helpers for the storage tests: a data dir on tmp_path and small entry builders."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from durastream_server.storage import (
+    AppendEntry,
+    DataDir,
+    Durability,
+    ProducerTuple,
+    StorageConfig,
+    StreamHeader,
+    StreamLog,
+)
+
+T = TypeVar("T")
+
+
+def config(root: Path, **overrides: Any) -> StorageConfig:
+    values: dict[str, Any] = {"root": root, "durability": Durability.FSYNC}
+    values.update(overrides)
+    return StorageConfig(**values)
+
+
+def run(factory: Callable[[], Awaitable[T]]) -> T:
+    return asyncio.run(factory())  # type: ignore[arg-type]
+
+
+def header(path: str = "/s", content_type: str = "application/json", **kw: Any) -> StreamHeader:
+    return StreamHeader(path=path, content_type=content_type, created_at_ms=1_700_000_000_000, **kw)
+
+
+def entry(
+    log: StreamLog,
+    *messages: bytes,
+    closes: bool = False,
+    producer: tuple[str, int, int] | None = None,
+    stream_seq: str | None = None,
+    ts: int = 1_700_000_000_001,
+) -> AppendEntry:
+    return AppendEntry(
+        position=log.state.tail,
+        messages=tuple(messages),
+        timestamp_ms=ts,
+        closes=closes,
+        producer=ProducerTuple(*producer) if producer else None,
+        stream_seq=stream_seq,
+        digest=b"digest:" + b"".join(messages)[:8],
+    )
+
+
+async def append(log: StreamLog, *messages: bytes, **kw: Any) -> AppendEntry:
+    e = entry(log, *messages, **kw)
+    await log.stage(e)
+    return e
+
+
+async def read_all(
+    log: StreamLog, *, whole_messages: bool = True, chunk: int = 1 << 20
+) -> list[bytes]:
+    """Every message from base to durable_tail, following next_position."""
+    out: list[bytes] = []
+    pos = log.base
+    while pos < log.durable_tail:
+        got = await log.read(pos, chunk, whole_messages=whole_messages)
+        assert got.next_position > pos
+        out.extend(s.data for s in got.slices)
+        pos = got.next_position
+    return out
+
+
+def segment_files(root: Path, log_id: str) -> list[Path]:
+    return sorted((root / "streams" / log_id).glob("*.seg"))
+
+
+def drop_snapshot(root: Path, log_id: str) -> None:
+    path = root / "streams" / log_id / "snapshot"
+    if path.exists():
+        os.unlink(path)
+
+
+async def open_dd(root: Path, **overrides: Any) -> DataDir:
+    return await DataDir.open(config(root, **overrides))

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: real server processes and the like."""
