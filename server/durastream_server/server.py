@@ -11,12 +11,10 @@ the lifespan shutdown closes subscriptions, engine and storage, in that order.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
 import socket
 from collections.abc import Callable
-from typing import Any
 
 import uvicorn
 
@@ -24,16 +22,15 @@ from durastream_server.config import ServerConfig
 from durastream_server.engine.engine import Engine
 from durastream_server.http.app import DurastreamApp
 from durastream_server.storage.datadir import DataDir, StorageConfig
+from durastream_server.subscriptions.service import SubscriptionService
 
 logger = logging.getLogger(__name__)
-
-_SUBSCRIPTIONS_MODULE = "durastream_server.subscriptions.service"
 
 
 class Backend:
     """Everything the HTTP layer serves, opened and closed as one unit."""
 
-    def __init__(self, data: DataDir, engine: Engine, subscriptions: Any | None) -> None:
+    def __init__(self, data: DataDir, engine: Engine, subscriptions: SubscriptionService) -> None:
         self.data = data
         self.engine = engine
         self.subscriptions = subscriptions
@@ -43,10 +40,11 @@ class Backend:
         data = await DataDir.open(StorageConfig(root=config.data_dir, durability=config.durability))
         try:
             engine = Engine(data)
-            start = getattr(engine, "start", None)
-            if start is not None:
-                await start()
-            subscriptions = await _open_subscriptions(engine, data)
+            await engine.start()
+            state_dir = data.meta_path("subscriptions")
+            state_dir.mkdir(parents=True, exist_ok=True)
+            subscriptions = SubscriptionService(engine, state_dir)
+            await subscriptions.start()
         except BaseException:
             await data.close()
             raise
@@ -54,30 +52,12 @@ class Backend:
 
     async def close(self) -> None:
         try:
-            if self.subscriptions is not None:
-                await self.subscriptions.close()
+            await self.subscriptions.close()
         finally:
             try:
                 await self.engine.close()
             finally:
                 await self.data.close()
-
-
-async def _open_subscriptions(engine: Engine, data: DataDir) -> Any | None:
-    """The subscription service, if this build has it. Absent -> ``__ds`` answers 404.
-
-    ``find_spec`` (not a caught ImportError) decides presence, so a broken service module fails loudly
-    instead of silently disabling subscriptions.
-    """
-    if importlib.util.find_spec(_SUBSCRIPTIONS_MODULE) is None:
-        logger.info("subscriptions are not available in this build")
-        return None
-    module = importlib.import_module(_SUBSCRIPTIONS_MODULE)
-    state_dir = data.meta_path("subscriptions")
-    state_dir.mkdir(parents=True, exist_ok=True)
-    service = module.SubscriptionService(engine, state_dir)
-    await service.start()
-    return service
 
 
 class _Server(uvicorn.Server):

@@ -85,7 +85,7 @@ class StreamHandlers:
 
     async def handle(self, request: Request, path: str) -> None:
         method = request.method
-        if method in ("GET",):
+        if method == "GET":
             await self._get(request, path)
         elif method == "HEAD":
             await self._head(request, path)
@@ -293,6 +293,8 @@ class StreamHandlers:
             await request.send({"type": "http.response.body", "body": chunk, "more_body": True})
 
         while True:
+            if disconnect.happened:
+                return  # sends would be dropped; stop reading on behalf of nobody
             if result.messages:
                 event = sse.data_event(render_payload(result), base64_encoded=base64_encoded)
                 event += sse.control_event(
@@ -306,6 +308,8 @@ class StreamHandlers:
                 if result.closed:
                     return
                 if not result.up_to_date:
+                    if loop.time() >= deadline:
+                        return  # the client resumes from the last control event's offset
                     result = await self._read(path, result.next_offset)
                     continue
             elif result.closed:

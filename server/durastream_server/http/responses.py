@@ -39,6 +39,9 @@ def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     ]
 
 
+_BASE_ENCODED: Final = tuple(_encode(base_headers()))  # the same on every response: encode once
+
+
 async def send_response(
     send: Send,
     status: int,
@@ -48,19 +51,17 @@ async def send_response(
     head: bool = False,
 ) -> None:
     """Send a complete response. ``head`` drops the body (and its length) as HEAD requires."""
-    all_headers = base_headers()
-    all_headers.extend(headers)
+    encoded = [*_BASE_ENCODED, *_encode(headers)]
     if not head and status not in (204, 304):
-        all_headers.append(("Content-Length", str(len(body))))
-    await send({"type": "http.response.start", "status": status, "headers": _encode(all_headers)})
+        encoded.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": encoded})
     await send({"type": "http.response.body", "body": b"" if head else body})
 
 
 async def start_streaming(send: Send, status: int, headers: Iterable[tuple[str, str]]) -> None:
     """Send headers for a body of unknown length (chunked), e.g. SSE."""
-    all_headers = base_headers()
-    all_headers.extend(headers)
-    await send({"type": "http.response.start", "status": status, "headers": _encode(all_headers)})
+    encoded = [*_BASE_ENCODED, *_encode(headers)]
+    await send({"type": "http.response.start", "status": status, "headers": encoded})
 
 
 def error_body(code: str, message: str) -> bytes:

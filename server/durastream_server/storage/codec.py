@@ -61,8 +61,6 @@ FRAME = struct.Struct("<2sBBII")
 FRAME_SIZE = FRAME.size  # 12
 APPEND_FIXED = struct.Struct("<QqIIB")
 APPEND_FIXED_SIZE = APPEND_FIXED.size  # 25
-# Bytes from a record's start that always cover the frame and the fixed APPEND fields.
-RECORD_PREFIX = FRAME_SIZE + APPEND_FIXED_SIZE
 
 _PRODUCER = struct.Struct("<QQI")
 _U32 = struct.Struct("<I")

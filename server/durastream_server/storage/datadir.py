@@ -18,7 +18,6 @@ a checksum failure *followed by valid data* is mid-file corruption: the stream i
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import errno
 import fcntl
 import logging
@@ -108,7 +107,7 @@ class DataDir:
             snapshot_interval_entries=max(1, config.snapshot_interval_entries),
             sync=config.durability == Durability.FSYNC,
         )
-        self._background: set[concurrent.futures.Future[object]] = set()
+        self._background: set[asyncio.Future[None]] = set()
         self._closed = False
 
     @property
@@ -248,6 +247,7 @@ class DataDir:
         staged = self._dir("staging") / log_id
         final = self._dir("streams") / log_id
         sync = self._ctx.sync
+        renamed = False
         try:
             staged.mkdir()
             fd = os.open(
@@ -265,10 +265,11 @@ class DataDir:
             if sync:
                 fsync_dir(staged)
             os.rename(staged, final)
+            renamed = True
             if sync:
                 fsync_dir(final.parent)
         except BaseException:
-            _remove(staged)
+            _remove(final if renamed else staged)  # a failed create leaves nothing (hazard 20)
             raise
         return str(final)
 
@@ -295,9 +296,9 @@ class DataDir:
             logging.getLogger(__name__).error("delete of %r failed: %r", log.header.path, exc)
             raise errors.StorageFailure(f"could not delete {log.header.path!r}: {exc}") from exc
         log._forget_files()
-        future = self._executor.submit(_remove, dst)
-        self._background.add(future)
-        future.add_done_callback(self._background.discard)
+        removal = asyncio.get_running_loop().run_in_executor(self._executor, _remove, dst)
+        self._background.add(removal)
+        removal.add_done_callback(self._background.discard)
 
     def _move_to_trash(self, src: Path, dst: Path) -> None:
         os.rename(src, dst)
@@ -329,9 +330,7 @@ class DataDir:
             if isinstance(result, BaseException):
                 log.error("stream %s: close failed: %r", stream.id, result)
         if self._background:
-            await asyncio.gather(
-                *(asyncio.wrap_future(f) for f in list(self._background)), return_exceptions=True
-            )
+            await asyncio.gather(*list(self._background), return_exceptions=True)
         self._executor.shutdown(wait=True)
         self._read_executor.shutdown(wait=True)
         self._ctx.cache.close_all()

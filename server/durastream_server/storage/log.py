@@ -207,7 +207,12 @@ class StreamLog:
                     self._poison(exc)
                     return
                 self._inflight = []
-                self._commit(batch, result)
+                try:
+                    self._commit(batch, result)
+                except Exception as exc:  # a bug; never leave stagers waiting forever
+                    self._inflight = batch
+                    self._poison(exc)
+                    return
                 if snapshot_state is not None:
                     await self._write_snapshot(snapshot_state, result.end, self._last_record)
         finally:

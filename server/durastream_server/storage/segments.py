@@ -25,7 +25,7 @@ from durastream_server.storage.files import FdCache, Handle, pread_exact
 SEGMENT_RE = re.compile(r"\A(\d{20})\.seg\Z")
 READ_BLOCK = 64 * 1024
 # Records up to this size are read whole (and checksummed) even when only part of them is returned.
-VERIFY_WHOLE_LIMIT = 1024 * 1024
+VERIFY_WHOLE_LIMIT = 256 * 1024
 
 
 def segment_name(base: int) -> str:
@@ -89,8 +89,6 @@ class Window:
         self._buf_off = 0
         self._handle: Handle | None = None
         self._handle_base = -1
-        self._seg_end = -1
-        self.bytes_read = 0
 
     def close(self) -> None:
         if self._handle is not None:
@@ -111,7 +109,6 @@ class Window:
             path = os.path.join(self._segs.directory, segment_name(base))
             self._handle = self._cache.acquire((self._segs.log_id, base), path)
             self._handle_base = base
-        self._seg_end = seg_end
         return self._handle, base, seg_end
 
     def ensure(self, offset: int, length: int, *, partial: bool = False) -> tuple[bytes, int]:
@@ -132,12 +129,10 @@ class Window:
             if rel >= 0 and rel + length <= len(buf):
                 return buf, rel
         if length > self._block:
-            self.bytes_read += length
             return pread_exact(handle.fd, length, offset - base), 0
         want = min(max(length, self._block), seg_end - offset)
         self._buf = buf = pread_exact(handle.fd, want, offset - base)
         self._buf_off = offset
-        self.bytes_read += want
         return buf, 0
 
     def get(self, offset: int, length: int) -> memoryview:
@@ -196,11 +191,3 @@ def iter_appends(window: Window, offset: int, end: int) -> Iterator[RecordRef]:
             )
             yield RecordRef(offset, frame, position, ts, n, meta_len)
         offset += FRAME_SIZE + body_len
-
-
-def check_record(window: Window, ref: RecordRef) -> memoryview | bytes:
-    """Read a whole record, verify its checksum and return its body (hazard 32: never serve garbage)."""
-    body = window.get(ref.offset + FRAME_SIZE, ref.frame.body_len)
-    if not codec.body_crc_ok(ref.frame, body):
-        raise codec.CorruptRecord(f"checksum mismatch in record at file offset {ref.offset}")
-    return body

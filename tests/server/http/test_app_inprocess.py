@@ -64,13 +64,15 @@ async def _call(
     raw_path: bytes,
     headers: list[tuple[bytes, bytes]],
     body: bytes = b"",
+    *,
+    query: bytes = b"",
 ) -> tuple[int, dict[str, str], bytes]:
     scope = {
         "type": "http",
         "method": method,
         "path": raw_path.decode("latin-1"),
         "raw_path": raw_path,
-        "query_string": b"",
+        "query_string": query,
         "headers": headers,
         "scheme": "http",
         "server": ("127.0.0.1", 9),

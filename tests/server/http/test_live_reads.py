@@ -11,6 +11,7 @@ import uuid
 
 import requests
 
+from tests.support.http import poll_until, sse_events
 from tests.support.server_process import ServerProcess
 
 TEXT = "text/plain"
@@ -18,31 +19,6 @@ TEXT = "text/plain"
 
 def unique(name: str) -> str:
     return f"live/{name}-{uuid.uuid4().hex[:10]}"
-
-
-def poll_until(predicate, what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def sse_events(text: str) -> list[tuple[str, str]]:
-    """Spec-following SSE parse: every CR, LF or CRLF ends a line; one optional space after 'data:'."""
-    events, kind, data = [], "", []
-    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
-        if line == "":
-            if kind:
-                events.append((kind, "\n".join(data)))
-            kind, data = "", []
-        elif line.startswith("event:"):
-            kind = line[6:].strip()
-        elif line.startswith("data:"):
-            value = line[5:]
-            data.append(value[1:] if value.startswith(" ") else value)
-    return events
 
 
 def create(url: str, body: bytes = b"", content_type: str = TEXT) -> str:
@@ -58,7 +34,7 @@ def test_long_poll_timeout_answers_204_with_cursor(durastream_server: ServerProc
     response = requests.get(url, params={"offset": tail, "live": "long-poll"}, timeout=10)
     elapsed = time.monotonic() - started
     assert response.status_code == 204
-    assert 0.4 <= elapsed < 5  # the server's 0.5 s timeout, not an immediate answer
+    assert elapsed >= 0.4  # it waited for the server's 0.5 s timeout (a lower bound cannot flake)
     assert response.headers["Stream-Next-Offset"] == tail
     assert response.headers["Stream-Up-To-Date"] == "true"
     assert response.headers["Stream-Cursor"].isdigit()
@@ -71,16 +47,15 @@ def test_long_poll_timeout_answers_204_with_cursor(durastream_server: ServerProc
     assert int(echoed.headers["Stream-Cursor"]) > int(response.headers["Stream-Cursor"])
 
 
-def test_long_poll_at_tail_of_closed_stream_returns_at_once(
-    durastream_server: ServerProcess,
-) -> None:
-    url = durastream_server.stream_url(unique("closed"))
+def test_long_poll_at_tail_of_closed_stream_returns_at_once(server_factory) -> None:
+    # A server whose long-poll timeout (120 s) far exceeds the client's (20 s): had the server waited,
+    # the request would time out instead of answering.
+    server = server_factory(long_poll_timeout=120.0)
+    url = server.stream_url("closed")
     create(url, b"x")
     tail = requests.post(url, headers={"Stream-Closed": "true"}).headers["Stream-Next-Offset"]
     for offset in (tail, "now"):
-        started = time.monotonic()
-        response = requests.get(url, params={"offset": offset, "live": "long-poll"})
-        assert time.monotonic() - started < 0.4
+        response = requests.get(url, params={"offset": offset, "live": "long-poll"}, timeout=20)
         assert response.status_code == 204
         assert response.headers["Stream-Closed"] == "true"
         assert response.headers["Stream-Up-To-Date"] == "true"
@@ -123,27 +98,26 @@ def test_parked_long_poll_on_deleted_stream_is_404(server_factory) -> None:
 
 
 def test_sigterm_releases_parked_readers_and_exits_zero(server_factory) -> None:
-    server = server_factory(long_poll_timeout=30.0)
+    # Readers time out after 20 s, the server's long-poll after 120 s: only the shutdown can answer them.
+    server = server_factory(long_poll_timeout=120.0)
     url = server.stream_url("shutdown")
     tail = create(url, b"x")
     lines: list[bytes] = []
 
     def sse_reader() -> None:
         with requests.get(
-            url, params={"offset": tail, "live": "sse"}, stream=True, timeout=30
+            url, params={"offset": tail, "live": "sse"}, stream=True, timeout=20
         ) as r:
             lines.extend(r.iter_lines())
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         polls = [
-            pool.submit(requests.get, url, params={"offset": tail, "live": "long-poll"}, timeout=30)
+            pool.submit(requests.get, url, params={"offset": tail, "live": "long-poll"}, timeout=20)
             for _ in range(2)
         ]
         sse = pool.submit(sse_reader)
         poll_until(lambda: server.waiters() >= 3, "three parked readers")
-        started = time.monotonic()
         assert server.terminate() == 0
-        assert time.monotonic() - started < 10  # not the 30 s long-poll timeout
         for poll in polls:
             response = poll.result(timeout=10)
             assert response.status_code == 204
@@ -163,7 +137,9 @@ def test_sse_connection_is_recycled_after_the_reconnect_interval(server_factory)
     with requests.get(url, params={"offset": tail, "live": "sse"}, stream=True, timeout=10) as r:
         text = r.content.decode()  # returns only when the server ends the response
     elapsed = time.monotonic() - started
-    assert 0.9 <= elapsed < 5
+    assert (
+        elapsed >= 0.9
+    )  # ended by the 1 s recycle, not at once (the client timeout bounds it above)
     controls = [json.loads(data) for kind, data in sse_events(text) if kind == "control"]
     assert len(controls) >= 2  # the first state, then keep-alives
     assert all(c["streamNextOffset"] == tail and c["upToDate"] is True for c in controls)

@@ -458,3 +458,44 @@ def test_one_batch_larger_than_iov_max(tmp_path: Path, monkeypatch: pytest.Monke
         await dd.close()
 
     run(go)
+
+
+def test_concurrent_writers_and_tailing_readers(tmp_path: Path) -> None:
+    """Several streams, a tiny fd cache, readers woken by listeners: every reader sees exactly the
+    durable data in order, never more than durable_tail."""
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path, max_open_files=2, segment_bytes=4096, index_interval_bytes=512)
+        logs = [await dd.create_stream(header(f"/t{i}"), None) for i in range(4)]
+        per_stream = 150
+
+        async def writer(log: StreamLog, w: int) -> None:
+            for i in range(per_stream):
+                await log.stage(entry(log, b'{"w":%d,"i":%d,"pad":"%s"}' % (w, i, b"p" * (i % 50))))
+
+        async def reader(log: StreamLog) -> list[bytes]:
+            woken = asyncio.Event()
+            log.add_listener(woken.set)
+            got: list[bytes] = []
+            pos = 0
+            while len(got) < 2 * per_stream:
+                await woken.wait()
+                woken.clear()
+                while pos < log.durable_tail:
+                    tail = log.durable_tail
+                    chunk = await log.read(pos, 700, whole_messages=True)
+                    assert chunk.next_position <= log.durable_tail
+                    assert chunk.slices and chunk.next_position <= max(tail, log.durable_tail)
+                    got.extend(s.data for s in chunk.slices)
+                    pos = chunk.next_position
+            return got
+
+        readers = [asyncio.ensure_future(reader(log)) for log in logs]
+        await asyncio.gather(*(writer(log, w) for log in logs for w in range(2)))
+        results = await asyncio.wait_for(asyncio.gather(*readers), 30)
+        for log, got in zip(logs, results, strict=True):
+            assert got == await read_all(log)
+            assert len(got) == 2 * per_stream
+        await dd.close()
+
+    run(go)

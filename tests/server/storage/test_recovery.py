@@ -515,3 +515,17 @@ def test_stale_snapshot_that_does_not_line_up_is_discarded(tmp_path: Path) -> No
         await dd.close()
 
     run(third_life)
+
+
+def test_corruption_in_an_earlier_segment_quarantines(tmp_path: Path) -> None:
+    log_id = _write_records(tmp_path, [b'"%04d"' % i for i in range(40)], segment_bytes=1024)
+    segs = segment_files(tmp_path, log_id)
+    assert len(segs) > 2
+    _flip(segs[0], segs[0].stat().st_size - 3)  # the last record of the first segment
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        assert log_id not in dd.logs and "mid-file corruption" in dd.corrupt["/s"]
+        await dd.close()
+
+    run(go)
