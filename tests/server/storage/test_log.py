@@ -241,7 +241,7 @@ def test_group_commit_shares_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     run(go)
 
 
-def test_every_acked_append_was_fsynced_on_the_fd_it_was_written_to(
+def test_hazard_30_every_acked_append_was_fsynced_on_the_fd_it_was_written_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Hazard 30: with a one-entry fd cache and three streams, fsync the written fd every time."""
