@@ -22,6 +22,7 @@ from durastream_server.config import (
     DEFAULT_HOST,
     DEFAULT_LONG_POLL_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_STAGED_BYTES,
     DEFAULT_PORT,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     DEFAULT_SSE_RECONNECT_SECONDS,
@@ -144,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"on shutdown, how long to let in-flight requests finish (default: {DEFAULT_SHUTDOWN_GRACE_SECONDS:g})",
     )
     parser.add_argument(
+        "--max-staged-bytes",
+        type=_positive_int,
+        default=DEFAULT_MAX_STAGED_BYTES,
+        metavar="BYTES",
+        help="largest payload one staged-append handle may hold; more gets 413 "
+        f"(default: {DEFAULT_MAX_STAGED_BYTES})",
+    )
+    parser.add_argument(
         "--log-level",
         type=_log_level,
         default="INFO",
@@ -164,6 +173,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         sse_reconnect_seconds=args.sse_reconnect_seconds,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         log_level=args.log_level,
+        max_staged_bytes=args.max_staged_bytes,
     )
 
 

@@ -21,6 +21,7 @@ DEFAULT_SSE_RECONNECT_SECONDS = (
     60.0  # section 10.2: close SSE roughly every 60 s for CDN collapsing
 )
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
+DEFAULT_MAX_STAGED_BYTES = 1024 * 1024 * 1024  # staged appends: payload one handle may hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,7 @@ class ServerConfig:
     sse_reconnect_seconds: float = DEFAULT_SSE_RECONNECT_SECONDS
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     log_level: str = "INFO"
+    max_staged_bytes: int = DEFAULT_MAX_STAGED_BYTES
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -53,6 +55,8 @@ class ServerConfig:
             )
         if self.shutdown_grace_seconds < 0:
             raise ValueError(f"shutdown grace must be >= 0, got {self.shutdown_grace_seconds}")
+        if self.max_staged_bytes < 1:
+            raise ValueError(f"max staged bytes must be >= 1, got {self.max_staged_bytes}")
 
     @property
     def base_url(self) -> str:

@@ -34,6 +34,30 @@ class EmptyJsonArray(BadRequest):
     code = "EMPTY_ARRAY"
 
 
+class InvalidReadOffset(BadRequest):
+    """A read offset that is not a message boundary where whole messages are required."""
+
+    code = "INVALID_OFFSET"
+
+
+class InvalidEnd(BadRequest):
+    """Bounded reads (extension): ``end`` is malformed, before the start, or inside a message."""
+
+    code = "INVALID_END"
+
+
+class EndBeyondTail(BadRequest):
+    """Bounded reads (extension): ``end`` is past the durable tail. Carries ``Stream-Next-Offset``."""
+
+    code = "END_BEYOND_TAIL"
+
+
+class InvalidParameter(BadRequest):
+    """An extension query parameter with a value the server does not accept (the message names it)."""
+
+    code = "INVALID_PARAMETER"
+
+
 class Unauthorized(ProtocolError):
     status = 401
     code = "UNAUTHORIZED"
@@ -128,3 +152,43 @@ class CorruptStream(ProtocolError):
 
     status = 500
     code = "CORRUPT_STREAM"
+
+
+# Staged (transactional) appends, docs/extensions.md section 5.
+
+
+class TxnNotFound(NotFound):
+    """A commit names a handle that was never staged into this stream incarnation (or was forgotten)."""
+
+    code = "TXN_NOT_FOUND"
+
+
+class TxnExpired(Gone):
+    """The handle outlived its TTL before it was committed; its staged data is gone."""
+
+    code = "TXN_EXPIRED"
+
+
+class TxnAborted(Conflict):
+    """The handle was aborted: it can never be committed or staged into again."""
+
+    code = "TXN_ABORTED"
+
+
+class TxnAlreadyCommitted(Conflict):
+    """The handle was committed by another request (a retry of *that* request is a 204 duplicate)."""
+
+    code = "TXN_ALREADY_COMMITTED"
+
+
+class TxnTooLarge(PayloadTooLarge):
+    """Staging this body would take the handle past the server's per-handle limit."""
+
+    code = "TXN_TOO_LARGE"
+
+
+class TxnCorrupt(ProtocolError):
+    """The handle's staging file failed its checksums; it is never committed."""
+
+    status = 500
+    code = "TXN_CORRUPT"

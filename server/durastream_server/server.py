@@ -11,6 +11,7 @@ the lifespan shutdown closes subscriptions, engine and storage, in that order.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import socket
@@ -20,6 +21,7 @@ import uvicorn
 
 from durastream_server.config import ServerConfig
 from durastream_server.engine.engine import Engine
+from durastream_server.engine.txnapi import TxnLimits
 from durastream_server.http.app import DurastreamApp
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.subscriptions.service import SubscriptionService
@@ -39,7 +41,7 @@ class Backend:
     async def open(cls, config: ServerConfig) -> Backend:
         data = await DataDir.open(StorageConfig(root=config.data_dir, durability=config.durability))
         try:
-            engine = Engine(data)
+            engine = Engine(data, txn_limits=TxnLimits(max_handle_bytes=config.max_staged_bytes))
             await engine.start()
             state_dir = data.meta_path("subscriptions")
             state_dir.mkdir(parents=True, exist_ok=True)
@@ -72,6 +74,13 @@ class _Server(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
+        if self.started:
+            # What exists now (modules, the app, recovered streams) lives as long as the server. Move
+            # it out of the cyclic GC's reach, so a full collection scans only what requests created:
+            # unfrozen, one took ~20 ms in the middle of a commit that woke 100 long-polls
+            # (docs/decisions/0004-performance.md).
+            gc.collect()
+            gc.freeze()
         if self.started and sockets:
             host, port = sockets[0].getsockname()[:2]
             shown = f"[{host}]" if ":" in host else host

@@ -7,10 +7,11 @@ boundary as tokens (``offsets.py``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from durastream_server.storage.records import ProducerTuple
+from durastream_server.storage.records import MessageSlice, ProducerTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,4 +93,39 @@ class StreamListing:
     path: str
     content_type: str
     next_offset: str
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesResult:
+    """One chunk of a whole-message read (message frames extension): each slice is one message with
+    its own position and server append time; the rest means what it means in ``ReadResult``."""
+
+    info: StreamInfo
+    start_offset: str
+    slices: Sequence[MessageSlice]
+    next_offset: str
+    up_to_date: bool
+    closed: bool
+    json: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LimitRequest:
+    """A limit lookup (extension): how far from ``offset`` the budgets reach. ``None``: no limit."""
+
+    path: str
+    offset: str  # "-1", "now" or a token
+    end_offset: str | None = None
+    max_messages: int | None = None
+    max_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LimitResult:
+    start_offset: str
+    end_offset: str  # the furthest message boundary within the limits
+    messages: int  # messages in [start, end)
+    bytes: int  # payload bytes in [start, end)
+    tail_offset: str
     closed: bool

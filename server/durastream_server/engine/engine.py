@@ -35,21 +35,43 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from durastream_server.engine import contenttype, expiry, jsonmode, producers
+from durastream_server.engine import (
+    bounds,
+    contenttype,
+    expiry,
+    jsonmode,
+    lookup,
+    message_reads,
+    producers,
+)
 from durastream_server.engine.api import (
     AppendRequest,
     AppendResult,
     CreateRequest,
     CreateResult,
+    LimitRequest,
+    LimitResult,
+    MessagesResult,
     ReadRequest,
     ReadResult,
     StreamInfo,
     StreamListing,
 )
 from durastream_server.engine.registry import Incarnation, KeyedLocks, Registry, build
+from durastream_server.engine.staging import TxnManager
+from durastream_server.engine.txnapi import (
+    AbortRequest,
+    AbortResult,
+    CommitRequest,
+    CommitResult,
+    StageRequest,
+    StageResult,
+    TxnLimits,
+)
 from durastream_server.engine.view import StreamView
 from durastream_server.engine.waiters import WaitSet
 from durastream_server.errors import (
@@ -59,6 +81,7 @@ from durastream_server.errors import (
     ContentTypeMismatch,
     CorruptStream,
     Gone,
+    InvalidReadOffset,
     NotFound,
     ProtocolError,
     StreamClosed,
@@ -100,6 +123,7 @@ class Engine:
         *,
         clock: Callable[[], float] | None = None,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
+        txn_limits: TxnLimits | None = None,
     ) -> None:
         self._data = data
         self._clock = clock or time.time
@@ -111,6 +135,7 @@ class Engine:
         self._closed = False
         for inc in self._registry.by_id.values():
             self._subscribe(inc)
+        self._txns = TxnManager(self, txn_limits)  # staged appends (staging.py)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -122,6 +147,7 @@ class Engine:
                     "collecting unreferenced deleted stream %r (%s)", orphan.path, orphan.id
                 )
                 await self._collect(orphan)
+        await self._txns.start()
         if self._sweeper is None and self._sweep_interval > 0:
             self._sweeper = asyncio.create_task(self._sweep_loop(), name="durastream-expiry")
 
@@ -142,6 +168,7 @@ class Engine:
         for result in results:
             if isinstance(result, BaseException):
                 logger.error("flush at shutdown failed: %s", result)
+        await self._txns.close()
 
     def add_observer(self, observer: StreamObserver) -> None:
         self._observers.append(observer)
@@ -192,7 +219,7 @@ class Engine:
 
         now = self._clock()
         plan = (
-            self._plan_fork(request, lifetime, sub_offset)
+            await self._plan_fork(request, lifetime, sub_offset)
             if request.forked_from is not None
             else None
         )
@@ -256,11 +283,13 @@ class Engine:
             )
         return await self._data.create_stream(header, initial)
 
-    def _plan_fork(
+    async def _plan_fork(
         self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
     ) -> _ForkPlan:
-        """Validate a fork request against its source (section 4.2). Synchronous: nothing is
-        referenced until ``_create_locked`` takes its hold, so a rejection cannot leak (hazard 21)."""
+        """Validate a fork request against its source (section 4.2). Nothing is referenced until
+        ``_create_locked`` takes its hold, so a rejection cannot leak (hazard 21). Boundary checks
+        may read record headers off the loop; the source is re-checked after them, so a plan never
+        names a source that was deleted meanwhile."""
         assert request.forked_from is not None
         try:
             source = self._lookup(request.forked_from)
@@ -284,9 +313,15 @@ class Engine:
                 raise BadRequest("Stream-Fork-Offset is beyond the source stream's tail")
         # Byte streams may fork anywhere up to the tail: chunked reads hand out offsets inside a
         # stored append. JSON offsets are always message boundaries (hazard 22).
-        if source.json and not view.is_boundary(anchor):
+        if source.json and not await view.is_boundary(anchor):
             raise BadRequest("Stream-Fork-Offset is not a message boundary of the source stream")
-        position = view.boundary_after(anchor, sub_offset)
+        position = await view.boundary_after(anchor, sub_offset)
+        try:
+            still = self._lookup(request.forked_from)
+        except (Gone, NotFound):
+            still = None
+        if still is not source:
+            raise Conflict("the fork source was deleted while the fork was being created")
         return _ForkPlan(
             source=source,
             content_type=source_type,
@@ -488,6 +523,8 @@ class Engine:
         view = self._view(inc)
         tail = view.tail
         if request.offset == NOW:
+            if request.end_offset is not None:  # bounded read: only ``end == tail`` is valid here
+                await bounds.resolve_end(view, tail, request.end_offset, whole_messages=inc.json)
             return ReadResult(
                 info=self._info(inc),
                 start_offset=format_offset(tail),
@@ -504,14 +541,10 @@ class Engine:
             raise BadRequest("offset is beyond the tail of the stream")
         end = tail
         if request.end_offset is not None:
-            end = min(_parse_token(request.end_offset, "end offset"), tail)
-            if end < start:
-                raise BadRequest("end offset is before the start offset")
-        # A JSON read must start on a message boundary: storage checks that while it reads (in its
-        # worker thread) and the view turns a violation into 400. An explicit end is checked here,
-        # since a whole-message read would silently stop short of a mid-message end.
-        if inc.json and end != tail and not view.is_boundary(end):
-            raise BadRequest("end offset is not a message boundary of this JSON stream")
+            # Bounded read (extension): exactly [start, end), or a typed 400 (bounds.py). A JSON read
+            # must start on a message boundary: storage checks that while it reads (in its worker
+            # thread) and the view turns a violation into 400.
+            end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=inc.json)
         slices, next_position = await view.read(start, request.max_bytes, end)
         # Judge EOF against the state *after* the read: a close (with or without data) that landed
         # meanwhile moved the durable tail, so a reader at the old tail is not told "closed" while
@@ -529,8 +562,83 @@ class Engine:
             json=inc.json,
         )
 
-    async def wait(self, path: str, offset: str, timeout: float) -> bool:
-        """Wait until data past ``offset`` is durable or the stream is closed; False on timeout.
+    # ------------------------------------------------------------------ read extensions
+
+    async def read_messages(self, request: ReadRequest, *, overhead: int = 0) -> MessagesResult:
+        """Whole messages with their own positions and append times (message frames extension).
+
+        Like ``read``, but every slice is one whole message for every content type, so ``offset``
+        (and ``end_offset``) must be message boundaries (400 ``INVALID_OFFSET``/``INVALID_END``).
+        Each message costs its length plus ``overhead`` against ``max_bytes``; at least one is
+        returned.
+        """
+        inc = self._lookup(request.path)
+        self._touch(inc)
+        view = self._view(inc)
+        start = self._start_position(request.offset, view.tail)
+        end = view.tail
+        if request.end_offset is not None:
+            end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=True)
+        slices, next_position = await message_reads.read_whole_messages(
+            view, start, end, request.max_bytes, overhead
+        )
+        log = inc.log
+        durable_tail = log.durable_tail  # after the read, as in ``read`` (hazards 16, 23)
+        return MessagesResult(
+            info=self._info(inc),
+            start_offset=format_offset(start),
+            slices=slices,
+            next_offset=format_offset(next_position),
+            up_to_date=next_position >= durable_tail,
+            closed=log.durable_closed and next_position == durable_tail,
+            json=inc.json,
+        )
+
+    async def lookup_limit(self, request: LimitRequest) -> LimitResult:
+        """The furthest message boundary within a message/byte budget, without reading data (limit
+        lookups extension; ``lookup.py``)."""
+        inc = self._lookup(request.path)
+        self._touch(inc)
+        view = self._view(inc)
+        tail = view.tail
+        start = self._start_position(request.offset, tail)
+        end = tail
+        if request.end_offset is not None:
+            end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=True)
+        if start != end and not await view.is_boundary(start):
+            raise InvalidReadOffset(
+                f"offset {format_offset(start)!r} is inside a message; a limit lookup starts at a "
+                "message boundary"
+            )
+        found = await lookup.advance(view, start, end, request.max_messages, request.max_bytes)
+        log = inc.log
+        return LimitResult(
+            start_offset=format_offset(start),
+            end_offset=format_offset(found.end),
+            messages=found.messages,
+            bytes=found.end - start,
+            tail_offset=format_offset(log.durable_tail),
+            closed=log.durable_closed,
+        )
+
+    @staticmethod
+    def _start_position(offset: str, tail: int) -> int:
+        if offset == NOW:
+            return tail
+        start = 0 if offset == BEGINNING else _parse_token(offset, "offset")
+        if start > tail:
+            raise BadRequest("offset is beyond the tail of the stream")
+        return start
+
+    async def wait(
+        self,
+        path: str,
+        offset: str,
+        timeout: float,
+        release: Iterable[asyncio.Future[Any]] = (),
+    ) -> bool:
+        """Wait until data past ``offset`` is durable or the stream is closed; False on timeout, or once
+        any future in ``release`` completes (the HTTP layer's hang-up and drain signals).
 
         Raises NotFound/Gone if the stream is deleted while waiting (hazard 33). Counts as access for a
         sliding TTL for its whole duration (hazard 26). Only the stream's own durable commits wake it,
@@ -548,7 +656,7 @@ class Engine:
         inc.active_waits += 1
         try:
             return await inc.waiters.wait_until(
-                lambda: log.durable_tail > target or log.durable_closed, timeout
+                lambda: log.durable_tail > target or log.durable_closed, timeout, release
             )
         finally:
             inc.active_waits -= 1
@@ -558,6 +666,19 @@ class Engine:
         """How many waits are parked on the stream at ``path`` (observability; 0 if none)."""
         inc = self._registry.by_path.get(path)
         return inc.active_waits if inc is not None else 0
+
+    # ------------------------------------------------------------------ staged appends
+
+    async def stage(self, request: StageRequest) -> StageResult:
+        """Stage data under a handle, invisible until committed (extensions.md section 5)."""
+        return await self._txns.stage(request)
+
+    async def commit(self, request: CommitRequest) -> CommitResult:
+        """Append the listed handles' data as one atomic, idempotent producer request."""
+        return await self._txns.commit(request)
+
+    async def abort(self, request: AbortRequest) -> AbortResult:
+        return await self._txns.abort(request)
 
     # ------------------------------------------------------------------ delete / expiry
 
@@ -581,6 +702,10 @@ class Engine:
                 await asyncio.shield(self._expire(inc))
             except Exception:
                 logger.exception("expiring stream %r failed", inc.path)
+        try:
+            await self._txns.sweep()  # staged-append handles past their TTL
+        except Exception:
+            logger.exception("expiring staged-append handles failed")
         return len(expired)
 
     async def _sweep_loop(self) -> None:
@@ -599,6 +724,7 @@ class Engine:
 
     async def _remove(self, inc: Incarnation) -> None:
         path = inc.path
+        self._txns.discard(inc)  # staged handles belong to this incarnation and die with it
         if self._registry.refcount(inc) > 0:
             await self._soft_delete(inc)
         else:
@@ -659,12 +785,30 @@ class Engine:
 
     # ------------------------------------------------------------------ listing
 
-    def list_streams(self, prefix: str = "") -> list[StreamListing]:
-        """Live streams whose path starts with ``prefix``, sorted by path."""
+    def list_streams(
+        self,
+        prefix: str = "",
+        *,
+        match: Callable[[str], bool] | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> list[StreamListing]:
+        """Live streams whose path starts with ``prefix`` (and satisfies ``match``), sorted by path.
+
+        ``after`` and ``limit`` page through the listing (paths strictly after ``after``, at most
+        ``limit`` of them), as the listing extension does; the engine does not depend on how paths are
+        matched, so the HTTP layer can bring the subscription glob rules.
+        """
         now = self._clock()
         listings = []
-        for path, inc in self._registry.by_path.items():
-            if not path.startswith(prefix) or inc.soft_deleted or inc.expired(now):
+        by_path = self._registry.by_path
+        for path in sorted(p for p in by_path if p.startswith(prefix)):
+            if after is not None and path <= after:
+                continue
+            if limit is not None and len(listings) >= limit:
+                break
+            inc = by_path[path]
+            if inc.soft_deleted or inc.expired(now) or (match is not None and not match(path)):
                 continue
             listings.append(
                 StreamListing(
@@ -674,7 +818,6 @@ class Engine:
                     closed=inc.log.durable_closed,
                 )
             )
-        listings.sort(key=lambda listing: listing.path)
         return listings
 
     # ------------------------------------------------------------------ helpers

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from durastream_server.errors import BadRequest, CorruptStream
+from durastream_server.errors import BadRequest, CorruptStream, InvalidReadOffset
 from durastream_server.storage.log import InvalidPosition, StreamLog
 from durastream_server.storage.records import MessageSlice
 
@@ -77,15 +77,15 @@ class StreamView:
                 return level
         return self.levels[-1]
 
-    def is_boundary(self, position: int) -> bool:
+    async def is_boundary(self, position: int) -> bool:
         """True if ``position`` is a message boundary of this view (fork points and the tail are)."""
         if position == self.tail:
             return True
         if any(level.limit == position for level in self.levels):
             return True
-        return self.locate(position).log.is_boundary(position)
+        return await self.locate(position).log.is_boundary(position)
 
-    def boundary_after(self, anchor: int, count: int) -> int:
+    async def boundary_after(self, anchor: int, count: int) -> int:
         """Resolve a fork sub-offset: ``count`` messages (JSON) or bytes past ``anchor``.
 
         The result may not pass the end of the message that starts at ``anchor`` *as this view sees
@@ -98,16 +98,24 @@ class StreamView:
         if anchor >= limit:
             raise BadRequest("Stream-Fork-Sub-Offset points past the end of the stream")
         try:
-            result = level.log.boundary_after(anchor, count, messages=self.json)
+            result = await level.log.boundary_after(anchor, count, messages=self.json)
         except InvalidPosition as exc:
             raise BadRequest(f"invalid Stream-Fork-Sub-Offset: {exc}") from None
         if result > limit:
             raise BadRequest("Stream-Fork-Sub-Offset points past the next data boundary")
         return result
 
-    async def read(self, start: int, max_bytes: int, end: int) -> tuple[list[MessageSlice], int]:
-        """Read ``[start, end)`` across the chain, about ``max_bytes`` of payload (JSON: whole
-        messages, at least one). Returns the slices and the position after the last one."""
+    async def read(
+        self, start: int, max_bytes: int, end: int, *, whole_messages: bool | None = None
+    ) -> tuple[list[MessageSlice], int]:
+        """Read ``[start, end)`` across the chain, about ``max_bytes`` of payload. Returns the slices
+        and the position after the last one.
+
+        Whole messages (at least one) for JSON streams, or for any stream when ``whole_messages`` is
+        True (message frames). A byte-stream message that a fork cut short ends, in this view, at the
+        fork point, so a whole-message read returns it as that prefix rather than stalling before it.
+        """
+        whole = self.json if whole_messages is None else whole_messages
         slices: list[MessageSlice] = []
         position = start
         budget = max_bytes
@@ -117,14 +125,25 @@ class StreamView:
             if position >= stop:
                 break
             try:
-                chunk = await level.log.read(
-                    position, max(budget, 1), stop, whole_messages=self.json
-                )
+                chunk = await level.log.read(position, max(budget, 1), stop, whole_messages=whole)
+                if (
+                    chunk.next_position <= position
+                    and whole
+                    and stop == level.limit
+                    and (not slices or stop - position <= budget)
+                ):
+                    chunk = await level.log.read(
+                        position, stop - position, stop, whole_messages=False
+                    )
             except InvalidPosition as exc:
-                raise BadRequest(f"invalid offset: {exc}") from None
+                raise InvalidReadOffset(f"invalid offset: {exc}") from None
             if chunk.next_position <= position:
                 break
             slices.extend(chunk.slices)
             budget -= sum(len(s.data) for s in chunk.slices)
             position = chunk.next_position
+            if position < stop:
+                # The budget ran out inside this level. Reading on would admit one more "first"
+                # message and overshoot the chunk size.
+                break
         return slices, position

@@ -12,7 +12,9 @@ timeout, so clients simply reconnect).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from durastream_server.errors import ProtocolError
 
@@ -52,25 +54,51 @@ class WaitSet:
                 future.set_exception(_Shutdown())
         self._futures.clear()
 
-    async def wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
-        """Return True once ``ready()`` holds, False after ``timeout`` seconds or on shutdown."""
+    async def wait_until(
+        self,
+        ready: Callable[[], bool],
+        timeout: float,
+        release: Iterable[asyncio.Future[Any]] = (),
+    ) -> bool:
+        """Return True once ``ready()`` holds; False after ``timeout`` seconds, on shutdown, or as soon as
+        any future in ``release`` completes (the HTTP layer's client hang-up and server drain).
+
+        One plain future per wait, resolved by ``notify``, a timer, or ``release``: no task and no
+        ``asyncio.wait_for`` per parked reader, which matters when a commit wakes a hundred of them at
+        once (docs/decisions/0004-performance.md).
+        """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
+        release = tuple(release)
         while True:
             if self._failure is not None:
                 raise self._failure()
             if ready():
                 return True
             remaining = deadline - loop.time()
-            if remaining <= 0 or self._closed:
+            if remaining <= 0 or self._closed or any(f.done() for f in release):
                 return False
             future: asyncio.Future[None] = loop.create_future()
             self._futures.add(future)
+            timer = loop.call_later(remaining, _wake, future)
+            wake = functools.partial(_wake_on, future)
+            for other in release:
+                other.add_done_callback(wake)
             try:
-                await asyncio.wait_for(future, remaining)
-            except asyncio.TimeoutError:
-                return False
+                await future
             except _Shutdown:
                 return False
             finally:
+                timer.cancel()
                 self._futures.discard(future)
+                for other in release:
+                    other.remove_done_callback(wake)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _wake_on(future: asyncio.Future[None], _source: asyncio.Future[Any]) -> None:
+    _wake(future)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from durastream_server.config import ServerConfig
 from durastream_server.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
-from durastream_server.http import cors, paths, responses, subscriptions
+from durastream_server.http import cors, discovery, paths, responses, subscriptions
 from durastream_server.http.body import ClientDisconnected
 from durastream_server.http.handlers import Request, StreamHandlers
 from durastream_server.http.live import LiveReaders
@@ -175,6 +175,10 @@ class DurastreamApp:
         elif target.kind is paths.RouteKind.STREAM:
             assert self._streams is not None
             await self._streams.handle(request, target.target)
+        elif target.kind is paths.RouteKind.SUBSCRIPTIONS and discovery.owns(target.target):
+            # Extension discovery and listing: their own __ds namespace, before subscriptions.
+            assert self._backend is not None
+            await discovery.handle(self._backend.engine, request, target.target)
         elif target.kind is paths.RouteKind.SUBSCRIPTIONS:
             service = self._backend.subscriptions if self._backend is not None else None
             await subscriptions.handle(service, request, target.target, self.config.max_body_bytes)

@@ -28,6 +28,11 @@ EXPOSED_HEADERS: Final = (
     "Content-Length",
     "Cache-Control",
     "Retry-After",
+    "Durastream-Extensions",  # extensions (docs/extensions.md): advertisement and bounded reads
+    "Durastream-End-Reached",
+    "Durastream-Txn-Messages",  # staged appends
+    "Durastream-Txn-Bytes",
+    "Durastream-Txn-Expires-At",
 )
 
 ALLOWED_REQUEST_HEADERS: Final = (
@@ -44,6 +49,10 @@ ALLOWED_REQUEST_HEADERS: Final = (
     "Producer-Id",
     "Producer-Epoch",
     "Producer-Seq",
+    "Durastream-Txn",  # staged appends
+    "Durastream-Txn-TTL",
+    "Durastream-Commit",
+    "Durastream-Abort",
 )
 
 ALLOWED_METHODS: Final = ("GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS")

@@ -9,9 +9,14 @@ cached ``304`` can never hide EOF). ``If-None-Match`` uses *weak* comparison and
 from __future__ import annotations
 
 
-def make_etag(storage_id: str, start_offset: str, end_offset: str, closed: bool) -> str:
+def make_etag(
+    storage_id: str, start_offset: str, end_offset: str, closed: bool, variant: str = ""
+) -> str:
+    """``variant`` names a representation chosen by query parameters (extensions: the requested
+    ``end``, the frames format), so two differently shaped answers never share a tag."""
     suffix = ":c" if closed else ""
-    return f'"{storage_id}:{start_offset}:{end_offset}{suffix}"'
+    extra = f":{variant}" if variant else ""
+    return f'"{storage_id}:{start_offset}:{end_offset}{suffix}{extra}"'
 
 
 def if_none_match(header: str | None, etag: str) -> bool:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from durastream_server.config import ServerConfig
 from durastream_server.engine.api import ReadRequest, ReadResult
 from durastream_server.errors import MethodNotAllowed, ProtocolError
-from durastream_server.http import parse, responses, sse
+from durastream_server.http import parse, read_extensions, responses, sse, txn
 from durastream_server.http.body import Receive, read_body
 from durastream_server.http.cursor import next_cursor
 from durastream_server.http.etag import if_none_match, make_etag
@@ -120,6 +120,10 @@ class StreamHandlers:
 
     async def _post(self, request: Request, path: str) -> None:
         body = await read_body(request.receive, request.headers, self._config.max_body_bytes)
+        if txn.is_txn(request.headers):  # staged appends: stage / commit / abort (extensions.md 5)
+            staged = txn.parse_request(path, request.headers, body)
+            await txn.serve(self._engine, request.send, staged)
+            return
         append = parse.append_request(path, request.headers, body)
         result = await self._engine.append(append)
         headers: Headers = [
@@ -176,6 +180,12 @@ class StreamHandlers:
 
     async def _get(self, request: Request, path: str) -> None:
         params = parse.read_params(request.query_string)
+        extensions = read_extensions.parse(request.query_string, params.live)
+        if extensions is not None:  # end= / format= / lookup= (docs/extensions.md)
+            await read_extensions.serve(
+                self._engine, self._config.chunk_bytes, request, path, params, extensions
+            )
+            return
         if params.live == "sse":
             await self._sse(request, path, params)
         elif params.live == "long-poll":

@@ -10,15 +10,20 @@ Released-by-shutdown readers answer as at a timeout (hazard 33's "defined code" 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Protocol
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 
 
 class Waitable(Protocol):
-    async def wait(self, path: str, offset: str, timeout: float) -> bool: ...
+    async def wait(
+        self,
+        path: str,
+        offset: str,
+        timeout: float,
+        release: Iterable[asyncio.Future[Any]] = (),
+    ) -> bool: ...
 
 
 class Disconnect:
@@ -41,9 +46,10 @@ class Disconnect:
         return self.future.done()
 
     async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        """Stop watching. Not awaited to completion: the watcher only ever waits in ``receive``, and
+        a long-poll's answer should not wait a loop iteration for it (docs/decisions/0004)."""
+        if not self._task.done():
+            self._task.cancel()
 
 
 class LiveReaders:
@@ -72,18 +78,15 @@ class LiveReaders:
         """
         if self.draining or disconnect.happened:
             return None
-        waiter = asyncio.ensure_future(self._engine.wait(path, offset, timeout))
+        # The engine's wait itself returns early when the drain or hang-up future completes, so a
+        # parked reader costs one future, not a task plus an ``asyncio.wait`` (docs/decisions/0004).
         self.parked += 1
         try:
-            await asyncio.wait(
-                (waiter, self._drain, disconnect.future), return_when=asyncio.FIRST_COMPLETED
+            woke = await self._engine.wait(
+                path, offset, timeout, release=(self._drain, disconnect.future)
             )
         finally:
             self.parked -= 1
-            if not waiter.done():
-                waiter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await waiter
-        if waiter.cancelled():
+        if not woke and (self.draining or disconnect.happened):
             return None
-        return waiter.result()
+        return woke

@@ -11,6 +11,7 @@ import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, Final
 
+from durastream_server import extensions
 from durastream_server.errors import ProtocolError
 from durastream_server.http import cors
 
@@ -28,7 +29,8 @@ _SECURITY: Final = (
 
 
 def base_headers() -> Headers:
-    return [*_SECURITY, *cors.response_headers()]
+    # The extension advertisement rides on every response (errors, 204s, SSE, preflights) by design.
+    return [*_SECURITY, *cors.response_headers(), extensions.advertisement()]
 
 
 def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:

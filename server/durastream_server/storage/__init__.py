@@ -9,6 +9,8 @@ Modules, bottom up:
   ``index``     sparse position -> file offset index plus a small window of recent records
   ``reader``    ranged reads and boundary walks (worker threads)
   ``writer``    the blocking half of the group commit: encode, write, fdatasync the written fd
+  ``txnfile``   staged appends: per-handle staging files and tombstones
+  ``group``     staged-append commits: staged messages copied into the log as one record group
   ``snapshot``  atomic, checksummed snapshots of state + index
   ``recovery``  start-up: header, snapshot, replay, torn-tail truncation, quarantine
   ``log``       ``StreamLog``: staging, the per-log writer task, reads, listeners

@@ -6,7 +6,7 @@ Frame (little-endian)::
     version  u8        FORMAT_VERSION
     kind     u8        Kind
     length   u32       body length
-    crc      u32       zlib.crc32(kind byte + body)
+    crc      u32       crc32(kind byte + body): zlib's CRC-32, computed by crc.py
     body     length bytes
 
 The APPEND body puts everything except the message bytes first, so recovery, index scans and boundary
@@ -16,28 +16,42 @@ checks read a few dozen bytes per record and never the payload::
     timestamp    i64    milliseconds since the epoch
     n_messages   u32
     meta_len     u32    length of the meta section below
-    flags        u8     FLAG_CLOSES | FLAG_PRODUCER | FLAG_STREAM_SEQ
+    flags        u8     FLAG_CLOSES | FLAG_PRODUCER | FLAG_STREAM_SEQ | FLAG_GROUP_CONTINUES | FLAG_TXN
     meta:
       [producer]    epoch u64, seq u64, id_len u32, id (utf-8)     if FLAG_PRODUCER
       [stream_seq]  len u32, text (utf-8)                           if FLAG_STREAM_SEQ
+      [txn]         count u32, then per handle:                     if FLAG_TXN
+                    expires_at_ms i64, len u16, name (utf-8)
       digest        len u16, bytes
       lengths       n_messages x u32
     payload      the messages, concatenated
 
 The HEADER body is the JSON of ``StreamHeader`` (written once per stream, not a hot path); SOFT_DELETE
-holds its timestamp. Kinds 4-15 are reserved for staged (transactional) appends and their commit/abort
-markers; recovery refuses kinds it does not know rather than skipping data it cannot interpret.
+holds its timestamp. Kinds 5-15 are reserved; recovery refuses kinds it does not know rather than
+skipping data it cannot interpret.
+
+Staged appends (docs/decisions/0003-staged-appends.md): a staging file starts with a TXN_HEADER record
+(JSON of the handle's name, creation time and TTL) followed by ordinary APPEND records. A commit copies
+them into the stream's log as a *record group*: every record but the last has FLAG_GROUP_CONTINUES; the
+last carries the producer tuple, ``Stream-Seq``, closure, digest and (FLAG_TXN) the committed handles.
+Recovery applies a group whole or truncates it.
 """
 
 from __future__ import annotations
 
 import json
 import struct
-import zlib
 from dataclasses import asdict, dataclass, fields
 from enum import IntEnum
 
-from durastream_server.storage.records import AppendEntry, ProducerTuple, SoftDelete, StreamHeader
+from durastream_server.storage.crc import crc32
+from durastream_server.storage.records import (
+    AppendEntry,
+    CommittedHandle,
+    ProducerTuple,
+    SoftDelete,
+    StreamHeader,
+)
 
 MAGIC = b"\xd5\x1e"
 FORMAT_VERSION = 1
@@ -47,7 +61,8 @@ class Kind(IntEnum):
     HEADER = 1
     APPEND = 2
     SOFT_DELETE = 3
-    # 4..15 reserved: STAGED_APPEND, COMMIT, ABORT (transactional appends, later issue).
+    TXN_HEADER = 4  # first record of a staging file (staged appends); never in a stream's log
+    # 5..15 reserved.
 
 
 KNOWN_KINDS = frozenset(int(k) for k in Kind)
@@ -55,7 +70,9 @@ KNOWN_KINDS = frozenset(int(k) for k in Kind)
 FLAG_CLOSES = 0x01
 FLAG_PRODUCER = 0x02
 FLAG_STREAM_SEQ = 0x04
-_KNOWN_FLAGS = FLAG_CLOSES | FLAG_PRODUCER | FLAG_STREAM_SEQ
+FLAG_GROUP_CONTINUES = 0x08  # not the last record of a record group (staged-append commit)
+FLAG_TXN = 0x10  # meta lists the staged-append handles this record's commit made visible
+_KNOWN_FLAGS = FLAG_CLOSES | FLAG_PRODUCER | FLAG_STREAM_SEQ | FLAG_GROUP_CONTINUES | FLAG_TXN
 
 FRAME = struct.Struct("<2sBBII")
 FRAME_SIZE = FRAME.size  # 12
@@ -65,8 +82,9 @@ APPEND_FIXED_SIZE = APPEND_FIXED.size  # 25
 _PRODUCER = struct.Struct("<QQI")
 _U32 = struct.Struct("<I")
 _U16 = struct.Struct("<H")
+_TXN_ITEM = struct.Struct("<qH")
 _SOFT_DELETE = struct.Struct("<q")
-_SEED = {int(k): zlib.crc32(bytes([int(k)])) for k in Kind}
+_SEED = {int(k): crc32(bytes([int(k)])) for k in Kind}
 _EMPTY_FRAME_HEADER = bytes(FRAME_SIZE)
 
 
@@ -78,7 +96,7 @@ def _frame(kind: int, parts: list[bytes] | tuple[bytes, ...]) -> bytearray:
     """Join ``parts`` into one frame with a single copy, checksum it and fill in the frame header."""
     buf = bytearray().join((_EMPTY_FRAME_HEADER, *parts))
     body = memoryview(buf)[FRAME_SIZE:]
-    crc = zlib.crc32(body, _SEED[kind])
+    crc = crc32(body, _SEED[kind])
     body.release()
     FRAME.pack_into(buf, 0, MAGIC, FORMAT_VERSION, kind, len(buf) - FRAME_SIZE, crc)
     return buf
@@ -91,6 +109,20 @@ def encode_header(header: StreamHeader) -> bytearray:
 
 def encode_soft_delete(record: SoftDelete) -> bytearray:
     return _frame(Kind.SOFT_DELETE, (_SOFT_DELETE.pack(record.timestamp_ms),))
+
+
+def encode_frame(kind: Kind, body: bytes) -> bytearray:
+    """One frame of any kind around ``body`` (for records other than APPEND, e.g. TXN_HEADER)."""
+    return _frame(kind, (body,))
+
+
+def _encode_txn_handles(handles: tuple[CommittedHandle, ...]) -> bytes:
+    parts = [_U32.pack(len(handles))]
+    for handle in handles:
+        name = handle.name.encode()
+        parts.append(_TXN_ITEM.pack(handle.expires_at_ms, len(name)))
+        parts.append(name)
+    return b"".join(parts)
 
 
 def encode_append(entry: AppendEntry) -> bytearray:
@@ -110,6 +142,11 @@ def encode_append(entry: AppendEntry) -> bytearray:
         meta.append(_U32.pack(len(seq)))
         meta.append(seq)
         flags |= FLAG_STREAM_SEQ
+    if entry.continues:
+        flags |= FLAG_GROUP_CONTINUES
+    if entry.txn_handles:
+        meta.append(_encode_txn_handles(entry.txn_handles))
+        flags |= FLAG_TXN
     digest = entry.digest
     meta.append(_U16.pack(len(digest)))
     meta.append(digest)
@@ -148,8 +185,8 @@ def parse_frame(buf: bytes | bytearray | memoryview, off: int = 0) -> FrameInfo:
 def body_crc_ok(frame: FrameInfo, body: bytes | bytearray | memoryview) -> bool:
     seed = _SEED.get(frame.kind)
     if seed is None:
-        seed = zlib.crc32(bytes([frame.kind]))
-    return zlib.crc32(body, seed) == frame.crc
+        seed = crc32(bytes([frame.kind]))
+    return crc32(body, seed) == frame.crc
 
 
 def decode_header(body: bytes | bytearray | memoryview) -> StreamHeader:
@@ -179,6 +216,8 @@ class AppendMeta:
     digest: bytes
     lengths: tuple[int, ...]
     payload_off: int  # where the concatenated messages start, relative to the body
+    continues: bool = False  # FLAG_GROUP_CONTINUES: a record group goes on after this record
+    txn_handles: tuple[CommittedHandle, ...] = ()
 
     @property
     def size(self) -> int:
@@ -218,6 +257,17 @@ def decode_append_meta(
             p += 4
             stream_seq = bytes(buf[p : p + seq_len]).decode()
             p += seq_len
+        txn_handles: tuple[CommittedHandle, ...] = ()
+        if flags & FLAG_TXN:
+            (count,) = _U32.unpack_from(buf, p)
+            p += 4
+            items = []
+            for _ in range(count):
+                expires_at_ms, name_len = _TXN_ITEM.unpack_from(buf, p)
+                p += _TXN_ITEM.size
+                items.append(CommittedHandle(bytes(buf[p : p + name_len]).decode(), expires_at_ms))
+                p += name_len
+            txn_handles = tuple(items)
         (digest_len,) = _U16.unpack_from(buf, p)
         p += 2
         digest = bytes(buf[p : p + digest_len])
@@ -239,6 +289,8 @@ def decode_append_meta(
         digest=digest,
         lengths=lengths,
         payload_off=payload_off,
+        continues=bool(flags & FLAG_GROUP_CONTINUES),
+        txn_handles=txn_handles,
     )
 
 
@@ -271,4 +323,6 @@ def decode_append(
         producer=meta.producer,
         stream_seq=meta.stream_seq,
         digest=meta.digest,
+        continues=meta.continues,
+        txn_handles=meta.txn_handles,
     )

@@ -221,10 +221,10 @@ class DataDir:
             raise errors.StorageFailure(f"could not create {header.path!r}: {exc}") from exc
         header_end = len(header_frame)
         index = LogIndex(SparseIndex(self.config.index_interval_bytes))
-        index.sparse.note(header.fork_position, header_end)
+        index.sparse.note(header.fork_position, header_end, 0)
         file_end = header_end
         if initial is not None:
-            index.note(initial.position, header_end)
+            index.note(initial.position, header_end, len(initial.messages))
             file_end += len(initial_frame)  # type: ignore[arg-type]
         stream = StreamLog(
             self._ctx,

@@ -6,7 +6,12 @@ starting point: positions only grow through the log, so no record before ``o`` c
 after ``start``.
 
 Memory is O(data / interval) for the sparse part (16 K points per GiB at the 64 KiB default) and
-O(RECENT_RECORDS) (at most 4 KiB) for the recent window, which makes the common "tail the stream" read start at its exact record.
+O(RECENT_RECORDS) (at most 6 KiB) for the recent window, which makes the common "tail the stream" read start at its exact record.
+
+Every point also carries its record's *message ordinal*: how many messages of this log come before the
+record. Limit lookups and fork sub-offsets count messages between two positions as a difference of
+ordinals, so they cost a bisect plus a header scan of at most about one interval, never a walk from the
+start of the stream (``ordinals.py``).
 """
 
 from __future__ import annotations
@@ -19,21 +24,36 @@ RECENT_RECORDS = 128
 
 
 class SparseIndex:
-    """(position, global file offset) roughly every ``interval`` file bytes, in log order."""
+    """(position, global file offset, message ordinal) roughly every ``interval`` file bytes, in log
+    order. ``messages`` counts every message noted so far (the durable message count of the log)."""
 
-    __slots__ = ("interval", "positions", "offsets")
+    __slots__ = ("interval", "positions", "offsets", "ordinals", "messages")
 
-    def __init__(self, interval: int, positions: array | None = None, offsets: array | None = None):
+    def __init__(
+        self,
+        interval: int,
+        positions: array | None = None,
+        offsets: array | None = None,
+        ordinals: array | None = None,
+        messages: int = 0,
+    ):
         self.interval = max(1, interval)
         self.positions: array = positions if positions is not None else array("q")
         self.offsets: array = offsets if offsets is not None else array("q")
+        self.ordinals: array = ordinals if ordinals is not None else array("q")
+        self.messages = messages
+        if not len(self.positions) == len(self.offsets) == len(self.ordinals):
+            raise ValueError("sparse index arrays differ in length")
 
-    def note(self, position: int, offset: int) -> None:
-        """Called for every record start; keeps one point per ``interval`` bytes."""
+    def note(self, position: int, offset: int, n_messages: int) -> None:
+        """Called for every record start (``n_messages`` in the record; 0 for the stream's first
+        point, which is not a record); keeps one point per ``interval`` bytes."""
         offsets = self.offsets
         if not offsets or offset - offsets[-1] >= self.interval:
             self.positions.append(position)
             offsets.append(offset)
+            self.ordinals.append(self.messages)
+        self.messages += n_messages
 
     def floor(self, position: int) -> tuple[int, int] | None:
         """The last point with a position <= ``position``."""
@@ -42,32 +62,62 @@ class SparseIndex:
             return None
         return self.positions[i], self.offsets[i]
 
+    def floor_entry(self, position: int) -> tuple[int, int, int] | None:
+        """The last point ``(position, offset, ordinal)`` with a position <= ``position``."""
+        i = bisect_right(self.positions, position) - 1
+        if i < 0:
+            return None
+        return self.positions[i], self.offsets[i], self.ordinals[i]
+
+    def floor_ordinal(self, ordinal: int) -> tuple[int, int, int] | None:
+        """The last point whose ordinal is <= ``ordinal`` (ordinals never decrease)."""
+        i = bisect_right(self.ordinals, ordinal) - 1
+        if i < 0:
+            return None
+        return self.positions[i], self.offsets[i], self.ordinals[i]
+
     def __len__(self) -> int:
         return len(self.offsets)
 
 
 class RecentRecords:
-    """Exact (position, offset) of the last ``limit`` records, so tailing readers skip the scan."""
+    """Exact (position, offset, ordinal) of the last ``limit`` records, so tailing readers skip the
+    scan."""
 
-    __slots__ = ("limit", "positions", "offsets")
+    __slots__ = ("limit", "positions", "offsets", "ordinals")
 
     def __init__(self, limit: int = RECENT_RECORDS) -> None:
         self.limit = limit
         self.positions = array("q")
         self.offsets = array("q")
+        self.ordinals = array("q")
 
-    def note(self, position: int, offset: int) -> None:
+    def note(self, position: int, offset: int, ordinal: int) -> None:
         self.positions.append(position)
         self.offsets.append(offset)
+        self.ordinals.append(ordinal)
         if len(self.positions) > 2 * self.limit:  # trim in bulk: amortized O(1) per record
             del self.positions[: self.limit]
             del self.offsets[: self.limit]
+            del self.ordinals[: self.limit]
 
     def floor(self, position: int) -> tuple[int, int] | None:
         i = bisect_right(self.positions, position) - 1
         if i < 0:
             return None
         return self.positions[i], self.offsets[i]
+
+    def floor_entry(self, position: int) -> tuple[int, int, int] | None:
+        i = bisect_right(self.positions, position) - 1
+        if i < 0:
+            return None
+        return self.positions[i], self.offsets[i], self.ordinals[i]
+
+    def floor_ordinal(self, ordinal: int) -> tuple[int, int, int] | None:
+        i = bisect_right(self.ordinals, ordinal) - 1
+        if i < 0:
+            return None
+        return self.positions[i], self.offsets[i], self.ordinals[i]
 
 
 class LogIndex:
@@ -79,9 +129,44 @@ class LogIndex:
         self.sparse = sparse
         self.recent = RecentRecords()
 
-    def note(self, position: int, offset: int) -> None:
-        self.sparse.note(position, offset)
-        self.recent.note(position, offset)
+    def note(self, position: int, offset: int, n_messages: int) -> None:
+        """A durable APPEND record starts at global ``offset`` with ``n_messages`` messages."""
+        sparse = self.sparse
+        ordinal = sparse.messages
+        sparse.note(position, offset, n_messages)
+        self.recent.note(position, offset, ordinal)
+
+    @property
+    def messages(self) -> int:
+        """Messages in the durable part of the log."""
+        return self.sparse.messages
+
+    def floor_entry(self, position: int) -> tuple[int, int, int]:
+        """The closest known record start ``(position, offset, ordinal)`` at or before ``position``."""
+        best = self.sparse.floor_entry(position)
+        recent = self.recent.floor_entry(position)
+        if recent is not None and (best is None or recent[1] > best[1]):
+            best = recent
+        if best is None:
+            raise LookupError(position)
+        return best
+
+    def floor_ordinal(self, ordinal: int) -> tuple[int, int, int]:
+        """The closest known record start with at most ``ordinal`` messages before it."""
+        best = self.sparse.floor_ordinal(ordinal)
+        recent = self.recent.floor_ordinal(ordinal)
+        if recent is not None and (best is None or recent[1] > best[1]):
+            best = recent
+        if best is None:
+            raise LookupError(ordinal)
+        return best
+
+    def exact(self, position: int) -> int | None:
+        """The ordinal of the recent record that starts exactly at ``position``, if there is one."""
+        recent = self.recent.floor_entry(position)
+        if recent is not None and recent[0] == position:
+            return recent[2]
+        return None
 
     def floor(self, position: int) -> tuple[int, int]:
         best = self.sparse.floor(position)

@@ -6,6 +6,8 @@ Layout of a stream directory (``<data-dir>/streams/<id>/``):
   ``snapshot``                      latest StreamState + sparse index + the segment position they cover,
                                    written atomically (tmp + fsync + rename); start-up replays only
                                    the records after it.
+  ``txn/``                          staging files of staged appends (txnfile.py); a commit reaches the
+                                   log as one record group, written alone by the writer (group.py).
 
 Concurrency model: everything runs on one asyncio event loop. The engine validates a request against
 ``log.state`` and calls ``stage()`` with no ``await`` in between, so validation and staging of one
@@ -23,25 +25,44 @@ disk. The in-memory state may be ahead of the disk then, so it must never be use
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from durastream_server import errors
 from durastream_server.storage import codec
 from durastream_server.storage.files import FdCache, is_out_of_space
+from durastream_server.storage.group import GroupResult, is_group_batch, split_batch, write_group
 from durastream_server.storage.index import LogIndex
-from durastream_server.storage.reader import NotABoundary, read_range, walk_boundaries
-from durastream_server.storage.records import AppendEntry, MessageSlice, SoftDelete, StreamHeader
+from durastream_server.storage.ordinals import floor_boundary, message_start
+from durastream_server.storage.reader import NotABoundary, read_entries, read_range
+from durastream_server.storage.records import (
+    AppendEntry,
+    GroupCommit,
+    MessageSlice,
+    SoftDelete,
+    StreamHeader,
+)
 from durastream_server.storage.segments import SegmentTable
 from durastream_server.storage.snapshot import encode_snapshot, state_to_dict, write_snapshot
 from durastream_server.storage.state import StreamState, apply_entry
 from durastream_server.storage.writer import BatchResult, WriteTarget, write_batch
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+# The just-committed tail each log keeps in memory for the readers that commit wakes (``_keep_hot``):
+# at most this many payload bytes and entries per log, dropped once no commit came for HOT_SECONDS.
+HOT_MAX_BYTES = 64 * 1024
+HOT_MAX_ENTRIES = 256
+HOT_SECONDS = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +89,7 @@ class LogContext:
     sync: bool  # Durability.FSYNC
 
 
-_Item = AppendEntry | SoftDelete
+_Item = AppendEntry | SoftDelete | GroupCommit
 _Queued = tuple[_Item, "asyncio.Future[None]"]
 
 
@@ -118,6 +139,10 @@ class StreamLog:
         self._next_listener = 0
         self._snapshot_entries = state.entries  # state.entries covered by the last snapshot
         self._snapshot_end = file_end
+        self._hot: collections.deque[AppendEntry] = collections.deque()  # see _keep_hot
+        self._hot_bytes = 0
+        self._hot_at = 0.0  # loop time of the last commit that added to _hot
+        self._hot_timer: asyncio.TimerHandle | None = None
 
     # ----------------------------------------------------------------------------------------- writes
 
@@ -143,6 +168,17 @@ class StreamLog:
             return fut
         apply_entry(self.state, entry)
         self._enqueue(entry, fut)
+        return fut
+
+    def stage_group(self, group: GroupCommit) -> asyncio.Future[None]:
+        """``stage()`` for a staged-append commit: the group is folded into ``state`` now (as one
+        entry) and written alone, as one record group, by the writer task (``group.py``)."""
+        fut = asyncio.get_running_loop().create_future()
+        if self._failure is not None or self._closed:
+            fut.set_exception(self._error())
+            return fut
+        apply_entry(self.state, group)
+        self._enqueue(group, fut)
         return fut
 
     def stage_soft_delete(self) -> asyncio.Future[None]:
@@ -187,14 +223,17 @@ class StreamLog:
         loop = asyncio.get_running_loop()
         try:
             while self._queue and self._failure is None:
-                batch = self._queue
-                self._queue = []
+                # A record group (staged-append commit) is written alone; a snapshot is taken
+                # only when the batch leaves nothing queued (the state then matches the disk).
+                batch, self._queue = split_batch(self._queue)
                 self._inflight = batch
-                snapshot_state = state_to_dict(self.state) if self._snapshot_due() else None
+                snapshot_state = (
+                    state_to_dict(self.state) if not self._queue and self._snapshot_due() else None
+                )
                 try:
                     result = await loop.run_in_executor(
                         self._ctx.executor,
-                        write_batch,
+                        write_group if is_group_batch(batch) else write_batch,
                         self._target,
                         [item for item, _ in batch],
                         self._segments.last,
@@ -224,8 +263,14 @@ class StreamLog:
         closed = False
         for (item, _), offset in zip(batch, result.offsets, strict=True):
             if type(item) is AppendEntry:
-                index.note(item.position, offset)
+                index.note(item.position, offset, len(item.messages))
                 tail = item.position + item.size
+                closed = closed or item.closes
+            elif type(item) is GroupCommit:
+                assert isinstance(result, GroupResult)
+                for position, record_offset, n_messages in result.records:
+                    index.note(position, record_offset, n_messages)
+                tail = item.end
                 closed = closed or item.closes
         if result.new_segments:
             self._segments.bases.extend(result.new_segments)
@@ -250,11 +295,59 @@ class StreamLog:
                 else:
                     still.append((target, waiter))
             self._flush_waiters = still
+        self._keep_hot(batch)
         for callback in list(self._listeners.values()):
             try:
                 callback()
             except Exception:
                 log.exception("stream %s: commit listener failed", self.id)
+
+    def _keep_hot(self, batch: list[_Queued]) -> None:
+        """Keep the data this commit made durable in memory for a moment (bounded, see HOT_*).
+
+        The readers a commit wakes (long-polls, SSE, tailing catch-ups) read exactly that data next.
+        Serving it from memory spares each of them a trip to the read executor and a ``pread``, which
+        is what bounded the wake latency of 100 parked readers (docs/decisions/0004-performance.md).
+        The entries are the ones just written, so nothing is served that is not on disk.
+        """
+        hot = self._hot
+        for item, _ in batch:
+            kind = type(item)
+            if kind is AppendEntry:
+                if hot and hot[-1].end != item.position:
+                    hot.clear()
+                    self._hot_bytes = 0
+                hot.append(item)  # type: ignore[arg-type]
+                self._hot_bytes += item.size  # type: ignore[union-attr]
+            elif kind is not SoftDelete:
+                # A record group: its messages are not in the item, so the window would have a gap.
+                hot.clear()
+                self._hot_bytes = 0
+        while hot and (self._hot_bytes > HOT_MAX_BYTES or len(hot) > HOT_MAX_ENTRIES):
+            self._hot_bytes -= hot.popleft().size
+        if hot:
+            loop = asyncio.get_running_loop()
+            self._hot_at = loop.time()
+            if self._hot_timer is None:
+                self._hot_timer = loop.call_later(HOT_SECONDS, self._expire_hot)
+
+    def _expire_hot(self) -> None:
+        """Drop the hot tail once no commit has added to it for HOT_SECONDS (one timer per log, re-armed
+        rather than replaced on every commit)."""
+        self._hot_timer = None
+        loop = asyncio.get_running_loop()
+        idle = loop.time() - self._hot_at
+        if self._hot and idle < HOT_SECONDS and not self._closed:
+            self._hot_timer = loop.call_later(HOT_SECONDS - idle, self._expire_hot)
+            return
+        self._drop_hot()
+
+    def _drop_hot(self) -> None:
+        self._hot.clear()
+        self._hot_bytes = 0
+        if self._hot_timer is not None:
+            self._hot_timer.cancel()
+            self._hot_timer = None
 
     def _poison(self, exc: BaseException) -> None:
         self._failure = exc
@@ -334,6 +427,19 @@ class StreamLog:
         cap = tail if end is None else min(end, tail)
         if cap <= start:
             return ReadChunk((), start)
+        hot = self._hot
+        if hot and hot[0].position <= start and hot[-1].end == tail:
+            # Just committed (usually the readers this commit woke): served from memory. Readers
+            # start near the end, so look for the first entry from there.
+            first = len(hot) - 1
+            while hot[first].position > start:
+                first -= 1
+            entries = hot if first == 0 else itertools.islice(hot, first, None)
+            try:
+                slices, next_position = read_entries(entries, start, cap, max_bytes, whole_messages)
+            except NotABoundary as exc:
+                raise InvalidPosition(str(exc)) from None
+            return ReadChunk(tuple(slices), next_position)
         _, scan_from = self._index.floor(start)
         view = self._segments.view(self._file_end)
         try:
@@ -354,76 +460,182 @@ class StreamLog:
             raise self._read_error(exc) from exc
         return ReadChunk(tuple(slices), next_position)
 
-    def is_boundary(self, position: int) -> bool:
+    async def is_boundary(self, position: int) -> bool:
         """True if ``position`` is a message boundary (or the tail), staged entries included."""
         state = self.state
         if position < self.base or position > state.tail:
             return False
         if position == self.base or position == self.durable_tail or position == state.tail:
             return True
-        try:
-            for m_pos, _ in self._messages_from(position):
-                return m_pos == position
-        except NotABoundary:
-            return False
-        return True
+        if position > self.durable_tail:
+            return self._staged_ordinal(position, self._staged()) is not None
+        floor, _ = (await self.message_floors([position]))[0]
+        return floor == position
 
-    def boundary_after(self, anchor: int, count: int, *, messages: bool) -> int:
+    async def boundary_after(self, anchor: int, count: int, *, messages: bool) -> int:
         """Position ``count`` messages (or bytes) past ``anchor``, for fork sub-offsets.
 
         Raises ``InvalidPosition`` if ``anchor`` is not a boundary, ``count`` is negative, or the result
         would pass the tail (``messages=True``) or the end of the message that starts at ``anchor``
-        (``messages=False``). Staged entries count. Scans record headers on the calling thread (a
-        bounded amount for byte streams; proportional to ``count`` for JSON), as fork creation is rare.
+        (``messages=False``). Staged entries count. Costs two bounded header scans in the read
+        executor (message ordinals, ``ordinals.py``), whatever ``count`` is.
         """
         if count < 0:
             raise InvalidPosition(f"negative count {count}")
-        if not self.is_boundary(anchor):
-            raise InvalidPosition(f"position {anchor} is not a message boundary")
+        # Everything below is judged against one consistent picture: the durable part as of now
+        # (its message count and tail) plus the entries staged after it.
+        staged = self._staged()
+        durable_tail = self.durable_tail
+        durable_count = self._index.messages
+        if anchor < self.base or anchor > self.state.tail:
+            raise InvalidPosition(f"position {anchor} is outside [{self.base}, {self.state.tail}]")
+        if anchor < durable_tail:
+            floor, ordinal = (await self.message_floors([anchor]))[0]
+            if floor != anchor:
+                raise InvalidPosition(f"position {anchor} is not a message boundary")
+        else:
+            staged_ordinal = self._staged_ordinal(anchor, staged)
+            if staged_ordinal is None:
+                raise InvalidPosition(f"position {anchor} is not a message boundary")
+            ordinal = durable_count + staged_ordinal
         if count == 0:
             return anchor
-        try:
-            if messages:
-                for seen, (m_pos, length) in enumerate(self._messages_from(anchor), 1):
-                    if seen == count:
-                        return m_pos + length
-                raise InvalidPosition(f"{count} messages past {anchor} is past the tail")
-            for _, length in self._messages_from(anchor):
-                if count > length:
-                    raise InvalidPosition(
-                        f"{count} bytes past {anchor} passes the end of its message ({length} bytes)"
-                    )
-                return anchor + count
-            raise InvalidPosition(f"no message at {anchor}")
-        except NotABoundary as exc:
-            raise InvalidPosition(str(exc)) from None
-
-    def _messages_from(self, anchor: int) -> Iterator[tuple[int, int]]:
-        """(position, length) of each message from ``anchor`` on: durable ones from disk, then staged."""
-        staged = self._inflight + self._queue
-        if anchor < self.durable_tail:
-            self._check_open()
-            _, scan_from = self._index.floor(anchor)
-            walk = walk_boundaries(
-                self._segments.view(self._file_end), self._ctx.cache, scan_from, anchor
+        step = count if messages else 1
+        target = ordinal + step
+        if target <= durable_count:
+            end = (
+                durable_tail
+                if target == durable_count
+                else (await self.message_starts([target]))[0]
             )
-            try:
-                yield from walk
-            except (codec.CorruptRecord, OSError) as exc:
-                raise self._read_error(exc) from exc
-            finally:
-                walk.close()
-        for item, _ in staged:
-            if type(item) is not AppendEntry:
+        else:
+            end = self._staged_start(target - durable_count, staged, durable_tail)
+            if end is None:
+                if messages:
+                    raise InvalidPosition(f"{count} messages past {anchor} is past the tail")
+                raise InvalidPosition(f"no message at {anchor}")
+        if messages:
+            return end
+        if anchor + count > end:
+            raise InvalidPosition(
+                f"{count} bytes past {anchor} passes the end of its message ({end - anchor} bytes)"
+            )
+        return anchor + count
+
+    @property
+    def durable_messages(self) -> int:
+        """How many messages the durable part of this log holds."""
+        return self._index.messages
+
+    async def message_floors(self, positions: list[int]) -> list[tuple[int, int]]:
+        """For each durable position, ``(floor, ordinal)``: the last message boundary at or before it
+        and the ordinal of the message starting there (messages of this log before it).
+
+        Positions must lie in ``[base, durable_tail]``. Answers from memory for the base, the tail and
+        recent record starts; everything else costs one bounded header scan each, all in one trip to
+        the read executor.
+        """
+        self._check_open()
+        tail = self.durable_tail
+        count = self._index.messages
+        answers: list[tuple[int, int] | None] = []
+        pending: list[tuple[int, tuple[int, int, int], int]] = []
+        for i, position in enumerate(positions):
+            if not self.base <= position <= tail:
+                raise InvalidPosition(f"position {position} is outside [{self.base}, {tail}]")
+            if position == tail:
+                answers.append((tail, count))
                 continue
-            m_pos = item.position
-            for message in item.messages:
-                m_end = m_pos + len(message)
-                if m_end > anchor:
-                    if m_pos < anchor:
-                        raise NotABoundary(f"position {anchor} is inside a message")
-                    yield m_pos, len(message)
-                m_pos = m_end
+            exact = self._index.exact(position)
+            if exact is not None:
+                answers.append((position, exact))
+                continue
+            answers.append(None)
+            pending.append((i, self._index.floor_entry(position), position))
+        if pending:
+            view = self._segments.view(self._file_end)
+            cache = self._ctx.cache
+
+            def scan() -> list[tuple[int, int]]:
+                return [floor_boundary(view, cache, point, pos) for _, point, pos in pending]
+
+            for (i, _, _), answer in zip(pending, await self._scan(scan), strict=True):
+                answers[i] = answer
+        return answers  # type: ignore[return-value]
+
+    async def message_starts(self, ordinals: list[int]) -> list[int]:
+        """For each ordinal in ``[0, durable_messages]``, where that message starts (the durable tail
+        for ``durable_messages``). One bounded header scan each, in one executor trip."""
+        self._check_open()
+        tail = self.durable_tail
+        count = self._index.messages
+        answers: list[int | None] = []
+        pending: list[tuple[int, tuple[int, int, int], int]] = []
+        for i, ordinal in enumerate(ordinals):
+            if not 0 <= ordinal <= count:
+                raise InvalidPosition(f"message ordinal {ordinal} is outside [0, {count}]")
+            if ordinal == count:
+                answers.append(tail)
+                continue
+            answers.append(None)
+            pending.append((i, self._index.floor_ordinal(ordinal), ordinal))
+        if pending:
+            view = self._segments.view(self._file_end)
+            cache = self._ctx.cache
+
+            def scan() -> list[int]:
+                return [message_start(view, cache, point, target) for _, point, target in pending]
+
+            for (i, _, _), answer in zip(pending, await self._scan(scan), strict=True):
+                answers[i] = answer
+        return answers  # type: ignore[return-value]
+
+    async def _scan(self, work: Callable[[], list[_T]]) -> list[_T]:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._ctx.read_executor, work)
+        except (codec.CorruptRecord, OSError) as exc:
+            raise self._read_error(exc) from exc
+
+    def _staged(self) -> list[AppendEntry]:
+        """Entries accepted but not yet durable, in log order."""
+        return [item for item, _ in self._inflight + self._queue if type(item) is AppendEntry]
+
+    def _staged_ordinal(self, position: int, staged: list[AppendEntry]) -> int | None:
+        """Ordinal (counted from the first staged message) of the staged message starting at
+        ``position``, or of the end of staged data; None if ``position`` is inside a message."""
+        ordinal = 0
+        if position == self.durable_tail:
+            return 0
+        for entry in staged:
+            m_pos = entry.position
+            for message in entry.messages:
+                if m_pos == position:
+                    return ordinal
+                if m_pos > position:
+                    return None
+                m_pos += len(message)
+                ordinal += 1
+            if m_pos == position:
+                return ordinal
+        return None
+
+    @staticmethod
+    def _staged_start(target: int, staged: list[AppendEntry], durable_tail: int) -> int | None:
+        """Where staged message number ``target`` starts (the end of staged data for the count of
+        staged messages); None past that."""
+        ordinal = 0
+        at = durable_tail
+        for entry in staged:
+            n = len(entry.messages)
+            if ordinal + n < target:
+                ordinal += n
+                at = entry.end
+                continue
+            at = entry.position
+            for message in entry.messages[: target - ordinal]:
+                at += len(message)
+            return at
+        return at if ordinal == target else None
 
     def _check_open(self) -> None:
         if self._deleted:
@@ -444,6 +656,7 @@ class StreamLog:
         """Stop accepting stages, drain the queue, optionally snapshot. Never raises for the log's own
         failure (it was logged when it happened)."""
         self._closed = True
+        self._drop_hot()
         with contextlib.suppress(errors.StorageFailure):
             await self.flush()
         writer = self._writer
@@ -460,5 +673,6 @@ class StreamLog:
             await self._write_snapshot(state_to_dict(self.state), self._file_end, self._last_record)
 
     def _forget_files(self) -> None:
+        self._drop_hot()
         log_id = self.id
         self._ctx.cache.discard(lambda key: key[0] == log_id)

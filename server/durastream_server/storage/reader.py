@@ -7,15 +7,16 @@ forward and read only the payload they return. Callers run ``read_range`` in a w
 from __future__ import annotations
 
 import struct
-import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from durastream_server.storage import codec
 from durastream_server.storage.codec import APPEND_FIXED_SIZE, FRAME, CorruptRecord, Kind
+from durastream_server.storage.crc import crc32
 from durastream_server.storage.files import FdCache
-from durastream_server.storage.records import MessageSlice
+from durastream_server.storage.records import AppendEntry, MessageSlice
 from durastream_server.storage.segments import (
     FRAME_SIZE,
+    READ_BLOCK,
     VERIFY_WHOLE_LIMIT,
     SegmentView,
     Window,
@@ -30,7 +31,7 @@ class NotABoundary(ValueError):
 _HEAD = struct.Struct("<2sBBIIQqIIB")  # frame header + fixed APPEND fields, parsed in one go
 _HEAD_SIZE = _HEAD.size
 _APPEND = int(Kind.APPEND)
-_APPEND_SEED = zlib.crc32(bytes([_APPEND]))
+_APPEND_SEED = crc32(bytes([_APPEND]))
 _VERSION = codec.FORMAT_VERSION
 _MAGIC = codec.MAGIC
 
@@ -126,13 +127,23 @@ def read_range(
                 rel_m += length
             if picks:
                 first, last = picks[0][1], picks[-1][2]
-                if rec_len <= VERIFY_WHOLE_LIMIT or (first == 0 and last == payload_len):
+                if first == 0 and last == payload_len and payload_len > READ_BLOCK:
+                    # The whole payload of a large record (catch-up reads): checksum the record's
+                    # head, then its payload (crc32 continues across the two), which ``ensure``
+                    # preads into a bytes object of its own. Slicing all of it below is then free
+                    # (CPython returns the same object), so each byte is copied once, by the kernel.
+                    head_len = _HEAD_SIZE + meta_len
+                    hbuf, hrel = ensure(off, head_len)
+                    running = crc32(
+                        memoryview(hbuf)[hrel + FRAME_SIZE : hrel + head_len], _APPEND_SEED
+                    )
+                    rbuf, p = ensure(off + head_len, payload_len)
+                    if crc32(memoryview(rbuf)[p : p + payload_len], running) != crc:
+                        raise CorruptRecord(f"checksum mismatch in record at file offset {off}")
+                elif rec_len <= VERIFY_WHOLE_LIMIT or (first == 0 and last == payload_len):
                     rbuf, rrel = ensure(off, rec_len)
                     body_at = rrel + FRAME_SIZE
-                    if (
-                        zlib.crc32(memoryview(rbuf)[body_at : body_at + body_len], _APPEND_SEED)
-                        != crc
-                    ):
+                    if crc32(memoryview(rbuf)[body_at : body_at + body_len], _APPEND_SEED) != crc:
                         raise CorruptRecord(f"checksum mismatch in record at file offset {off}")
                     p = body_at + APPEND_FIXED_SIZE + meta_len
                 else:
@@ -144,6 +155,60 @@ def read_range(
             if done:
                 break
             off += rec_len
+    return out, next_pos
+
+
+def read_entries(
+    entries: Iterable[AppendEntry], start: int, cap: int, max_bytes: int, whole_messages: bool
+) -> tuple[list[MessageSlice], int]:
+    """``read_range`` over entries still in memory (a log's just-committed tail), with the same result.
+
+    ``entries`` must be contiguous and cover ``start``. Runs on the event loop: no I/O, and the messages
+    are returned as the very bytes objects the append stored (slices only for partial byte reads).
+    """
+    out: list[MessageSlice] = []
+    got = 0
+    next_pos = start
+    budget = max(1, max_bytes)
+    for entry in entries:
+        position = entry.position
+        if got >= budget or position >= cap:
+            break
+        if position + entry.size <= next_pos:
+            continue
+        ts = entry.timestamp_ms
+        m_pos = position
+        done = False
+        for message in entry.messages:
+            length = len(message)
+            m_end = m_pos + length
+            if m_end > next_pos:
+                if whole_messages:
+                    if m_pos < next_pos:
+                        raise NotABoundary(f"position {start} is inside a message")
+                    if m_end > cap or (got and got + length > budget):
+                        done = True
+                        break
+                    out.append(MessageSlice(m_pos, message, ts, True))
+                    got += length
+                    next_pos = m_end
+                else:
+                    lo = m_pos if m_pos > next_pos else next_pos
+                    hi = min(m_end, cap, lo + (budget - got))
+                    if hi <= lo:
+                        done = True
+                        break
+                    whole = lo == m_pos and hi == m_end
+                    data = message if whole else message[lo - m_pos : hi - m_pos]
+                    out.append(MessageSlice(lo, data, ts, whole))
+                    got += hi - lo
+                    next_pos = hi
+                    if hi < m_end:
+                        done = True
+                        break
+            m_pos = m_end
+        if done:
+            break
     return out, next_pos
 
 

@@ -9,6 +9,7 @@ record as the data it belongs to, so no crash can separate an append from its de
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,14 @@ class ProducerTuple:
     producer_id: str
     epoch: int
     seq: int
+
+
+class CommittedHandle(NamedTuple):
+    """A staged-append handle a commit made visible, and until when its name must be remembered
+    (its expiry: until then a leftover staging file of it must never look committable)."""
+
+    name: str
+    expires_at_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +66,54 @@ class AppendEntry:
     digest: bytes = (
         b""  # digest of the request payload, to tell a true duplicate from a reused tuple
     )
+    # Record groups (a staged-append commit written as several records): every record of a group
+    # but the last has ``continues``; the last one carries the producer tuple, Stream-Seq, closure,
+    # digest and the committed handles. Recovery applies a group whole or not at all.
+    continues: bool = False
+    txn_handles: tuple[CommittedHandle, ...] = ()
 
     @property
     def size(self) -> int:
         """Logical bytes this entry adds to the stream."""
         return sum(len(m) for m in self.messages)
+
+    @property
+    def end(self) -> int:
+        return self.position + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class StagedSource:
+    """Where a commit copies one handle's messages from: the APPEND records of a staging file in
+    ``[start, end)`` (file offsets), holding ``n_messages`` messages and ``size`` payload bytes."""
+
+    path: str
+    start: int
+    end: int
+    n_messages: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCommit:
+    """A staged-append commit: the messages of ``sources``, in order, become ``[position, end)`` of
+    the stream as ONE record group (docs/decisions/0003-staged-appends.md).
+
+    The state fold (``state.apply_entry``) treats it like one append whose guard fields (producer,
+    Stream-Seq, closure, digest) are those of the group's last record. Recovery folds a complete group
+    through the same function, with ``sources`` empty.
+    """
+
+    position: int
+    size: int
+    n_messages: int
+    timestamp_ms: int
+    sources: tuple[StagedSource, ...] = ()
+    closes: bool = False
+    producer: ProducerTuple | None = None
+    stream_seq: str | None = None
+    digest: bytes = b""
+    txn_handles: tuple[CommittedHandle, ...] = ()
 
     @property
     def end(self) -> int:

@@ -7,6 +7,10 @@ Rules (hazards 18, 19, 32):
     tail from a crash mid-write: it is truncated away, and logged, before anything can be appended.
   - A bad record followed by valid data is mid-file corruption; so is a missing segment, a damaged header
     or an unreadable file. The stream is quarantined: never served, never reset to offset 0.
+  - A record group (a staged-append commit, FLAG_GROUP_CONTINUES on all but its last record) is folded
+    only once its last record is read. An incomplete group at the end of the log (a crash mid-commit)
+    is truncated back to its first record, so none of it is ever visible; a damaged record inside it
+    followed by valid data is mid-file corruption as above.
   - A snapshot only shortens the replay. Any doubt about it (checksum, bounds, a replay that does not
     line up) falls back to a full replay, which alone decides about truncation and quarantine.
 
@@ -23,7 +27,7 @@ from durastream_server.storage import codec
 from durastream_server.storage.codec import FRAME_SIZE, MAGIC, Kind
 from durastream_server.storage.files import fsync_dir
 from durastream_server.storage.index import LogIndex, SparseIndex
-from durastream_server.storage.records import StreamHeader
+from durastream_server.storage.records import AppendEntry, GroupCommit, StreamHeader
 from durastream_server.storage.segments import SEGMENT_RE, segment_name
 from durastream_server.storage.snapshot import (
     SNAPSHOT_NAME,
@@ -32,6 +36,7 @@ from durastream_server.storage.snapshot import (
     load_snapshot,
 )
 from durastream_server.storage.state import StreamState, apply_entry
+from durastream_server.storage.txnfile import TXN_DIR
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +79,67 @@ class _Bad(Exception):
 
 class _Inconsistent(Exception):
     """Valid records that do not line up (position gap, unexpected kind)."""
+
+
+class _TornGroup(_Bad):
+    """A record group without its last record at the end of the log: cut back to its first record.
+    ``cut`` is the damaged record that ended it early, if any (valid data after *it* means mid-file
+    corruption, not a torn tail)."""
+
+    def __init__(self, seg: int, off: int, reason: str, cut: _Bad | None) -> None:
+        super().__init__(seg, off, reason)
+        self.cut = cut
+
+
+class _GroupBuffer:
+    """The records of a record group read so far: positions and offsets only, never payload (a group
+    may be GiBs). The state and the index see the group only once its last record is read."""
+
+    __slots__ = ("records", "start", "end")
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, int, int]] = []  # (position, global offset, messages)
+        self.start = (0, 0)  # (segment index, local offset) of the group's first record
+        self.end = 0  # position after the records read so far
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
+
+    def add(self, entry: AppendEntry, seg: int, off: int, offset: int, tail: int) -> None:
+        expected = self.end if self.records else tail
+        if entry.position != expected:
+            raise _Inconsistent(
+                f"group record at {offset} starts at {entry.position}, expected {expected}"
+            )
+        if not self.records:
+            self.start = (seg, off)
+        self.records.append((entry.position, offset, len(entry.messages)))
+        self.end = entry.end
+
+    def apply(self, last: AppendEntry, state: StreamState, index: LogIndex) -> None:
+        """Fold the complete group (``last`` is its final record, already added) as one entry."""
+        first = self.records[0][0]
+        summary = GroupCommit(
+            position=first,
+            size=last.end - first,
+            n_messages=sum(n for _, _, n in self.records),
+            timestamp_ms=last.timestamp_ms,
+            closes=last.closes,
+            producer=last.producer,
+            stream_seq=last.stream_seq,
+            digest=last.digest,
+            txn_handles=last.txn_handles,
+        )
+        try:
+            apply_entry(state, summary)
+        except ValueError as exc:
+            raise _Inconsistent(f"record group at {self.records[0][1]}: {exc}") from None
+        for position, offset, n_messages in self.records:
+            index.note(position, offset, n_messages)
+        self.records = []
+
+    def torn(self, reason: str, cut: _Bad | None) -> _TornGroup:
+        return _TornGroup(self.start[0], self.start[1], reason, cut)
 
 
 class _Segments:
@@ -177,7 +243,7 @@ def _list_segments(directory: str, log_id: str, key: str) -> tuple[list[int], li
             bases.append(int(match.group(1)))
         elif name == SNAPSHOT_TMP:
             os.unlink(os.path.join(directory, name))  # an interrupted snapshot write
-        elif name != SNAPSHOT_NAME:
+        elif name not in (SNAPSHOT_NAME, TXN_DIR):  # txn/: staging files (txnfile.py)
             log.warning("stream %s: ignoring unexpected file %r", log_id, name)
     bases.sort()
     if not bases or bases[0] != 0:
@@ -251,7 +317,7 @@ def _recover(
         _drop_snapshot(segs.directory, sync)  # stale: must never be trusted again
     state = StreamState(tail=header.fork_position)
     index = LogIndex(SparseIndex(index_interval))
-    index.sparse.note(header.fork_position, header_end)
+    index.sparse.note(header.fork_position, header_end, 0)
     progress = _Progress(0)
     try:
         end = _replay(segs, header_end, state, index, progress)
@@ -320,23 +386,38 @@ def _replay(
 ) -> int:
     """Fold every record from global ``start`` into ``state`` and ``index``; returns the end offset."""
     first, off = _locate(segs, start)
+    group = _GroupBuffer()
     for i in range(first, len(segs.bases)):
         base, size = segs.bases[i], segs.sizes[i]
         if i != first:
             off = 0
         while off < size:
-            frame, body = segs.record(i, off)
+            try:
+                frame, body = segs.record(i, off)
+            except _Bad as bad:
+                if group:
+                    raise group.torn(f"record group cut short by {bad.reason}", bad) from None
+                raise
             kind = frame.kind
             if kind == Kind.APPEND:
                 try:
                     entry = codec.decode_append(body, 0, frame.body_len, copy=False)
                 except codec.CorruptRecord as exc:
                     raise _Inconsistent(f"append record at {base + off}: {exc}") from None
-                try:
-                    apply_entry(state, entry)
-                except ValueError as exc:
-                    raise _Inconsistent(f"append record at {base + off}: {exc}") from None
-                index.note(entry.position, base + off)
+                if entry.continues or group:
+                    group.add(entry, i, off, base + off, state.tail)
+                    if entry.continues:
+                        off += frame.record_len
+                        continue  # folded (and counted as progress) with the group's last record
+                    group.apply(entry, state, index)
+                else:
+                    try:
+                        apply_entry(state, entry)
+                    except ValueError as exc:
+                        raise _Inconsistent(f"append record at {base + off}: {exc}") from None
+                    index.note(entry.position, base + off, len(entry.messages))
+            elif group:
+                raise _Inconsistent(f"record kind {kind} inside a record group at {base + off}")
             elif kind == Kind.SOFT_DELETE:
                 try:
                     codec.decode_soft_delete(body)
@@ -347,12 +428,18 @@ def _replay(
                 raise _Inconsistent(f"unexpected record kind {kind} at file offset {base + off}")
             progress.last_record = base + off
             off += frame.record_len
+    if group:
+        raise group.torn("incomplete record group (crash during a commit)", None)
     return segs.bases[-1] + segs.sizes[-1]
 
 
 def _repair_tail(segs: _Segments, bad: _Bad, log_id: str, key: str, sync: bool) -> int:
     """Truncate a torn tail at ``bad``, or quarantine if valid data follows it."""
-    after = segs.valid_record_after(bad.seg, bad.off)
+    if isinstance(bad, _TornGroup):
+        cut = bad.cut
+        after = segs.valid_record_after(cut.seg, cut.off) if cut is not None else None
+    else:
+        after = segs.valid_record_after(bad.seg, bad.off)
     where = f"{segment_name(segs.bases[bad.seg])} offset {bad.off}"
     if after is not None:
         j, off = after

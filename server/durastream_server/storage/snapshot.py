@@ -5,7 +5,9 @@ fsync dir), checksummed, and ignored (full replay) when missing, damaged, for an
 past the end of the files.
 
 File: ``magic (8) | crc32 (u32) | length (u64) | payload`` where payload is
-``json_len (u32) | json | index positions (i64 x n) | index offsets (i64 x n)``.
+``json_len (u32) | json | index positions (i64 x n) | index offsets (i64 x n) | index ordinals (i64 x n)``.
+A snapshot without ordinals (written before they existed) is ignored like a damaged one: the full
+replay rebuilds them.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def state_to_dict(state: StreamState) -> dict[str, Any]:
         "soft_deleted": state.soft_deleted,
         "last_timestamp_ms": state.last_timestamp_ms,
         "entries": state.entries,
+        "txn_committed": list(state.txn_committed.items()),
     }
 
 
@@ -72,6 +75,7 @@ def state_from_dict(data: dict[str, Any]) -> StreamState:
         soft_deleted=bool(data["soft_deleted"]),
         last_timestamp_ms=int(data["last_timestamp_ms"]),
         entries=int(data["entries"]),
+        txn_committed={str(name): int(expires) for name, expires in data.get("txn_committed", ())},
     )
 
 
@@ -103,11 +107,18 @@ def encode_snapshot(
             "state": state,
             "index_interval": index.interval,
             "index_count": len(index),
+            "index_messages": index.messages,
         },
         separators=(",", ":"),
     ).encode()
     payload = b"".join(
-        (_U32.pack(len(meta)), meta, _native_i64(index.positions), _native_i64(index.offsets))
+        (
+            _U32.pack(len(meta)),
+            meta,
+            _native_i64(index.positions),
+            _native_i64(index.offsets),
+            _native_i64(index.ordinals),
+        )
     )
     return _HEAD.pack(_MAGIC, zlib.crc32(payload), len(payload)) + payload
 
@@ -123,22 +134,33 @@ def decode_snapshot(data: bytes) -> Snapshot:
     (meta_len,) = _U32.unpack_from(payload, 0)
     meta = json.loads(bytes(payload[4 : 4 + meta_len]))
     count = int(meta["index_count"])
+    if "index_messages" not in meta:
+        raise ValueError("snapshot predates message ordinals")
     rest = payload[4 + meta_len :]
-    if len(rest) != 16 * count:
+    if len(rest) != 24 * count:
         raise ValueError("snapshot index size mismatch")
     positions = array("q")
     positions.frombytes(rest[: 8 * count])
     offsets = array("q")
-    offsets.frombytes(rest[8 * count :])
+    offsets.frombytes(rest[8 * count : 16 * count])
+    ordinals = array("q")
+    ordinals.frombytes(rest[16 * count :])
     if sys.byteorder != "little":
         positions.byteswap()
         offsets.byteswap()
+        ordinals.byteswap()
     return Snapshot(
         log_id=str(meta["log_id"]),
         covered_end=int(meta["covered_end"]),
         last_record=int(meta["last_record"]),
         state=state_from_dict(meta["state"]),
-        index=SparseIndex(int(meta["index_interval"]), positions, offsets),
+        index=SparseIndex(
+            int(meta["index_interval"]),
+            positions,
+            offsets,
+            ordinals,
+            messages=int(meta["index_messages"]),
+        ),
     )
 
 

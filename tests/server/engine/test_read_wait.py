@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from durastream_server.engine.engine import Engine
-from durastream_server.errors import BadRequest, Gone, NotFound
+from durastream_server.errors import BadRequest, EndBeyondTail, Gone, NotFound
 from durastream_server.offsets import format_offset
 from tests.server.engine.support import ZERO, append, create, read, read_all, run, until
 
@@ -100,8 +100,12 @@ def test_end_offset_validation(tmp_path: Path) -> None:
         await create(engine, "s", b"abcdef")
         with pytest.raises(BadRequest):
             await read(engine, "s", format_offset(4), end_offset=format_offset(2))
-        capped = await read(engine, "s", ZERO, end_offset=format_offset(99))
-        assert b"".join(capped.messages) == b"abcdef" and capped.up_to_date
+        # Bounded reads never clamp: an end past the durable tail is a typed 400 naming the tail.
+        with pytest.raises(EndBeyondTail) as beyond:
+            await read(engine, "s", ZERO, end_offset=format_offset(99))
+        assert beyond.value.headers["Stream-Next-Offset"] == format_offset(6)
+        at_tail = await read(engine, "s", ZERO, end_offset=format_offset(6))
+        assert b"".join(at_tail.messages) == b"abcdef" and at_tail.up_to_date
 
     run(tmp_path, scenario)
 

@@ -169,24 +169,25 @@ def test_boundaries(tmp_path: Path) -> None:
         for i in range(30):
             await append(log, b"[%02d]" % i, b'"x"')  # 4 + 3 bytes per entry
         staged = log.stage(entry(log, b"[99]", b'"y"'))  # staged, not yet durable
-        assert log.is_boundary(0) and log.is_boundary(4) and log.is_boundary(7)
-        assert not log.is_boundary(1) and not log.is_boundary(5)
-        assert log.is_boundary(210) and log.is_boundary(214) and log.is_boundary(217)
-        assert not log.is_boundary(212) and not log.is_boundary(218)
-        assert log.boundary_after(0, 0, messages=True) == 0
-        assert log.boundary_after(0, 3, messages=True) == 11
-        assert log.boundary_after(203, 3, messages=True) == 214  # runs into staged entries
-        assert log.boundary_after(0, 62, messages=True) == 217
+        assert await log.is_boundary(0) and await log.is_boundary(4) and await log.is_boundary(7)
+        assert not await log.is_boundary(1) and not await log.is_boundary(5)
+        assert await log.is_boundary(210) and await log.is_boundary(214)
+        assert await log.is_boundary(217)
+        assert not await log.is_boundary(212) and not await log.is_boundary(218)
+        assert await log.boundary_after(0, 0, messages=True) == 0
+        assert await log.boundary_after(0, 3, messages=True) == 11
+        assert await log.boundary_after(203, 3, messages=True) == 214  # runs into staged entries
+        assert await log.boundary_after(0, 62, messages=True) == 217
         with pytest.raises(InvalidPosition):
-            log.boundary_after(0, 63, messages=True)
+            await log.boundary_after(0, 63, messages=True)
         with pytest.raises(InvalidPosition):
-            log.boundary_after(1, 1, messages=True)
-        assert log.boundary_after(7, 4, messages=False) == 11
-        assert log.boundary_after(7, 2, messages=False) == 9
+            await log.boundary_after(1, 1, messages=True)
+        assert await log.boundary_after(7, 4, messages=False) == 11
+        assert await log.boundary_after(7, 2, messages=False) == 9
         with pytest.raises(InvalidPosition):
-            log.boundary_after(7, 5, messages=False)  # past the end of the message at 7
+            await log.boundary_after(7, 5, messages=False)  # past the end of the message at 7
         with pytest.raises(InvalidPosition):
-            log.boundary_after(217, 1, messages=False)
+            await log.boundary_after(217, 1, messages=False)
         await staged
         await dd.close()
 
@@ -431,7 +432,8 @@ def test_small_read_from_a_large_log_touches_few_bytes(
         got = await log.read(31_337_000, 1000, whole_messages=True)
         assert got.slices[0].data == block
         assert sum(read_sizes) < 300 * 1024, read_sizes
-        assert log.is_boundary(40_000_000) and not log.is_boundary(40_000_001)
+        assert await log.is_boundary(40_000_000)
+        assert not await log.is_boundary(40_000_001)
         assert sum(read_sizes) < 600 * 1024
         monkeypatch.undo()
         await dd.close()

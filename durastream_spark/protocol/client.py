@@ -1,0 +1,698 @@
+"""``StreamClient``: the Durable Streams protocol (and durastream's extensions) over ``requests``.
+
+One method per protocol operation, each one HTTP exchange (plus retries), each returning a frozen result or
+raising a typed error from ``errors.py``. What the client guarantees, so that the source and sink can rely on
+it:
+
+- **Nothing is swallowed.** Every status other than the documented successes raises; a 204 from a producer
+  append is reported as ``duplicate=True`` (delivered exactly once), never confused with a failure.
+- **Nothing is repeated that could apply twice** (``retry.py``): plain appends are sent once.
+- **Nothing is read that is not there** (hazard 41): HEAD, 204 and 304 responses are never read for a body.
+- **Nothing is silently unbounded.** Operations that need an extension (``end=``, ``format=frames``,
+  ``lookup=limit``, listing, staged appends) check the server's advertisement first and raise
+  ``ExtensionNotSupported`` before sending: a base-protocol server ignores unknown query parameters and would
+  answer with more data than asked for, or treat a stage as a visible append.
+- Query parameters are sorted by name (spec 10.1) so identical reads produce identical, cacheable URLs.
+- No redirects are followed: they could carry the user's headers to another host.
+
+The client holds no session and no socket: it is cheap to create and picklable (injected clocks do not survive
+pickling; an unpickled client uses the real ones). Connections come from ``session.get_session``, one pool per
+worker process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from durastream_spark.errors import (
+    ConflictError,
+    ContentTypeMismatch,
+    DurastreamError,
+    ExtensionNotSupported,
+    MalformedResponse,
+    RequestContext,
+    error_from_response,
+)
+from durastream_spark.options import ConnectionOptions
+from durastream_spark.protocol import extensions as ext
+from durastream_spark.protocol.auth import request_headers
+from durastream_spark.protocol.extensions import NO_EXTENSIONS, Extensions
+from durastream_spark.protocol.models import (
+    FRAMES,
+    FRAMES_LINES,
+    RAW,
+    READ_FORMATS,
+    AppendResult,
+    CreateResult,
+    LimitLookup,
+    Producer,
+    ReadChunk,
+    StageResult,
+    StreamInfo,
+    StreamMeta,
+    normalize_content_type,
+)
+from durastream_spark.protocol.retry import Retrier, request_is_idempotent
+from durastream_spark.protocol.session import get_session
+
+log = logging.getLogger(__name__)
+
+FRAMES_CONTENT_TYPE = "application/vnd.durastream.frames"
+MAX_PRODUCER_INT = 2**53 - 1
+_HANDLE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
+_NO_BODY_STATUSES = frozenset({204, 304})
+
+ProducerLike = Producer | tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One HTTP response, body already read (or deliberately not read)."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+    def flag(self, name: str) -> bool:
+        """Protocol booleans: present with value ``true`` (case-insensitive), anything else is false."""
+        return (self.headers.get(name) or "").strip().lower() == "true"
+
+
+def _producer(value: ProducerLike | None) -> Producer | None:
+    if value is None:
+        return None
+    producer = Producer(*value)
+    if not isinstance(producer.id, str) or not producer.id or not producer.id.isprintable():
+        raise ValueError(f"producer id must be a non-empty printable string, got {producer.id!r}")
+    for name, number in (("epoch", producer.epoch), ("seq", producer.seq)):
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise ValueError(f"producer {name} must be an int, got {number!r}")
+        if not 0 <= number <= MAX_PRODUCER_INT:
+            raise ValueError(f"producer {name} must be in [0, 2**53-1], got {number}")
+    return producer
+
+
+def _producer_headers(producer: Producer | None) -> dict[str, str]:
+    if producer is None:
+        return {}
+    return {
+        "Producer-Id": producer.id,
+        "Producer-Epoch": str(producer.epoch),
+        "Producer-Seq": str(producer.seq),
+    }
+
+
+def _handles(handles: str | Sequence[str]) -> list[str]:
+    listed = [handles] if isinstance(handles, str) else list(handles)
+    if not listed:
+        raise ValueError("at least one transaction handle is required")
+    for handle in listed:
+        if not isinstance(handle, str) or not _HANDLE.match(handle):
+            raise ValueError(
+                f"transaction handles are 1-200 chars of [A-Za-z0-9._:-], got {handle!r}"
+            )
+    return listed
+
+
+def query_string(params: Mapping[str, object | None]) -> str:
+    """``?a=1&b=2`` with keys sorted lexicographically (spec 10.1) and values percent-encoded."""
+    items = sorted(
+        ((key, value) for key, value in params.items() if value is not None), key=lambda kv: kv[0]
+    )
+    if not items:
+        return ""
+    return "?" + "&".join(
+        f"{quote(key, safe='')}={quote(str(value), safe='')}" for key, value in items
+    )
+
+
+def _int_header(reply: Reply, name: str) -> int | None:
+    value = reply.header(name)
+    if value is None:
+        return None
+    try:
+        return int(value.strip())
+    except ValueError:
+        return None
+
+
+class StreamClient:
+    """Protocol client for one server (``connection.url`` is the stream root). Thread-safe."""
+
+    def __init__(
+        self,
+        connection: ConnectionOptions,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.connection = connection
+        self._retrier = Retrier(
+            connection.retry, sleep=sleep, clock=clock, wall_clock=wall_clock, rng=rng
+        )
+        self._extensions: Extensions | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"connection": self.connection, "extensions": self._extensions}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["connection"])  # type: ignore[misc]
+        self._extensions = state["extensions"]
+
+    def __repr__(self) -> str:
+        return f"StreamClient({self.connection.url!r})"
+
+    # ---- addressing -------------------------------------------------------------------------------------
+
+    def stream_url(self, path: str) -> str:
+        """Absolute URL of the stream at ``path`` (relative to the root; segments percent-encoded)."""
+        if not isinstance(path, str):
+            raise TypeError(f"stream path must be a str, got {type(path).__name__}")
+        clean = path.strip("/")
+        segments = clean.split("/")
+        if not clean or any(segment in ("", ".", "..") for segment in segments):
+            raise ValueError(
+                f"invalid stream path {path!r}: it needs non-empty segments other than '.' and '..'"
+            )
+        return f"{self.connection.url}/{quote(clean, safe='/')}"
+
+    # ---- extensions -------------------------------------------------------------------------------------
+
+    def extensions(self) -> Extensions:
+        """What the server advertises. Taken from the ``Durastream-Extensions`` header of any response seen;
+        before the first one, from the discovery endpoint (404 or no header: no extensions)."""
+        if self._extensions is not None:
+            return self._extensions
+        url = self.connection.url + ext.DISCOVERY_PATH
+        context = RequestContext("GET", url)
+        reply, attempts, _ = self._send("GET", url, context, {})
+        if self._extensions is not None:  # the header was on the reply
+            return self._extensions
+        found = NO_EXTENSIONS
+        if reply.status == 200:
+            try:
+                found = Extensions.from_document(json.loads(reply.body))
+            except ValueError:
+                found = NO_EXTENSIONS
+        elif reply.status not in (400, 404, 405):
+            raise self._error(context, reply, attempts)
+        log.info(
+            "%s advertises protocol extensions: %s", self.connection.url, found.versions or "none"
+        )
+        self._extensions = found
+        return found
+
+    def _require(self, name: str, purpose: str) -> None:
+        if not self.extensions().supports(name):
+            raise ExtensionNotSupported(name, self.connection.url, purpose)
+
+    # ---- metadata ---------------------------------------------------------------------------------------
+
+    def head(self, path: str) -> StreamMeta:
+        url = self.stream_url(path)
+        context = RequestContext("HEAD", url, stream=path)
+        reply = self._checked("HEAD", url, context, {}, ok=(200,))
+        return StreamMeta(
+            path=path,
+            content_type=reply.header("Content-Type") or "application/octet-stream",
+            next_offset=self._required_header(reply, "Stream-Next-Offset", context),
+            closed=reply.flag("Stream-Closed"),
+            ttl_seconds=_int_header(reply, "Stream-TTL"),
+            expires_at=reply.header("Stream-Expires-At"),
+            extensions=self._extensions or NO_EXTENSIONS,
+        )
+
+    def create(
+        self,
+        path: str,
+        content_type: str = "application/json",
+        *,
+        ttl_seconds: int | None = None,
+        expires_at: str | None = None,
+        closed: bool = False,
+        body: bytes | None = None,
+    ) -> CreateResult:
+        """Create the stream, or confirm it exists with this configuration (PUT is idempotent).
+
+        An existing stream with another content type raises ``ContentTypeMismatch`` naming both types.
+        """
+        url = self.stream_url(path)
+        headers = {"Content-Type": content_type}
+        if ttl_seconds is not None:
+            headers["Stream-TTL"] = str(int(ttl_seconds))
+        if expires_at is not None:
+            headers["Stream-Expires-At"] = expires_at
+        if closed:
+            headers["Stream-Closed"] = "true"
+        context = RequestContext(
+            "PUT", url, stream=path, content_type=content_type, body_bytes=len(body or b"")
+        )
+        try:
+            reply = self._checked("PUT", url, context, headers, body=body, ok=(200, 201))
+        except ConflictError as error:
+            raise self._explain_create_conflict(path, content_type, error) from error
+        return CreateResult(
+            path=path,
+            created=reply.status == 201,
+            content_type=reply.header("Content-Type") or content_type,
+            next_offset=reply.header("Stream-Next-Offset"),
+            closed=reply.flag("Stream-Closed"),
+        )
+
+    def _explain_create_conflict(
+        self, path: str, requested: str, error: ConflictError
+    ) -> DurastreamError:
+        try:
+            existing = self.head(path).content_type
+        except DurastreamError:
+            return error
+        if normalize_content_type(existing) == normalize_content_type(requested):
+            return error
+        mismatch = ContentTypeMismatch(
+            f"Stream '{path}' already exists with content type '{existing}', but '{requested}' was "
+            "requested. Write with the stream's content type, or use another stream.",
+            context=RequestContext(
+                "PUT", self.stream_url(path), stream=path, content_type=requested
+            ),
+            status=error.status,
+            code=error.code,
+            headers=error.headers,
+            server_message=error.server_message,
+            attempts=error.attempts,
+        )
+        mismatch.requested = requested
+        mismatch.existing = existing
+        return mismatch
+
+    def delete(self, path: str) -> None:
+        url = self.stream_url(path)
+        self._checked("DELETE", url, RequestContext("DELETE", url, stream=path), {}, ok=(200, 204))
+
+    # ---- writes -----------------------------------------------------------------------------------------
+
+    def append(
+        self,
+        path: str,
+        body: bytes,
+        content_type: str,
+        *,
+        producer: ProducerLike | None = None,
+        close: bool = False,
+        stream_seq: str | None = None,
+    ) -> AppendResult:
+        """POST ``body``. With ``producer=(id, epoch, seq)`` it is retried safely and a 204 is a duplicate
+        (delivered). Without, it is sent once (hazard 11). ``close=True`` closes the stream atomically.
+
+        For JSON streams ``body`` is what the protocol expects: one JSON value, or an array whose elements
+        become messages (the caller frames it).
+        """
+        body = bytes(body)
+        if not body and not close:
+            raise ValueError(
+                "an append needs a non-empty body (an empty body is only valid with close=True)"
+            )
+        checked = _producer(producer)
+        headers = _producer_headers(checked)
+        if body:
+            headers["Content-Type"] = content_type
+        if close:
+            headers["Stream-Closed"] = "true"
+        if stream_seq is not None:
+            if not stream_seq or any(ch in stream_seq for ch in "\r\n"):
+                raise ValueError(f"invalid Stream-Seq {stream_seq!r}")
+            headers["Stream-Seq"] = stream_seq
+        url = self.stream_url(path)
+        context = RequestContext(
+            "POST",
+            url,
+            stream=path,
+            producer=tuple(checked) if checked else None,  # type: ignore[arg-type]
+            content_type=content_type,
+            body_bytes=len(body),
+        )
+        reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
+        return self._append_result(reply, checked)
+
+    def close(self, path: str, *, producer: ProducerLike | None = None) -> AppendResult:
+        """Close the stream (idempotent). With a producer, the close takes part in its sequencing."""
+        return self.append(path, b"", "", producer=producer, close=True)
+
+    @staticmethod
+    def _append_result(reply: Reply, producer: Producer | None) -> AppendResult:
+        return AppendResult(
+            status=reply.status,
+            next_offset=reply.header("Stream-Next-Offset"),
+            duplicate=producer is not None and reply.status == 204,
+            closed=reply.flag("Stream-Closed"),
+            producer_epoch=_int_header(reply, "Producer-Epoch"),
+            producer_seq=_int_header(reply, "Producer-Seq"),
+            txn_messages=_int_header(reply, "Durastream-Txn-Messages"),
+            txn_bytes=_int_header(reply, "Durastream-Txn-Bytes"),
+        )
+
+    # ---- staged (transactional) appends -----------------------------------------------------------------
+
+    def stage(
+        self,
+        path: str,
+        handle: str,
+        body: bytes,
+        content_type: str,
+        *,
+        producer: ProducerLike | None = None,
+        ttl_seconds: int | None = None,
+    ) -> StageResult:
+        """Stage ``body`` under ``handle``: invisible to readers until ``commit``. With a producer (whose
+        sequence is the handle's own) the request is retried safely; without, it is sent once."""
+        self._require(ext.STAGED_APPEND, "stage data invisibly before a commit")
+        body = bytes(body)
+        if not body:
+            raise ValueError("a stage request needs a non-empty body")
+        (handle,) = _handles(handle)
+        checked = _producer(producer)
+        headers = {"Durastream-Txn": handle, "Content-Type": content_type}
+        headers.update(_producer_headers(checked))
+        if ttl_seconds is not None:
+            headers["Durastream-Txn-TTL"] = str(int(ttl_seconds))
+        url = self.stream_url(path)
+        context = RequestContext(
+            "POST",
+            url,
+            stream=path,
+            producer=tuple(checked) if checked else None,  # type: ignore[arg-type]
+            content_type=content_type,
+            body_bytes=len(body),
+        )
+        reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
+        return StageResult(
+            handle=handle,
+            messages=_int_header(reply, "Durastream-Txn-Messages"),
+            bytes=_int_header(reply, "Durastream-Txn-Bytes"),
+            duplicate=checked is not None and reply.status == 204,
+            expires_at=reply.header("Durastream-Txn-Expires-At"),
+        )
+
+    def commit(
+        self,
+        path: str,
+        handles: str | Sequence[str],
+        producer: ProducerLike,
+        *,
+        close: bool = False,
+        stream_seq: str | None = None,
+    ) -> AppendResult:
+        """Make the handles' staged data part of the stream, atomically, in the listed order. A producer
+        request like any append: a repeat is a 204 duplicate, a stale epoch 403, a gap 409."""
+        self._require(ext.STAGED_APPEND, "commit staged data")
+        listed = _handles(handles)
+        checked = _producer(producer)
+        if checked is None:
+            raise ValueError("commit needs producer=(id, epoch, seq)")
+        headers = {"Durastream-Commit": ", ".join(listed)}
+        headers.update(_producer_headers(checked))
+        if close:
+            headers["Stream-Closed"] = "true"
+        if stream_seq is not None:
+            headers["Stream-Seq"] = stream_seq
+        url = self.stream_url(path)
+        context = RequestContext("POST", url, stream=path, producer=tuple(checked))  # type: ignore[arg-type]
+        reply = self._checked("POST", url, context, headers, body=b"", ok=(200, 204))
+        return self._append_result(reply, checked)
+
+    def abort(self, path: str, handles: str | Sequence[str]) -> None:
+        """Discard staged handles (idempotent)."""
+        self._require(ext.STAGED_APPEND, "abort staged data")
+        listed = _handles(handles)
+        url = self.stream_url(path)
+        headers = {"Durastream-Abort": ", ".join(listed)}
+        context = RequestContext("POST", url, stream=path)
+        self._checked("POST", url, context, headers, body=b"", ok=(200, 204))
+
+    # ---- reads ------------------------------------------------------------------------------------------
+
+    def read(self, path: str, offset: str, end: str | None = None, format: str = RAW) -> ReadChunk:
+        """One catch-up GET from ``offset`` (``-1`` = start), at most one server chunk.
+
+        ``end`` bounds the read to ``[offset, end)`` (bounded-read extension): replay-deterministic whatever
+        is appended later. ``format`` ``frames``/``frames-lines`` returns whole messages with their positions
+        and timestamps (message-frames extension; decode with ``frames.decode_frames``).
+        """
+        if format not in READ_FORMATS:
+            raise ValueError(f"format must be one of {READ_FORMATS}, got {format!r}")
+        if end is not None:
+            self._require(ext.BOUNDED_READ, f"read stream '{path}' up to end offset {end} exactly")
+        if format in (FRAMES, FRAMES_LINES):
+            self._require(ext.MESSAGE_FRAMES, f"read stream '{path}' as {format}")
+        base = self.stream_url(path)
+        params: dict[str, object | None] = {"offset": offset, "end": end}
+        if format != RAW:
+            params["format"] = format
+        context = RequestContext("GET", base, stream=path, offset=offset, end=end)
+        reply = self._checked("GET", base + query_string(params), context, {}, ok=(200,))
+        next_offset = self._required_header(reply, "Stream-Next-Offset", context)
+        content_type = reply.header("Content-Type") or ""
+        if format != RAW and normalize_content_type(content_type) != FRAMES_CONTENT_TYPE:
+            raise MalformedResponse(
+                f"{context.describe()}: asked for format={format} but the server answered "
+                f"Content-Type '{content_type}'."
+            )
+        if end is not None and next_offset > end:
+            raise MalformedResponse(
+                f"{context.describe()}: a read bounded by end {end} returned next offset {next_offset}, "
+                "past the end. The server does not honour bounded reads; refusing the data."
+            )
+        end_reached = end is not None and (
+            reply.flag("Durastream-End-Reached") or next_offset == end
+        )
+        return ReadChunk(
+            path=path,
+            offset=offset,
+            end=end,
+            format=format,
+            body=reply.body,
+            next_offset=next_offset,
+            up_to_date=reply.flag("Stream-Up-To-Date"),
+            closed=reply.flag("Stream-Closed"),
+            end_reached=end_reached,
+            content_type=content_type,
+            etag=reply.header("ETag"),
+        )
+
+    def iter_range(
+        self, path: str, start: str, end: str | None, format: str = RAW
+    ) -> Iterator[ReadChunk]:
+        """Every chunk of ``[start, end)``; with ``end=None``, until the stream is up to date (a moving
+        target: not replay-deterministic). Raises if the server stops making progress."""
+        offset = start
+        while True:
+            chunk = self.read(path, offset, end, format)
+            yield chunk
+            if end is not None and chunk.end_reached:
+                return
+            if end is None and (chunk.up_to_date or chunk.closed):
+                return
+            if chunk.closed:
+                raise MalformedResponse(
+                    f"stream '{path}' is closed at {chunk.next_offset}, before the requested end {end}"
+                )
+            if chunk.next_offset == offset:
+                raise MalformedResponse(
+                    f"GET stream '{path}' from offset {offset}: the server returned no progress "
+                    "(same next offset, not up to date, end not reached)"
+                )
+            offset = chunk.next_offset
+
+    def lookup_limit(
+        self,
+        path: str,
+        start: str,
+        *,
+        max_messages: int | None = None,
+        max_bytes: int | None = None,
+        end: str | None = None,
+    ) -> LimitLookup:
+        """The furthest message boundary ``X >= start`` with ``[start, X)`` inside the limits (no data)."""
+        self._require(ext.LIMIT_LOOKUP, f"find a message boundary in stream '{path}' by limits")
+        for name, value in (("max_messages", max_messages), ("max_bytes", max_bytes)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        base = self.stream_url(path)
+        params: dict[str, object | None] = {
+            "offset": start,
+            "lookup": "limit",
+            "max_messages": max_messages,
+            "max_bytes": max_bytes,
+            "end": end,
+        }
+        context = RequestContext("GET", base, stream=path, offset=start, end=end)
+        reply = self._checked("GET", base + query_string(params), context, {}, ok=(200,))
+        document = self._json(reply, context)
+        try:
+            return LimitLookup(
+                start=str(document["start"]),
+                end=str(document["end"]),
+                messages=int(document["messages"]),
+                bytes=int(document["bytes"]),
+                tail=str(document["tail"]),
+                closed=bool(document["closed"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedResponse(
+                f"{context.describe()}: malformed limit lookup answer: missing or bad field {exc}"
+            ) from None
+
+    def list_streams(
+        self, prefix: str | None = None, pattern: str | None = None, *, page_size: int = 1000
+    ) -> Iterator[StreamInfo]:
+        """Live streams under ``prefix`` / matching ``pattern`` (``*`` one segment, ``**`` any), by path."""
+        self._require(ext.LISTING, "list streams")
+        if not 1 <= page_size <= 10_000:
+            raise ValueError(f"page_size must be in [1, 10000], got {page_size}")
+        base = self.connection.url + ext.LISTING_PATH
+        after: str | None = None
+        while True:
+            params = {"prefix": prefix, "pattern": pattern, "after": after, "limit": page_size}
+            context = RequestContext("GET", base)
+            reply = self._checked("GET", base + query_string(params), context, {}, ok=(200,))
+            document = self._json(reply, context)
+            try:
+                entries = document["streams"]
+                following = document.get("next")
+                infos = [
+                    StreamInfo(
+                        path=str(entry["path"]),
+                        content_type=str(entry["content_type"]),
+                        next_offset=str(entry["next_offset"]),
+                        closed=bool(entry["closed"]),
+                    )
+                    for entry in entries
+                ]
+            except (KeyError, TypeError, AttributeError) as exc:
+                raise MalformedResponse(f"malformed stream listing: {exc!r}") from None
+            yield from infos
+            if following is None:
+                return
+            if following == after:
+                raise MalformedResponse(f"stream listing did not advance past {after!r}")
+            after = str(following)
+
+    # ---- plumbing ---------------------------------------------------------------------------------------
+
+    def _exchange(
+        self, method: str, url: str, headers: dict[str, str], body: bytes | None
+    ) -> Reply:
+        session = get_session(self.connection)
+        timeout = self.connection.request_timeout_s
+        response = session.request(
+            method,
+            url,
+            data=body,
+            headers=headers,
+            timeout=(timeout, timeout),
+            # Per request, not only on the session: requests lets REQUESTS_CA_BUNDLE override a session's
+            # verify setting, which would silently replace the tls.caBundle option.
+            verify=self.connection.verify,
+            allow_redirects=False,
+            stream=True,
+        )
+        try:
+            if method == "HEAD" or response.status_code in _NO_BODY_STATUSES:
+                # These responses have no body whatever Content-Length says (hazard 41): http.client knows
+                # that, so draining reads nothing from the socket and returns the connection to the pool.
+                response.raw.drain_conn()
+                response.raw.release_conn()
+                content = b""
+            else:
+                content = response.content  # reads the whole body, then releases the connection
+        except BaseException:
+            response.close()
+            raise
+        return Reply(response.status_code, response.headers, content)
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        context: RequestContext,
+        headers: dict[str, str],
+        body: bytes | None = None,
+    ) -> tuple[Reply, int, bool]:
+        """One logical request under the retry policy: ``(reply, attempts, idempotent)``, any status."""
+        all_headers = request_headers(self.connection)
+        all_headers.update(headers)
+        # Decided from the protocol headers of this request alone: the user's headers cannot make a plain
+        # append look idempotent (options refuse Producer-* and Stream-* headers).
+        idempotent = request_is_idempotent(method, headers, len(body or b""))
+
+        def send() -> Reply:
+            return self._exchange(method, url, all_headers, body)
+
+        reply, attempts = self._retrier.call(send, idempotent=idempotent, context=context)
+        advertised = reply.header(ext.HEADER)
+        if advertised is not None:
+            self._extensions = Extensions.parse(advertised)
+        return reply, attempts, idempotent
+
+    def _checked(
+        self,
+        method: str,
+        url: str,
+        context: RequestContext,
+        headers: dict[str, str],
+        *,
+        ok: tuple[int, ...],
+        body: bytes | None = None,
+    ) -> Reply:
+        """``_send``, raising the typed error unless the status is one of ``ok``."""
+        reply, attempts, idempotent = self._send(method, url, context, headers, body)
+        if reply.status not in ok:
+            raise self._error(context, reply, attempts, idempotent)
+        return reply
+
+    @staticmethod
+    def _error(
+        context: RequestContext, reply: Reply, attempts: int = 1, idempotent: bool = True
+    ) -> DurastreamError:
+        if reply.status < 300 or reply.status == 304:
+            return MalformedResponse(
+                f"{context.describe()}: unexpected status {reply.status} for this operation."
+            )
+        return error_from_response(
+            context,
+            reply.status,
+            reply.headers,
+            reply.body,
+            attempts=attempts,
+            idempotent=idempotent,
+        )
+
+    @staticmethod
+    def _required_header(reply: Reply, name: str, context: RequestContext) -> str:
+        value = reply.header(name)
+        if value is None or not value.strip():
+            raise MalformedResponse(f"{context.describe()}: the response lacks the {name} header.")
+        return value.strip()
+
+    @staticmethod
+    def _json(reply: Reply, context: RequestContext) -> Any:
+        try:
+            return json.loads(reply.body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise MalformedResponse(
+                f"{context.describe()}: the answer is not JSON: {exc}"
+            ) from None

@@ -1,0 +1,144 @@
+"""Plain results of protocol operations. Frozen dataclasses: safe to share between threads and to pickle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from durastream_spark.protocol.extensions import Extensions
+
+RAW = "raw"
+FRAMES = "frames"
+FRAMES_LINES = "frames-lines"
+READ_FORMATS = (RAW, FRAMES, FRAMES_LINES)
+
+START_OFFSET = "-1"  # the protocol's sentinel for "the beginning of the stream"
+TAIL_OFFSET = "now"  # the protocol's sentinel for "the current tail"
+
+
+def normalize_content_type(value: str | None) -> str:
+    """Media type without parameters, lower-cased: how the protocol compares content types."""
+    if not value:
+        return ""
+    return value.split(";", 1)[0].strip().lower()
+
+
+def is_json_content_type(value: str | None) -> bool:
+    """JSON mode is exactly ``application/json`` (not ``+json`` types; hazard 40)."""
+    return normalize_content_type(value) == "application/json"
+
+
+class Producer(NamedTuple):
+    """An idempotent producer tuple. ``seq`` counts requests, not messages (spec 5.2.1)."""
+
+    id: str
+    epoch: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class StreamMeta:
+    """What ``HEAD`` says about a stream."""
+
+    path: str
+    content_type: str
+    next_offset: str
+    closed: bool
+    ttl_seconds: int | None
+    expires_at: str | None
+    extensions: Extensions
+
+    @property
+    def is_json(self) -> bool:
+        return is_json_content_type(self.content_type)
+
+
+@dataclass(frozen=True)
+class CreateResult:
+    """``created`` is false for an idempotent re-create (200): the stream already existed, same config."""
+
+    path: str
+    created: bool
+    content_type: str
+    next_offset: str | None
+    closed: bool
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """An accepted append or close. Raised errors cover every other outcome, so this always means delivered.
+
+    ``duplicate`` is true for a producer request answered 204: the server already had this exact
+    (id, epoch, seq), so the data is in the stream exactly once. ``next_offset`` is the tail after the request
+    (for a duplicate, the current tail).
+    """
+
+    status: int
+    next_offset: str | None
+    duplicate: bool
+    closed: bool
+    producer_epoch: int | None = None
+    producer_seq: int | None = None
+    txn_messages: int | None = None  # a commit: how many staged messages became visible
+    txn_bytes: int | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class ReadChunk:
+    """One catch-up read response.
+
+    - ``body``: the bytes as sent (a JSON array, raw bytes, or a frames body for ``format=frames*``).
+    - ``next_offset``: where the next read starts.
+    - ``up_to_date``: the chunk reached the tail as of the response (not EOF: more may be appended).
+    - ``closed``: the stream is closed and this chunk reaches its final offset (EOF).
+    - ``end_reached``: a bounded read reached its ``end`` (``next_offset == end``).
+    """
+
+    path: str
+    offset: str
+    end: str | None
+    format: str
+    body: bytes = field(repr=False)  # may be megabytes: keep it out of logs and tracebacks
+    next_offset: str
+    up_to_date: bool
+    closed: bool
+    end_reached: bool
+    content_type: str
+    etag: str | None = None
+
+
+@dataclass(frozen=True)
+class LimitLookup:
+    """``lookup=limit``: the furthest message boundary ``end`` with ``[start, end)`` inside the limits."""
+
+    start: str
+    end: str
+    messages: int
+    bytes: int
+    tail: str
+    closed: bool
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """One live stream from the listing extension."""
+
+    path: str
+    content_type: str
+    next_offset: str
+    closed: bool
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """The handle's totals after a stage request (staged data is invisible until committed)."""
+
+    handle: str
+    messages: int | None
+    bytes: int | None
+    duplicate: bool
+    expires_at: str | None = None  # RFC 3339: when the server reclaims the handle unless committed

@@ -1,0 +1,90 @@
+"""Staged (transactional) appends as plain engine requests and results (docs/extensions.md section 5).
+
+The HTTP layer parses ``Durastream-Txn`` / ``Durastream-Commit`` / ``Durastream-Abort`` requests into
+these (syntax only); ``staging.TxnManager`` applies the semantics.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from durastream_server.storage.records import ProducerTuple
+
+HANDLE_RE: Final = re.compile(r"\A[A-Za-z0-9._:-]{1,200}\Z")
+HANDLE_SYNTAX: Final = "1-200 characters of [A-Za-z0-9._:-]"
+
+GIB: Final = 1024 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TxnLimits:
+    """Server-side bounds on staged appends."""
+
+    max_handle_bytes: int = GIB  # payload one handle may hold
+    default_ttl_seconds: int = 3600
+    max_ttl_seconds: int = 604800  # 7 days
+    max_handles_per_commit: int = 10000
+    # Aborted/expired handle names stay unusable this long (the longest a handle can live).
+    tombstone_seconds: int = 604800
+
+    def __post_init__(self) -> None:
+        if self.max_handle_bytes < 1:
+            raise ValueError(f"max handle bytes must be >= 1, got {self.max_handle_bytes}")
+        if not 1 <= self.default_ttl_seconds <= self.max_ttl_seconds:
+            raise ValueError("default TTL must be in [1, max TTL]")
+
+
+@dataclass(frozen=True, slots=True)
+class StageRequest:
+    path: str
+    handle: str
+    content_type: str | None
+    body: bytes
+    producer: ProducerTuple | None = None  # sequences the stages of this handle only
+    ttl_seconds: int | None = None  # used by the first stage of a handle; later ones ignore it
+
+
+@dataclass(frozen=True, slots=True)
+class StageResult:
+    handle: str
+    messages: int  # the handle's totals after this request
+    bytes: int
+    expires_at_ms: int
+    next_offset: str  # the stream's tail, which staging does not move
+    duplicate: bool = False
+    producer_epoch: int | None = None
+    producer_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRequest:
+    path: str
+    handles: tuple[str, ...]
+    producer: ProducerTuple
+    close: bool = False
+    stream_seq: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    next_offset: str
+    closed: bool
+    duplicate: bool = False
+    producer_epoch: int | None = None
+    producer_seq: int | None = None
+    messages: int = 0  # what this commit made visible (0 for a duplicate)
+    bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    path: str
+    handles: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AbortResult:
+    next_offset: str
+    aborted: int  # handles that held staged data and were discarded

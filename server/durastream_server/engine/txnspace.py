@@ -1,0 +1,180 @@
+"""The staged-append state of one stream incarnation: open handles, tombstones, and how a handle name
+that has no open handle answers. Also its rebuild at start-up from the files in ``<stream dir>/txn/``.
+
+``staging.TxnManager`` owns one ``StreamTxns`` per incarnation and does all I/O through the executor;
+this module holds the plain state and the decisions that only depend on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+
+from durastream_server.engine.registry import KeyedLocks
+from durastream_server.engine.txnapi import HANDLE_RE, HANDLE_SYNTAX
+from durastream_server.errors import (
+    BadRequest,
+    ProtocolError,
+    StorageFailure,
+    TxnAborted,
+    TxnAlreadyCommitted,
+    TxnCorrupt,
+    TxnExpired,
+    TxnNotFound,
+)
+from durastream_server.storage import txnfile
+from durastream_server.storage.records import StagedSource
+from durastream_server.storage.state import StreamState
+from durastream_server.storage.txnfile import HandleHeader, Tombstone
+
+logger = logging.getLogger(__name__)
+
+ABORTED = "aborted"
+EXPIRED = "expired"
+CORRUPT = "corrupt"
+
+
+def commit_digest(handles: tuple[str, ...], closes: bool) -> bytes:
+    """What a commit asks for, to tell its retry (204) from a reused tuple (409, hazard 4). Prefixed
+    with ``T`` so it can never equal an append's digest."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(b"TC" if closes else b"TA")
+    digest.update("\n".join(handles).encode())
+    return digest.digest()
+
+
+def check_handle_names(handles: tuple[str, ...], header: str) -> None:
+    """Defence in depth (the HTTP layer checks first): valid and distinct names."""
+    for name in handles:
+        if not HANDLE_RE.match(name):
+            raise BadRequest(f"{header}: invalid handle {name!r}; expected {HANDLE_SYNTAX}")
+    if len(set(handles)) != len(handles):
+        raise BadRequest(f"{header} lists a handle more than once")
+
+
+@dataclass(slots=True)
+class StagedHandle:
+    """One open handle: its staging file and its fold (totals and stage dedupe state)."""
+
+    name: str
+    path: str
+    header: HandleHeader
+    data_start: int  # file offset of the first staged record
+    end: int  # durable end of the file
+    state: StreamState  # tail = staged payload bytes; producers = the handle's stage producers
+    n_messages: int = 0
+    committing: bool = False  # a commit holding this handle is being written
+    corrupt: str | None = None
+    broken: str | None = None  # a write failed: memory may disagree with the file until restart
+
+    @property
+    def expires_at_ms(self) -> int:
+        return self.header.expires_at_ms
+
+    @property
+    def size(self) -> int:
+        return self.state.tail
+
+    def source(self) -> StagedSource:
+        return StagedSource(self.path, self.data_start, self.end, self.n_messages, self.size)
+
+    def check_open(self, now_ms: int) -> None:
+        """Raise unless the handle can take a stage or a commit now."""
+        if self.committing:
+            raise TxnAlreadyCommitted(f"handle {self.name!r} is being committed")
+        if self.corrupt is not None:
+            raise TxnCorrupt(f"handle {self.name!r}: {self.corrupt}")
+        if self.broken is not None:
+            raise StorageFailure(f"handle {self.name!r}: {self.broken}")
+        if now_ms >= self.expires_at_ms:
+            raise TxnExpired(f"handle {self.name!r} expired before it was committed")
+
+
+@dataclass(slots=True)
+class Loaded:
+    """What start-up found in a stream's ``txn/`` directory (read in a worker thread)."""
+
+    tombstones: dict[str, Tombstone]
+    handles: list[txnfile.RecoveredHandle]
+    stale: list[str]  # files that can be removed whatever the stream's state
+
+
+def load(txn_dir: str, now_ms: int, *, sync: bool, reclaim_only: bool) -> Loaded:
+    """Blocking: read the tombstones (compacting them if any were dropped) and every staging file.
+    With ``reclaim_only`` (closed or deleted stream) nothing is read: every staging file is stale."""
+    if reclaim_only:
+        return Loaded({}, [], txnfile.list_staging_files(txn_dir))
+    tombstones, dropped = txnfile.load_tombstones(txn_dir, now_ms)
+    if dropped:
+        txnfile.rewrite_tombstones(txn_dir, tombstones, sync=sync)
+    loaded = Loaded(tombstones, [], [])
+    for path in txnfile.list_staging_files(txn_dir):
+        recovered = txnfile.recover_staging_file(path, sync=sync)
+        if recovered is None:
+            loaded.stale.append(path)  # no valid header: a create that never completed
+        else:
+            loaded.handles.append(recovered)
+    return loaded
+
+
+@dataclass(slots=True)
+class StreamTxns:
+    """The staged-append state of one stream incarnation."""
+
+    log_id: str
+    txn_dir: str
+    handles: dict[str, StagedHandle] = field(default_factory=dict)
+    tombstones: dict[str, Tombstone] = field(default_factory=dict)
+    locks: KeyedLocks = field(default_factory=KeyedLocks)
+    tombstone_lines: int = 0  # lines in the tombstone file (live or not), for compaction
+
+    def dead_error(self, state: StreamState, name: str) -> ProtocolError:
+        """The error for a handle name that has no open handle (``state``: the stream's)."""
+        if name in state.txn_committed:
+            return TxnAlreadyCommitted(f"handle {name!r} was already committed into this stream")
+        tombstone = self.tombstones.get(name)
+        if tombstone is not None:
+            if tombstone.status == ABORTED:
+                return TxnAborted(f"handle {name!r} was aborted")
+            if tombstone.status == EXPIRED:
+                return TxnExpired(f"handle {name!r} expired before it was committed")
+            return TxnCorrupt(f"handle {name!r}: its staged data failed its checksums")
+        return TxnNotFound(f"handle {name!r} has no staged data in this stream")
+
+    def adopt(self, loaded: Loaded, state: StreamState, path: str) -> list[str]:
+        """Take over what start-up found; returns the staging files to remove.
+
+        A file whose handle the log says was committed (a crash between a commit and its cleanup) or
+        whose name is tombstoned (a crash between an abort's tombstone and its unlink) is removed,
+        never served again.
+        """
+        self.tombstones = loaded.tombstones
+        self.tombstone_lines = len(loaded.tombstones)
+        stale = list(loaded.stale)
+        for item in loaded.handles:
+            name = item.header.handle
+            if name in state.txn_committed:
+                logger.info(
+                    "stream %r: handle %r was committed before a restart; removing its staging file",
+                    path,
+                    name,
+                )
+                stale.append(item.path)
+            elif name in self.tombstones or item.path != os.path.join(
+                self.txn_dir, txnfile.staging_file_name(name)
+            ):
+                stale.append(item.path)
+            else:
+                self.handles[name] = StagedHandle(
+                    name=name,
+                    path=item.path,
+                    header=item.header,
+                    data_start=item.data_start,
+                    end=item.end,
+                    state=item.state,
+                    n_messages=item.n_messages,
+                    corrupt=item.corrupt,
+                )
+        return stale

@@ -1,0 +1,40 @@
+"""The protocol extensions this server implements, defined once (see ``docs/extensions.md``).
+
+Clients (the durastream connector) discover them from the ``Durastream-Extensions`` header that every
+response carries, or from ``GET {root}/__ds/x-durastream/extensions``; a server without the header (e.g. the
+Node reference server) has none of them. Both answers are derived from ``EXTENSIONS`` so they can never
+disagree, and a component that adds an extension only has to bump or add its entry here.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Final
+
+from durastream_server import __version__
+
+# name -> version. Versions only ever grow; a client checks ``version >= what it needs``.
+EXTENSIONS: Final = MappingProxyType(
+    {
+        "bounded-read": 1,
+        "message-frames": 1,
+        "limit-lookup": 1,
+        "listing": 1,
+        "staged-append": 1,
+        "payload-digest": 1,
+    }
+)
+
+HEADER: Final = "Durastream-Extensions"
+HEADER_VALUE: Final = ", ".join(f"{name}={version}" for name, version in EXTENSIONS.items())
+SERVER: Final = f"durastream-server/{__version__}"
+
+
+def advertisement() -> tuple[str, str]:
+    """The header every response carries."""
+    return HEADER, HEADER_VALUE
+
+
+def discovery_document() -> dict[str, Any]:
+    """The body of ``GET {root}/__ds/x-durastream/extensions``."""
+    return {"server": SERVER, "extensions": dict(EXTENSIONS)}

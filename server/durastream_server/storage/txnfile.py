@@ -1,0 +1,400 @@
+"""Staging files of staged (transactional) appends, and the per-stream tombstone list.
+
+Everything here is blocking file I/O; the engine runs it in the data directory's I/O executor.
+
+Layout, inside the stream incarnation's directory (so deleting the stream removes it, and a fork, which
+is another incarnation, never sees it)::
+
+  txn/<sha256(handle)[:32]>.stg   one file per open handle: a TXN_HEADER record (JSON: handle name,
+                                  creation time, TTL), then one APPEND record per accepted stage request
+                                  (position = payload bytes staged before it; the stage's producer tuple
+                                  and digest, so the handle's dedupe state is rebuilt by the same fold
+                                  as a stream's). Durable (fdatasync) before a stage is acknowledged.
+  txn/tombstones                  names of aborted, expired or corrupt handles, one checksummed JSON
+                                  line each, so such a name is never committable; compacted at start-up.
+
+A staging file is created whole (tmp file, fsync, rename), so it either exists with its header and first
+record or not at all. A torn record at its end (a crash during a later stage) is truncated at start-up; a
+bad record followed by valid data marks the handle corrupt (it is never committed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from durastream_server.storage import codec
+from durastream_server.storage.codec import FRAME_SIZE, MAGIC, CorruptRecord, Kind
+from durastream_server.storage.files import fsync_dir, pwrite_all
+from durastream_server.storage.records import StagedSource
+from durastream_server.storage.state import StreamState, apply_entry
+
+log = logging.getLogger(__name__)
+
+TXN_DIR = "txn"
+STAGING_SUFFIX = ".stg"
+TMP_SUFFIX = ".tmp"
+TOMBSTONES = "tombstones"
+_READ_BLOCK = 1024 * 1024
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def staging_file_name(handle: str) -> str:
+    """Hashed, so any valid handle name maps to a safe, fixed-length file name."""
+    return hashlib.sha256(handle.encode()).hexdigest()[:32] + STAGING_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class HandleHeader:
+    """The first record of a staging file: who the handle is and when it expires."""
+
+    handle: str
+    created_ms: int
+    ttl_seconds: int
+
+    @property
+    def expires_at_ms(self) -> int:
+        return self.created_ms + 1000 * self.ttl_seconds
+
+
+def encode_handle_header(header: HandleHeader) -> bytearray:
+    body = json.dumps(
+        {"handle": header.handle, "created_ms": header.created_ms, "ttl": header.ttl_seconds},
+        separators=(",", ":"),
+    ).encode()
+    return codec.encode_frame(Kind.TXN_HEADER, body)
+
+
+def decode_handle_header(body: bytes | memoryview) -> HandleHeader:
+    try:
+        data = json.loads(bytes(body))
+        return HandleHeader(str(data["handle"]), int(data["created_ms"]), int(data["ttl"]))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptRecord(f"bad staging file header: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------- writing
+
+
+def create_staging_file(path: str, frames: list[bytes | bytearray], *, sync: bool) -> int:
+    """Create ``path`` holding ``frames`` (header + first record) atomically; returns its size."""
+    tmp = path + TMP_SUFFIX
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+    try:
+        size = pwrite_all(fd, frames, 0)
+        if sync:
+            os.fdatasync(fd)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(tmp)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, path)
+        if sync:
+            fsync_dir(os.path.dirname(path))
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return size
+
+
+def append_staging_record(path: str, frame: bytes | bytearray, offset: int, *, sync: bool) -> int:
+    """Write ``frame`` at ``offset`` (the file's durable end) and fdatasync; returns the new end.
+
+    On failure the file is cut back to ``offset`` (best effort) and the error propagates.
+    """
+    fd = os.open(path, os.O_WRONLY | _O_CLOEXEC)
+    try:
+        try:
+            pwrite_all(fd, [frame], offset)
+            if sync:
+                os.fdatasync(fd)
+        except OSError:
+            try:
+                os.ftruncate(fd, offset)
+            except OSError as exc:
+                log.warning("could not cut staging file %s back to %d: %s", path, offset, exc)
+            raise
+    finally:
+        os.close(fd)
+    return offset + len(frame)
+
+
+def make_txn_dir(stream_dir: str, *, sync: bool) -> str:
+    directory = os.path.join(stream_dir, TXN_DIR)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, exist_ok=True)
+        if sync:
+            fsync_dir(stream_dir)
+    return directory
+
+
+def remove_files(paths: list[str]) -> None:
+    """Unlink staging files (reclamation). Missing files are fine: the work was done before."""
+    for path in paths:
+        _unlink_quietly(path)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s", path, exc)
+
+
+# --------------------------------------------------------------------------------------- reading
+
+
+class _SequentialReader:
+    """Reads a file front to back in blocks; returned views stay valid (blocks are never reused)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd = fd
+        self.size = size
+        self._buf = b""
+        self._buf_off = 0
+
+    def get(self, offset: int, length: int) -> memoryview:
+        """Exactly ``length`` bytes at ``offset``, or CorruptRecord if the file ends first."""
+        if offset + length > self.size:
+            raise CorruptRecord(f"record at {offset} runs past the end of the file")
+        rel = offset - self._buf_off
+        if rel < 0 or rel + length > len(self._buf):
+            want = min(max(length, _READ_BLOCK), self.size - offset)
+            data = os.pread(self._fd, want, offset)
+            if len(data) < length:
+                raise CorruptRecord(f"short read at {offset}")
+            self._buf, self._buf_off, rel = data, offset, 0
+        return memoryview(self._buf)[rel : rel + length]
+
+    def record(self, offset: int) -> tuple[codec.FrameInfo, memoryview]:
+        """The checksum-verified record at ``offset``: its frame and body."""
+        rel = offset - self._buf_off
+        if rel >= 0 and rel + FRAME_SIZE <= len(self._buf):
+            frame = codec.parse_frame(self._buf, rel)
+        else:
+            # Read just the header, then the whole record in one go (a large record is never read
+            # twice: once as the tail of a block, then again whole).
+            if offset + FRAME_SIZE > self.size:
+                raise CorruptRecord(f"partial frame header at {offset}")
+            frame = codec.parse_frame(os.pread(self._fd, FRAME_SIZE, offset))
+            self._buf_off = self.size  # forces the next get() to read from ``offset``
+            self._buf = b""
+            self.get(offset, min(frame.record_len, self.size - offset))
+        body = self.get(offset + FRAME_SIZE, frame.body_len)
+        if not codec.body_crc_ok(frame, body):
+            raise CorruptRecord(f"checksum mismatch in record at {offset}")
+        return frame, body
+
+    def valid_record_after(self, offset: int) -> int | None:
+        """Offset of the first checksum-valid record strictly after ``offset`` (magic search)."""
+        pos = offset + 1
+        while pos < self.size:
+            chunk = os.pread(self._fd, min(_READ_BLOCK, self.size - pos), pos)
+            hit = chunk.find(MAGIC)
+            while hit >= 0:
+                try:
+                    self.record(pos + hit)
+                    return pos + hit
+                except CorruptRecord:
+                    hit = chunk.find(MAGIC, hit + 1)
+            if len(chunk) < len(MAGIC):
+                return None
+            pos += len(chunk) - (len(MAGIC) - 1)
+        return None
+
+
+def read_staged_messages(source: StagedSource) -> Iterator[tuple[int, list[memoryview]]]:
+    """``(position, messages)`` of each staged record of ``source``, checksums verified.
+
+    Used by the commit copy: memory is one read block (or one record, if larger) at a time, plus
+    whatever views the caller keeps.
+    """
+    fd = os.open(source.path, os.O_RDONLY | _O_CLOEXEC)
+    try:
+        reader = _SequentialReader(fd, source.end)
+        offset = source.start
+        while offset < source.end:
+            frame, body = reader.record(offset)
+            if frame.kind != Kind.APPEND:
+                raise CorruptRecord(f"unexpected record kind {frame.kind} in {source.path}")
+            meta = codec.decode_append_meta(body, 0, frame.body_len)
+            p = meta.payload_off
+            messages = []
+            for length in meta.lengths:
+                messages.append(body[p : p + length])
+                p += length
+            yield meta.position, messages
+            offset += frame.record_len
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class RecoveredHandle:
+    """A staging file as found at start-up."""
+
+    path: str
+    header: HandleHeader
+    data_start: int  # end of the header record: where staged records begin
+    end: int  # end of the last valid record (the file is truncated there)
+    state: StreamState  # the handle's fold: tail = staged bytes, producers = stage dedupe state
+    n_messages: int = 0
+    corrupt: str | None = None  # why the handle cannot be trusted (it is never committed)
+
+
+def recover_staging_file(path: str, *, sync: bool) -> RecoveredHandle | None:
+    """Rebuild a handle from its file. None if the file has no valid header (the caller deletes it:
+    such a file was never acknowledged, since creation is atomic)."""
+    fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        reader = _SequentialReader(fd, size)
+        try:
+            frame, body = reader.record(0)
+            if frame.kind != Kind.TXN_HEADER:
+                raise CorruptRecord(f"first record is kind {frame.kind}")
+            header = decode_handle_header(body)
+        except CorruptRecord as exc:
+            log.warning("staging file %s has no valid header (%s)", path, exc)
+            return None
+        data_start = frame.record_len
+        handle = RecoveredHandle(path, header, data_start, data_start, StreamState(tail=0))
+        offset = data_start
+        while offset < size:
+            try:
+                frame, body = reader.record(offset)
+                if frame.kind != Kind.APPEND:
+                    raise CorruptRecord(f"unexpected record kind {frame.kind}")
+                entry = codec.decode_append(body, 0, frame.body_len, copy=False)
+                apply_entry(handle.state, entry)
+            except (CorruptRecord, ValueError) as exc:
+                if reader.valid_record_after(offset) is not None:
+                    handle.corrupt = f"bad record at {offset} followed by valid data ({exc})"
+                    log.error(
+                        "staging file %s (handle %r): %s", path, header.handle, handle.corrupt
+                    )
+                    return handle
+                log.warning(
+                    "staging file %s: torn tail at %d (%s); truncating %d bytes",
+                    path,
+                    offset,
+                    exc,
+                    size - offset,
+                )
+                os.ftruncate(fd, offset)
+                if sync:
+                    os.fsync(fd)
+                break
+            handle.n_messages += len(entry.messages)
+            offset += frame.record_len
+            handle.end = offset
+        return handle
+    finally:
+        os.close(fd)
+
+
+def list_staging_files(txn_dir: str) -> list[str]:
+    """Staging file paths in ``txn_dir``; removes interrupted creations (``*.tmp``)."""
+    try:
+        names = os.listdir(txn_dir)
+    except FileNotFoundError:
+        return []
+    paths = []
+    for name in sorted(names):
+        path = os.path.join(txn_dir, name)
+        if name.endswith(TMP_SUFFIX):
+            _unlink_quietly(path)
+        elif name.endswith(STAGING_SUFFIX):
+            paths.append(path)
+    return paths
+
+
+# ------------------------------------------------------------------------------------ tombstones
+
+
+class Tombstone(NamedTuple):
+    """Why a handle name is dead, and when the name may be forgotten."""
+
+    status: str  # "aborted", "expired" or "corrupt"
+    forget_at_ms: int
+
+
+def _tombstone_line(name: str, tombstone: Tombstone) -> bytes:
+    text = json.dumps(
+        {"h": name, "s": tombstone.status, "f": tombstone.forget_at_ms}, separators=(",", ":")
+    ).encode()
+    return b"%08x %s\n" % (zlib.crc32(text), text)
+
+
+def load_tombstones(txn_dir: str, now_ms: int) -> tuple[dict[str, Tombstone], int]:
+    """Live tombstones, and how many lines were dropped (forgotten, torn or damaged)."""
+    path = os.path.join(txn_dir, TOMBSTONES)
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        return {}, 0
+    live: dict[str, Tombstone] = {}
+    dropped = 0
+    for line in lines:
+        if not line:
+            continue
+        crc_hex, _, text = line.partition(b" ")
+        try:
+            if int(crc_hex, 16) != zlib.crc32(text):
+                raise ValueError("checksum mismatch")
+            data = json.loads(text)
+            tombstone = Tombstone(str(data["s"]), int(data["f"]))
+            name = str(data["h"])
+        except (ValueError, KeyError, TypeError):
+            dropped += 1  # a torn last line (crash mid-append); nothing acknowledged depends on it
+            continue
+        if tombstone.forget_at_ms <= now_ms:
+            dropped += 1
+            live.pop(name, None)
+            continue
+        live[name] = tombstone
+    return live, dropped
+
+
+def append_tombstones(txn_dir: str, entries: list[tuple[str, Tombstone]], *, sync: bool) -> None:
+    path = os.path.join(txn_dir, TOMBSTONES)
+    data = b"".join(_tombstone_line(name, tombstone) for name, tombstone in entries)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def rewrite_tombstones(txn_dir: str, live: dict[str, Tombstone], *, sync: bool) -> None:
+    """Replace the tombstone file with exactly ``live`` (tmp, fsync, rename): compaction."""
+    path = os.path.join(txn_dir, TOMBSTONES)
+    tmp = path + TMP_SUFFIX
+    data = b"".join(_tombstone_line(name, tombstone) for name, tombstone in live.items())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    if sync:
+        fsync_dir(txn_dir)

@@ -1,0 +1,132 @@
+"""Listing: ``GET {root}/__ds/x-durastream/streams`` (docs/extensions.md, 4)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import requests
+
+from tests.server.extensions.support import JSON, TIMEOUT, append, create, error_code
+from tests.support.server_process import ServerProcess
+
+
+def listing(server: ServerProcess, **params: object) -> dict:
+    response = requests.get(
+        server.base_url + "/v1/stream/__ds/x-durastream/streams", params=params, timeout=TIMEOUT
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["Content-Type"] == "application/json"
+    return response.json()
+
+
+def all_pages(server: ServerProcess, **params: object) -> tuple[list[str], int]:
+    paths: list[str] = []
+    pages = 0
+    after = None
+    while True:
+        page = listing(server, **params, **({"after": after} if after is not None else {}))
+        pages += 1
+        paths += [item["path"] for item in page["streams"]]
+        if page["next"] is None:
+            return paths, pages
+        assert page["next"] == paths[-1]
+        after = page["next"]
+
+
+@pytest.fixture
+def tree(durastream_server: ServerProcess) -> str:
+    root = f"list-{uuid.uuid4().hex[:8]}"
+    for path in ("a", "b/x", "b/y", "b/y/z", "c", "events/2024/01", "events/2024/02", "events/x"):
+        create(durastream_server, f"{root}/{path}", b"[]" if "events" in path else b"")
+    return root
+
+
+def test_entries_and_prefix(durastream_server: ServerProcess, tree: str) -> None:
+    append(durastream_server, f"{tree}/c", b'["one"]')
+    append(durastream_server, f"{tree}/c", b"", close=True)
+    page = listing(durastream_server, prefix=f"{tree}/")
+    assert [item["path"] for item in page["streams"]] == [
+        f"{tree}/{p}"
+        for p in ("a", "b/x", "b/y", "b/y/z", "c", "events/2024/01", "events/2024/02", "events/x")
+    ]
+    assert page["next"] is None
+    by_path = {item["path"]: item for item in page["streams"]}
+    assert by_path[f"{tree}/c"] == {
+        "path": f"{tree}/c",
+        "content_type": JSON,
+        "next_offset": f"{0:016d}_{5:016d}",
+        "closed": True,
+    }
+    assert by_path[f"{tree}/a"]["closed"] is False
+
+
+def test_pagination(durastream_server: ServerProcess, tree: str) -> None:
+    everything, _ = all_pages(durastream_server, prefix=f"{tree}/")
+    for limit in (1, 2, 3, 7, 8, 9):
+        paths, pages = all_pages(durastream_server, prefix=f"{tree}/", limit=limit)
+        assert paths == everything
+        assert pages == -(-len(everything) // limit)  # no empty trailing page
+    first = listing(durastream_server, prefix=f"{tree}/", limit=3)
+    assert first["next"] == f"{tree}/b/y" and len(first["streams"]) == 3
+    rest = listing(durastream_server, prefix=f"{tree}/", after=first["next"])
+    assert rest["streams"][0]["path"] == f"{tree}/b/y/z"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("*", ["a", "c"]),
+        ("b/*", ["b/x", "b/y"]),
+        ("b/**", ["b/x", "b/y", "b/y/z"]),
+        ("events/*/0*", ["events/2024/01", "events/2024/02"]),
+        ("**/z", ["b/y/z"]),
+        ("events/x", ["events/x"]),
+    ],
+)
+def test_patterns(
+    durastream_server: ServerProcess, tree: str, pattern: str, expected: list[str]
+) -> None:
+    paths, _ = all_pages(durastream_server, pattern=f"{tree}/{pattern}", limit=2)
+    assert paths == [f"{tree}/{p}" for p in expected]
+
+
+def test_deleted_streams_are_excluded(durastream_server: ServerProcess, tree: str) -> None:
+    url = durastream_server.stream_url(f"{tree}/a")
+    assert requests.delete(url, timeout=TIMEOUT).status_code == 204
+    # a soft-deleted source (kept for its fork) is not listed either
+    source = durastream_server.stream_url(f"{tree}/b/x")
+    fork = requests.put(
+        durastream_server.stream_url(f"{tree}/b/x-fork"),
+        headers={"Content-Type": JSON, "Stream-Forked-From": f"/v1/stream/{tree}/b/x"},
+        timeout=TIMEOUT,
+    )
+    assert fork.status_code == 201, fork.text
+    assert requests.delete(source, timeout=TIMEOUT).status_code == 204
+    assert requests.get(source, timeout=TIMEOUT).status_code == 410
+    paths, _ = all_pages(durastream_server, prefix=f"{tree}/")
+    assert f"{tree}/a" not in paths and f"{tree}/b/x" not in paths
+    assert f"{tree}/b/x-fork" in paths
+
+
+@pytest.mark.parametrize(
+    ("params", "name"),
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "10001"}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"limit": "-5"}, "limit"),
+        ({"pattern": ""}, "pattern"),
+        ({"pattern": "/abs"}, "pattern"),
+        ({"pattern": "a**b"}, "pattern"),
+    ],
+)
+def test_bad_parameters(durastream_server: ServerProcess, params: dict, name: str) -> None:
+    response = requests.get(
+        durastream_server.base_url + "/v1/stream/__ds/x-durastream/streams",
+        params=params,
+        timeout=TIMEOUT,
+    )
+    assert response.status_code == 400
+    assert error_code(response) == "INVALID_PARAMETER"
+    assert name in response.json()["error"]["message"]

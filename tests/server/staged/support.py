@@ -1,0 +1,108 @@
+"""Helpers for the staged-append tests: an engine on a real data directory (with optional limits and a
+fake clock), request shorthands, and a way to find a stream's staging files on disk."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from durastream_server.engine.engine import Engine
+from durastream_server.engine.txnapi import (
+    AbortRequest,
+    AbortResult,
+    CommitRequest,
+    CommitResult,
+    StageRequest,
+    StageResult,
+    TxnLimits,
+)
+from durastream_server.storage import DataDir, Durability, StorageConfig
+from durastream_server.storage.records import ProducerTuple
+
+JSON = "application/json"
+TEXT = "text/plain"
+
+
+async def open_engine(
+    root: Path,
+    clock: Callable[[], float] | None = None,
+    limits: TxnLimits | None = None,
+    durability: Durability = Durability.NONE,
+) -> tuple[DataDir, Engine]:
+    data = await DataDir.open(StorageConfig(root=root, durability=durability))
+    engine = Engine(data, clock=clock, sweep_interval=0, txn_limits=limits)
+    await engine.start()
+    return data, engine
+
+
+async def close_engine(data: DataDir, engine: Engine) -> None:
+    await engine.close()
+    await data.close()
+
+
+def run(
+    root: Path,
+    scenario: Callable[[Engine], Awaitable[None]],
+    *,
+    clock: Callable[[], float] | None = None,
+    limits: TxnLimits | None = None,
+) -> None:
+    async def main() -> None:
+        data, engine = await open_engine(root, clock, limits)
+        try:
+            await scenario(engine)
+        finally:
+            await close_engine(data, engine)
+
+    asyncio.run(main())
+
+
+async def stage(
+    engine: Engine,
+    path: str,
+    handle: str,
+    body: bytes,
+    content_type: str = TEXT,
+    *,
+    producer: tuple[str, int, int] | None = None,
+    ttl: int | None = None,
+) -> StageResult:
+    return await engine.stage(
+        StageRequest(
+            path=path,
+            handle=handle,
+            content_type=content_type,
+            body=body,
+            producer=ProducerTuple(*producer) if producer else None,
+            ttl_seconds=ttl,
+        )
+    )
+
+
+async def commit(
+    engine: Engine,
+    path: str,
+    *handles: str,
+    producer: tuple[str, int, int] = ("committer", 0, 0),
+    close: bool = False,
+    stream_seq: str | None = None,
+) -> CommitResult:
+    return await engine.commit(
+        CommitRequest(
+            path=path,
+            handles=handles,
+            producer=ProducerTuple(*producer),
+            close=close,
+            stream_seq=stream_seq,
+        )
+    )
+
+
+async def abort(engine: Engine, path: str, *handles: str) -> AbortResult:
+    return await engine.abort(AbortRequest(path=path, handles=handles))
+
+
+def staging_files(data_root: Path) -> list[Path]:
+    """Every staging file under a data directory (all streams)."""
+    return sorted(data_root.glob("streams/*/txn/*.stg"))
