@@ -4,11 +4,15 @@
   so they must use unique stream paths.
 - ``server_factory`` (function): starts private servers (e.g. for kill/restart crash tests) with optional
   settings, and stops them when the test ends.
+- ``spark`` (session): one local SparkSession with the ``durastream`` source registered; Spark is slow to
+  start, so every Spark test shares it.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -45,3 +49,29 @@ def server_factory(
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():  # -> pyspark.sql.SparkSession (imported lazily: server-only runs never start a JVM)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from durastream_spark import DurableStreamDataSource
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("durastream-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    session.dataSource.register(DurableStreamDataSource)
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -1,0 +1,34 @@
+"""What the running PySpark offers, detected once at import time.
+
+Spark 4.0/4.1 lack admission control for Python sources (``latestOffset(start, limit)``,
+``getDefaultReadLimit``, ``SupportsTriggerAvailableNow``, added in 4.2); ``DataSourceStreamArrowWriter``
+arrived in 4.1. Code branches on these flags, never on version strings scattered around.
+"""
+
+from __future__ import annotations
+
+import pyspark
+import pyspark.sql.datasource as _datasource
+
+
+def _version_tuple(text: str) -> tuple[int, int]:
+    major, minor = (text.split(".") + ["0"])[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+SPARK_VERSION: tuple[int, int] = _version_tuple(pyspark.__version__)
+
+try:  # Spark >= 4.2
+    from pyspark.sql.streaming.datasource import (  # noqa: F401 (re-exported)
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxBytes,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+
+    HAS_ADMISSION_CONTROL = True
+except ImportError:  # Spark 4.0 / 4.1
+    HAS_ADMISSION_CONTROL = False
+
+HAS_STREAM_ARROW_WRITER: bool = hasattr(_datasource, "DataSourceStreamArrowWriter")
