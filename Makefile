@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 NPM_DIR := tests/conformance
+BENCH_NPM_DIR := bench
 
 .PHONY: test demo lint venv npm clean
 
@@ -18,9 +19,14 @@ $(NPM_DIR)/node_modules/.installed: $(NPM_DIR)/package.json $(NPM_DIR)/package-l
 	cd $(NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+$(BENCH_NPM_DIR)/node_modules/.installed: $(BENCH_NPM_DIR)/package.json $(BENCH_NPM_DIR)/package-lock.json
+	cd $(BENCH_NPM_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 venv: $(BIN)/.installed
 
-npm: $(NPM_DIR)/node_modules/.installed
+# The conformance suite, and the Node reference server (compatibility tests and benchmarks).
+npm: $(NPM_DIR)/node_modules/.installed $(BENCH_NPM_DIR)/node_modules/.installed
 
 lint: venv
 	$(BIN)/ruff format --check .

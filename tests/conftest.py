@@ -4,6 +4,7 @@
   so they must use unique stream paths.
 - ``server_factory`` (function): starts private servers (e.g. for kill/restart crash tests) with optional
   settings, and stops them when the test ends.
+- ``reference_server`` (session): the Node reference server from npm, for compatibility tests.
 - ``spark`` (session): one local SparkSession with the ``durastream`` source registered; Spark is slow to
   start, so every Spark test shares it.
 """
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.support.reference_server import ReferenceServer
 from tests.support.server_process import ServerProcess
 
 
@@ -49,6 +51,15 @@ def server_factory(
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
+    server = ReferenceServer(tmp_path_factory.mktemp("reference") / "data").start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
