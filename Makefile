@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 NPM_DIR := tests/conformance
 BENCH_NPM_DIR := bench
 
-.PHONY: test demo lint venv npm clean
+.PHONY: test demo lint venv npm clean bench-server
 
 $(BIN)/.installed: pyproject.toml server/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test: venv npm lint
 
 demo: venv
 	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m durastream_spark.demo
+
+# Our server against the Node reference server, alternating, full sizes (docs/benchmarks.md; about
+# 15 minutes). The script would also run `npm ci` in bench/ itself if the reference server were missing.
+bench-server: venv $(BENCH_NPM_DIR)/node_modules/.installed
+	$(BIN)/python bench/server_bench.py --quiet-wait 120
 
 clean:
 	rm -rf $(VENV) $(NPM_DIR)/node_modules

@@ -8,7 +8,10 @@
 partition as an idempotent producer so retries and restarts never duplicate or lose data.
 """
 
-from durastream_spark.datasource import DurableStreamDataSource
+# Defined before the import below: the protocol client (imported through it) reads the version for its
+# User-Agent, and would otherwise find a partially initialised package.
+__version__ = "0.1.0"
+
+from durastream_spark.datasource import DurableStreamDataSource  # noqa: E402
 
 __all__ = ["DurableStreamDataSource"]
-__version__ = "0.1.0"

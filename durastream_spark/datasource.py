@@ -43,7 +43,5 @@ class DurableStreamDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return sink.batch_writer(self.options, schema, overwrite)
 
-    def streamWriter(
-        self, schema: StructType, overwrite: bool
-    ) -> DataSourceStreamWriter:
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         return sink.stream_writer(self.options, schema, overwrite)

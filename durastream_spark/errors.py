@@ -111,6 +111,22 @@ class ExtensionNotSupported(DurastreamError):
         self.url = url
 
 
+class DataLossError(DurastreamError):
+    """Data the source should have read is gone: a stream was deleted (404/410), re-created or truncated
+    below the checkpointed offset, or an offset precedes the retained data.
+
+    Raised by the source's single data-loss choke point (``durastream_spark.source.data_loss``) when
+    ``failOnDataLoss`` is true. Attributes: ``stream``, ``start`` and ``end`` (the offsets of the range that
+    could not be read; ``end`` may be ``None`` when it is unknown).
+    """
+
+    def __init__(self, message: str, *, stream: str, start: str | None, end: str | None) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.start = start
+        self.end = end
+
+
 class MalformedResponse(DurastreamError):
     """The server answered something the protocol does not allow (missing header, bad JSON, bad frames)."""
 

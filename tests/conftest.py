@@ -71,7 +71,9 @@ def spark():  # -> pyspark.sql.SparkSession (imported lazily: server-only runs n
     from durastream_spark import DurableStreamDataSource
 
     session = (
-        SparkSession.builder.master("local[2]")
+        # local[N, F]: F attempts per task. Plain local[N] never retries a failed task, and the sink's
+        # exactly-once tests need Spark's own task retries.
+        SparkSession.builder.master("local[2,4]")
         .appName("durastream-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")

@@ -1,6 +1,61 @@
-"""The durastream sink: each partition writes as an idempotent producer keyed by (query, partition, epoch).
+"""The durastream sink: ``df.writeStream``/``df.write.format("durastream")``, exactly once.
 
-CONTRACT STUB (filled in by the sink issue): ``batch_writer``, ``stream_writer``.
+Usage::
+
+    (df.writeStream.format("durastream")
+        .option("url", "http://127.0.0.1:4437/v1/stream")
+        .option("stream", "events/clicks")
+        .option("checkpointLocation", "/checkpoints/clicks")
+        .start())
+
+    df.write.format("durastream").option("url", ...).option("stream", "events/daily").mode("append").save()
+
+Payload: a ``value`` column (STRING or BINARY) is written as-is, one message per row; for JSON streams each
+value must be one JSON text (a null value is written as JSON ``null``; for other content types it adds
+nothing). Without a ``value`` column every row becomes one JSON object (see
+``encoding.py`` for how each Spark type is rendered). A STRING ``stream`` column routes each row to the
+stream it names and wins over the ``stream`` option (which stays the target of rows whose column is null);
+it is not part of the payload. For non-JSON streams the protocol keeps no message boundaries inside one
+request: values are concatenated, so end each with a delimiter (or set ``maxMessagesPerRequest=1``).
+
+Options (besides the connection options of ``durastream_spark.options``: ``url``, ``header.<Name>``,
+``tokenFile``, ``tls.verify``, ``tls.caBundle``, ``requestTimeoutMs``, ``maxConnections``, ``retry.*``):
+
+=========================  ====================  =========================================================
+option                     default               meaning
+=========================  ====================  =========================================================
+``stream``                 (none)                Target stream path relative to ``url``. Required unless
+                                                 the DataFrame has a ``stream`` column.
+``contentType``            ``application/json``  Content type of streams the sink creates. Writing to an
+                                                 existing stream of another type fails before any data is
+                                                 sent, naming both types.
+``createStreams``          ``true``              Create missing target streams; ``false`` fails instead.
+``exactlyOnce``            ``auto``              ``transactional`` (staged appends, committed by the
+                                                 driver), ``ordered`` (any server; needs a deterministic
+                                                 row order on retries) or ``auto`` (transactional where
+                                                 the server supports it). See docs/guarantees.md.
+``producerId``             ``spark``             Prefix of the producer ids: ``<prefix>-<query id>-<part>``
+                                                 (``df.write``: a job id instead of the query id).
+``maxMessagesPerRequest``  ``10000``             Rows per request at most.
+``maxBytesPerRequest``     ``1048576``           Request body bytes at most (a larger row goes alone). In
+                                                 ordered mode each partition's last partial request
+                                                 travels to the driver: it holds up to this much per
+                                                 partition and target stream.
+``maxInFlight``            ``4``                 Requests per task in flight or queued, 1..64: the
+                                                 task keeps encoding while they are sent. Transactional
+                                                 mode sends that many at once; ordered mode keeps one in
+                                                 flight per target stream (a producer's seqs must arrive
+                                                 in order) and queues the rest.
+``transactionTtl``         ``1h``                How long the server keeps staged data that is neither
+                                                 committed nor aborted (transactional mode); a batch
+                                                 must commit within it. Whole seconds, 1s to 7d.
+=========================  ====================  =========================================================
+
+After each batch, the driver-side commit logs a summary per target stream (rows, bytes, partitions, final
+offset) at INFO on the ``durastream_spark.sink.commit`` logger, in Spark's Python commit process.
+
+How exactly-once works, and under which conditions: ``docs/guarantees.md``, ``transactional.py`` and
+``ordered.py``; the writers Spark sees: ``writer.py``.
 """
 
 from __future__ import annotations
@@ -10,14 +65,17 @@ from collections.abc import Mapping
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter
 from pyspark.sql.types import StructType
 
+from durastream_spark.sink.plan import BATCH, STREAMING, plan_write
+from durastream_spark.sink.writer import STREAM_WRITER, DurastreamBatchWriter
+
 
 def batch_writer(
     options: Mapping[str, str], schema: StructType, overwrite: bool
 ) -> DataSourceWriter:
-    raise NotImplementedError("the durastream sink is not built yet")
+    return DurastreamBatchWriter(plan_write(options, schema, overwrite, kind=BATCH))
 
 
 def stream_writer(
     options: Mapping[str, str], schema: StructType, overwrite: bool
 ) -> DataSourceStreamWriter:
-    raise NotImplementedError("the durastream sink is not built yet")
+    return STREAM_WRITER(plan_write(options, schema, overwrite, kind=STREAMING))

@@ -95,6 +95,7 @@ from durastream_server.storage.records import AppendEntry, StreamHeader
 logger = logging.getLogger(__name__)
 
 DEFAULT_SWEEP_INTERVAL = 0.25  # seconds between expiry sweeps
+READ_MEMO_BYTES = 4096  # largest read result kept per stream for the next identical read
 
 
 class StreamObserver:
@@ -520,6 +521,17 @@ class Engine:
         inc = self._lookup(request.path)
         self._touch(inc)
         log = inc.log
+        memo = inc.read_memo
+        if (
+            memo is not None
+            and memo[1] == log.durable_tail
+            and memo[2] == log.durable_closed
+            and memo[0] == request
+        ):
+            # Same range, same durable state: the same answer. This is the fan-out case: a commit
+            # wakes every reader parked at the tail, and each reads the same range (then parks again
+            # at the same new tail). See docs/decisions/0004-performance.md.
+            return memo[3]  # type: ignore[return-value]
         view = self._view(inc)
         tail = view.tail
         if request.offset == NOW:
@@ -545,12 +557,13 @@ class Engine:
             # must start on a message boundary: storage checks that while it reads (in its worker
             # thread) and the view turns a violation into 400.
             end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=inc.json)
+        closed_before = log.durable_closed
         slices, next_position = await view.read(start, request.max_bytes, end)
         # Judge EOF against the state *after* the read: a close (with or without data) that landed
         # meanwhile moved the durable tail, so a reader at the old tail is not told "closed" while
         # final data remains unread (hazards 16, 23).
         durable_tail = log.durable_tail
-        return ReadResult(
+        result = ReadResult(
             info=self._info(inc),
             start_offset=format_offset(start),
             messages=tuple(s.data for s in slices),
@@ -561,6 +574,14 @@ class Engine:
             closed=log.durable_closed and next_position == durable_tail,
             json=inc.json,
         )
+        if (
+            request.end_offset is None
+            and durable_tail == tail
+            and log.durable_closed == closed_before
+            and next_position - start <= READ_MEMO_BYTES
+        ):
+            inc.read_memo = (request, tail, closed_before, result)
+        return result
 
     # ------------------------------------------------------------------ read extensions
 

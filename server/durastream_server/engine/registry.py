@@ -38,6 +38,9 @@ class Incarnation:
     json: bool = False
     essence: str = ""  # media type essence of the stream's content type (append compares it)
     hard_deadline: float | None = None  # Expires-At as epoch seconds, parsed once
+    # The last small read's result and what it depended on (Engine.read): a commit wakes every
+    # parked reader at once, and they all read the same range.
+    read_memo: tuple[object, int, bool, object] | None = None
 
     @property
     def id(self) -> str:

@@ -1,0 +1,302 @@
+"""Benchmark the durastream sink against Spark's JSON file sink and a naive foreachBatch + requests writer.
+
+All writers get the same streaming input: one ``rate-micro-batch`` micro-batch of ``--rows`` rows in two
+partitions, each row rendered as a ~1 KiB JSON object (``{"id": <long>, "payload": "<1000 chars>"}``), run
+with ``trigger(availableNow=True)``. The figure is rows per second of wall time from ``start()`` to the
+query's termination, so it includes what a user waits for: planning, the tasks and the commit.
+
+Writers:
+
+- ``durastream (transactional)`` / ``durastream (ordered)``: this sink against durastream-server (fsync
+  durability, its default) on 127.0.0.1, both exactly-once modes;
+- ``spark json file sink``: ``format("json")`` to a local directory, the practical upper bound;
+- ``naive foreachBatch``: what a user would write without the sink: ``foreachBatch`` collecting
+  ``toJSON()`` on the driver and POSTing JSON arrays of 1,000 rows with one ``requests.Session`` (plain
+  appends: no idempotence, no retries, at-most-once on failure).
+
+Each writer runs once to warm up (small input), then ``--rounds`` times in alternation. This machine is
+shared and noisy, so the headline ratios are the *median of the per-round ratios* (writers of one round
+ran within seconds of each other), and the best round of each writer is shown beside them. The durastream
+rounds are checked: the stream must hold exactly ``--rows`` messages afterwards.
+
+Run: ``python bench/sink_bench.py [--rows 200000] [--rounds 2] [--json FILE]``. Targets (issue 4): at least 3x
+the naive writer, and at least 50% of the file sink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+PAYLOAD = "p" * 1000
+NAIVE_ROWS_PER_POST = 1000
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Server:
+    """durastream-server in a child process on a temporary data directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.port = _free_port()
+        self.data = root / "server-data"
+        self.log = root / "server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def stream_root(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/stream"
+
+    def start(self) -> Server:
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "durastream_server",
+                    "--data-dir",
+                    str(self.data),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--log-level",
+                    "WARNING",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"durastream-server did not start:\n{self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(30)
+
+
+def _spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from durastream_spark import DurableStreamDataSource
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("durastream-sink-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(DurableStreamDataSource)
+    return spark
+
+
+def _input(spark, rows: int):
+    from pyspark.sql import functions as F
+
+    return (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", rows)
+        .option("numPartitions", 2)
+        .load()
+        .select(F.col("value").alias("id"), F.lit(PAYLOAD).alias("payload"))
+    )
+
+
+def _timed(start_query: Callable[[], object]) -> float:
+    began = time.perf_counter()
+    query = start_query()
+    query.awaitTermination()  # type: ignore[attr-defined]
+    elapsed = time.perf_counter() - began
+    if query.exception() is not None:  # type: ignore[attr-defined]
+        raise RuntimeError(f"query failed: {query.exception()}")  # type: ignore[attr-defined]
+    return elapsed
+
+
+def run_durastream(spark, server: Server, work: Path, rows: int, mode: str) -> float:
+    from durastream_spark.options import ConnectionOptions
+    from durastream_spark.protocol.client import StreamClient
+
+    stream = f"bench/sink-{mode}-{uuid.uuid4().hex[:8]}"
+    elapsed = _timed(
+        lambda: (
+            _input(spark, rows)
+            .writeStream.format("durastream")
+            .option("url", server.stream_root)
+            .option("stream", stream)
+            .option("exactlyOnce", mode)
+            .option("checkpointLocation", str(work / f"cp-{uuid.uuid4().hex}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+    )
+    client = StreamClient(ConnectionOptions(url=server.stream_root))
+    written = client.lookup_limit(stream, "-1").messages
+    if written != rows:
+        raise RuntimeError(f"durastream ({mode}) wrote {written} messages, expected {rows}")
+    return elapsed
+
+
+def run_file_sink(spark, work: Path, rows: int) -> float:
+    target = work / f"json-{uuid.uuid4().hex}"
+    elapsed = _timed(
+        lambda: (
+            _input(spark, rows)
+            .writeStream.format("json")
+            .option("path", str(target))
+            .option("checkpointLocation", str(work / f"cp-{uuid.uuid4().hex}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+    )
+    shutil.rmtree(target, ignore_errors=True)
+    return elapsed
+
+
+def run_naive(spark, server: Server, rows: int) -> float:
+    import requests
+
+    stream_url = f"{server.stream_root}/bench/naive-{uuid.uuid4().hex[:8]}"
+    session = requests.Session()
+    session.put(stream_url, headers={"Content-Type": "application/json"}).raise_for_status()
+
+    def post(chunk: list[str]) -> None:
+        body = ("[" + ",".join(chunk) + "]").encode()
+        response = session.post(stream_url, data=body, headers={"Content-Type": "application/json"})
+        response.raise_for_status()
+
+    def write_batch(batch_df, _batch_id: int) -> None:
+        chunk: list[str] = []
+        for line in batch_df.toJSON().toLocalIterator():
+            chunk.append(line)
+            if len(chunk) == NAIVE_ROWS_PER_POST:
+                post(chunk)
+                chunk = []
+        if chunk:
+            post(chunk)
+
+    work = Path(tempfile.mkdtemp(prefix="naive-cp-"))
+    try:
+        return _timed(
+            lambda: (
+                _input(spark, rows)
+                .writeStream.foreachBatch(write_batch)
+                .option("checkpointLocation", str(work))
+                .trigger(availableNow=True)
+                .start()
+            )
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=200_000, help="rows per measured run")
+    parser.add_argument("--rounds", type=int, default=2, help="measured rounds per writer")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="sink-bench-"))
+    server = Server(work).start()
+    spark = _spark()
+    writers: dict[str, Callable[[int], float]] = {
+        "durastream (transactional)": lambda n: run_durastream(
+            spark, server, work, n, "transactional"
+        ),
+        "durastream (ordered)": lambda n: run_durastream(spark, server, work, n, "ordered"),
+        "spark json file sink": lambda n: run_file_sink(spark, work, n),
+        "naive foreachBatch": lambda n: run_naive(spark, server, n),
+    }
+    try:
+        for name, run in writers.items():  # warm-up: JIT, Python workers, connections
+            run(min(20_000, args.rows))
+            print(f"warmed up {name}", flush=True)
+        rounds: list[dict[str, float]] = []
+        for round_number in range(1, args.rounds + 1):
+            rounds.append({})
+            for name, run in writers.items():
+                elapsed = run(args.rows)
+                rate = args.rows / elapsed
+                rounds[-1][name] = rate
+                print(
+                    f"round {round_number}: {name:<28} {elapsed:7.2f} s  {rate:>10,.0f} rows/s",
+                    flush=True,
+                )
+    finally:
+        spark.stop()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    best = {name: max(r[name] for r in rounds) for name in writers}
+    median = {name: statistics.median(r[name] for r in rounds) for name in writers}
+
+    def ratio(name: str, baseline: str) -> float:
+        return statistics.median(r[name] / r[baseline] for r in rounds)
+
+    print()
+    print(f"{'writer':<28} {'rows/s median':>14} {'rows/s best':>12}")
+    for name in writers:
+        print(f"{name:<28} {median[name]:>14,.0f} {best[name]:>12,.0f}")
+    print()
+    print("median of the per-round ratios:")
+    ratios = {}
+    for name in ("durastream (transactional)", "durastream (ordered)"):
+        ratios[name] = {
+            "vs_naive": ratio(name, "naive foreachBatch"),
+            "vs_file_sink": ratio(name, "spark json file sink"),
+        }
+        print(
+            f"{name:<28} {ratios[name]['vs_naive']:5.2f}x the naive writer (target >= 3x), "
+            f"{ratios[name]['vs_file_sink']:4.0%} of the file sink (target >= 50%)"
+        )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rows": args.rows,
+                    "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python "
+                    f"{platform.python_version()}",
+                    "rows_per_second_median": median,
+                    "rows_per_second_best": best,
+                    "ratios_median": ratios,
+                    "rounds": rounds,
+                },
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

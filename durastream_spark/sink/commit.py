@@ -1,0 +1,229 @@
+"""Driver side: commit (or abort) one batch from the tasks' commit messages, and log what it did.
+
+Spark calls ``commit`` once every task of the batch succeeded, with one message per partition: the
+successful attempt's. (Should a partition ever come with two, from two attempts that both finished, the
+lowest attempt is committed and the other's staged data is aborted: one copy, never two.) Each
+(stream, partition) is committed by its mode (``transactional.commit_part``/``ordered.commit_part``),
+concurrently, every one idempotent; a failure of any fails the commit after all were tried, so a replay of
+the batch only has to redo what failed (the rest is deduplicated).
+
+``abort`` runs when a task of the batch failed for good. Transactional: the staged handles named in the
+messages it gets are aborted (handles of failed attempts are not in them and expire with their TTL);
+nothing of the batch was ever visible. Ordered: nothing can be taken back; the full requests that
+succeeded tasks sent are visible, their remainders are not. When the query restarts from its checkpoint,
+the batch is replayed under the same epoch and seqs, so those requests are deduplicated and the rest is
+added: exactly once again, after the replay. (A failed ``df.write`` job is not replayed; its visible
+requests stay, see docs/guarantees.md.)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from durastream_spark.protocol.client import StreamClient
+from durastream_spark.sink import ordered, transactional
+from durastream_spark.sink.errors import CommitError
+from durastream_spark.sink.messages import (
+    COMMITTED,
+    DUPLICATE,
+    PartResult,
+    SinkCommitMessage,
+    StreamPart,
+)
+from durastream_spark.sink.options import TRANSACTIONAL, SinkOptions
+
+log = logging.getLogger(__name__)
+
+MAX_COMMIT_THREADS = 16
+
+
+@dataclass(frozen=True)
+class StreamSummary:
+    """Per-stream totals of one committed batch."""
+
+    stream: str
+    rows: int
+    bytes: int
+    partitions: int
+    committed: int
+    duplicates: int
+    final_offset: str | None
+
+
+def commit_batch(
+    client: StreamClient,
+    options: SinkOptions,
+    messages: Sequence[WriterCommitMessage | None],
+    *,
+    batch_id: int | None,
+) -> list[StreamSummary]:
+    chosen, extra = _choose_attempts(messages, batch_id)
+    for message in extra:
+        log.warning(
+            "batch %d, partition %d: discarding the output of attempt %d (attempt %d is committed)",
+            message.epoch,
+            message.partition,
+            message.attempt,
+            chosen[message.partition].attempt,
+        )
+        _discard(client, message)
+    jobs = [(message, part) for message in chosen.values() for part in message.parts]
+    results: list[PartResult] = []
+    failures: list[tuple[SinkCommitMessage, StreamPart, BaseException]] = []
+    if jobs:
+        with ThreadPoolExecutor(
+            max_workers=min(MAX_COMMIT_THREADS, len(jobs)), thread_name_prefix="durastream-commit"
+        ) as pool:
+            futures = [
+                (message, part, pool.submit(_commit_part, client, options, message, part))
+                for message, part in jobs
+            ]
+            for message, part, future in futures:
+                try:
+                    results.append(future.result())
+                except BaseException as error:  # collected; raised below once every part was tried
+                    failures.append((message, part, error))
+    if failures:
+        listed = "; ".join(
+            f"stream '{part.stream}' partition {message.partition}: {error}"
+            for message, part, error in failures
+        )
+        raise CommitError(
+            f"Committing batch {_batch_text(batch_id, chosen)} failed for {len(failures)} of "
+            f"{len(jobs)} (stream, partition) parts; the others are committed. Replaying the batch "
+            f"(restart the query from its checkpoint) completes it without duplicates. {listed}"
+        ) from failures[0][2]
+    summaries = summarize(results)
+    _log_summary(batch_id, chosen, summaries)
+    return summaries
+
+
+def abort_batch(
+    client: StreamClient,
+    messages: Sequence[WriterCommitMessage | None],
+    *,
+    batch_id: int | None,
+) -> None:
+    ours = [m for m in messages if isinstance(m, SinkCommitMessage)]
+    for message in ours:
+        _discard(client, message)
+    if any(m.mode != TRANSACTIONAL for m in ours):
+        log.warning(
+            "batch %s aborted in ordered mode: full requests already sent by its successful tasks stay "
+            "visible; replaying the batch from the checkpoint deduplicates them and adds the rest",
+            batch_id if batch_id is not None else "(df.write job)",
+        )
+    else:
+        log.info(
+            "batch %s aborted: nothing of it became visible; staged data was discarded or expires",
+            batch_id if batch_id is not None else "(df.write job)",
+        )
+
+
+def summarize(results: Sequence[PartResult]) -> list[StreamSummary]:
+    by_stream: dict[str, list[PartResult]] = defaultdict(list)
+    for result in results:
+        by_stream[result.stream].append(result)
+    summaries = []
+    for stream in sorted(by_stream):
+        parts = by_stream[stream]
+        offsets = [p.next_offset for p in parts if p.next_offset]
+        summaries.append(
+            StreamSummary(
+                stream=stream,
+                rows=sum(p.rows for p in parts),
+                bytes=sum(p.bytes for p in parts),
+                partitions=len(parts),
+                committed=sum(1 for p in parts if p.outcome == COMMITTED),
+                duplicates=sum(1 for p in parts if p.outcome == DUPLICATE),
+                final_offset=max(offsets) if offsets else None,
+            )
+        )
+    return summaries
+
+
+# ---- internals -------------------------------------------------------------------------------------------
+
+
+def _commit_part(
+    client: StreamClient, options: SinkOptions, message: SinkCommitMessage, part: StreamPart
+) -> PartResult:
+    if message.mode == TRANSACTIONAL:
+        return transactional.commit_part(client, options, message, part)
+    return ordered.commit_part(client, options, message, part)
+
+
+def _discard(client: StreamClient, message: SinkCommitMessage) -> None:
+    if message.mode == TRANSACTIONAL:
+        for part in message.parts:
+            transactional.abort_handles(client, part.stream, part.handles)
+
+
+def _choose_attempts(
+    messages: Sequence[WriterCommitMessage | None], batch_id: int | None
+) -> tuple[dict[int, SinkCommitMessage], list[SinkCommitMessage]]:
+    chosen: dict[int, SinkCommitMessage] = {}
+    extra: list[SinkCommitMessage] = []
+    for message in messages:
+        if message is None:
+            log.warning(
+                "commit got no message for a task; Spark commits only when all tasks succeeded"
+            )
+            continue
+        if not isinstance(message, SinkCommitMessage):
+            raise CommitError(
+                f"The durastream sink got a commit message of type {type(message).__name__}, not its own."
+            )
+        if batch_id is not None and message.epoch != batch_id:
+            raise CommitError(
+                f"Commit of batch {batch_id} got a message of partition {message.partition} written for "
+                f"batch {message.epoch}; refusing to commit data under the wrong epoch."
+            )
+        current = chosen.get(message.partition)
+        if current is None:
+            chosen[message.partition] = message
+        elif message.attempt < current.attempt:
+            extra.append(current)
+            chosen[message.partition] = message
+        else:
+            extra.append(message)
+    keys = {m.writer_key for m in chosen.values()}
+    if len(keys) > 1:
+        raise CommitError(
+            f"Commit messages of one batch come from different writers {sorted(keys)}; refusing to commit."
+        )
+    return chosen, extra
+
+
+def _batch_text(batch_id: int | None, chosen: dict[int, SinkCommitMessage]) -> str:
+    if batch_id is not None:
+        return str(batch_id)
+    keys = {m.writer_key for m in chosen.values()}
+    return f"of df.write job {next(iter(keys))}" if keys else "(empty df.write job)"
+
+
+def _log_summary(
+    batch_id: int | None, chosen: dict[int, SinkCommitMessage], summaries: list[StreamSummary]
+) -> None:
+    if not summaries:
+        log.info("batch %s committed: no rows", _batch_text(batch_id, chosen))
+        return
+    for summary in summaries:
+        log.info(
+            "batch %s committed to stream '%s': %d rows, %d bytes from %d partition(s) (%d now visible, "
+            "%d already visible from an earlier run); final offset %s",
+            _batch_text(batch_id, chosen),
+            summary.stream,
+            summary.rows,
+            summary.bytes,
+            summary.partitions,
+            summary.committed,
+            summary.duplicates,
+            summary.final_offset,
+        )

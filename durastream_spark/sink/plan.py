@@ -1,0 +1,113 @@
+"""The write plan: everything decided once on the driver, before any task runs, and pickled into tasks.
+
+``plan_write`` parses the options, checks the DataFrame's schema and the save mode, asks the server which
+extensions it has (to resolve ``exactlyOnce=auto``), and, for a fixed ``stream`` option, checks the target
+(content type, closed) or creates it. Any problem fails ``start()``/``save()`` with an error naming the
+option or column, before a single row is sent.
+
+Spark calls ``streamWriter()`` again for every micro-batch and for every commit, so planning is cheap: two
+small requests (extension discovery and a ``HEAD``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pyspark.sql.types import StructType
+
+from durastream_spark.errors import ExtensionNotSupported
+from durastream_spark.protocol import extensions as ext
+from durastream_spark.protocol.client import StreamClient
+from durastream_spark.protocol.models import is_json_content_type
+from durastream_spark.sink.encoding import PayloadLayout
+from durastream_spark.sink.errors import UnsupportedWrite
+from durastream_spark.sink.identity import new_job_id
+from durastream_spark.sink.options import (
+    AUTO,
+    EXACTLY_ONCE,
+    ORDERED,
+    STREAM,
+    TRANSACTIONAL,
+    SinkOptions,
+)
+from durastream_spark.sink.targets import TargetStreams
+
+log = logging.getLogger(__name__)
+
+STREAMING = "streaming"
+BATCH = "batch"
+
+_warned_no_digest: set[str] = set()
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    """Options, resolved mode, payload layout and, for ``df.write``, the job's writer key."""
+
+    options: SinkOptions
+    client: StreamClient  # pickles with the server's extensions, so tasks do not rediscover them
+    mode: str  # TRANSACTIONAL or ORDERED
+    layout: PayloadLayout
+    kind: str  # STREAMING or BATCH
+    job_id: str | None = None
+
+
+def plan_write(
+    options: Mapping[str, str], schema: StructType, overwrite: bool, *, kind: str
+) -> SinkPlan:
+    sink_options = SinkOptions.parse(options)
+    if overwrite:
+        raise UnsupportedWrite(
+            "The durastream sink only appends (streams are append-only): use mode('append') for df.write "
+            "and the append or update output mode for writeStream."
+        )
+    layout = PayloadLayout.from_schema(
+        schema, json_stream=is_json_content_type(sink_options.content_type)
+    )
+    if layout.stream_index is None and sink_options.stream is None:
+        raise UnsupportedWrite(
+            f"No target stream: set option '{STREAM}' (a path relative to 'url'), or add a STRING column "
+            "'stream' naming each row's target stream."
+        )
+    client = StreamClient(sink_options.connection)
+    mode = resolve_mode(client, sink_options)
+    if layout.stream_index is None and sink_options.stream is not None:
+        TargetStreams(client, sink_options).ensure(sink_options.stream)
+    return SinkPlan(
+        options=sink_options,
+        client=client,
+        mode=mode,
+        layout=layout,
+        kind=kind,
+        job_id=new_job_id() if kind == BATCH else None,
+    )
+
+
+def resolve_mode(client: StreamClient, options: SinkOptions) -> str:
+    """``auto``: transactional where the server stages appends, else ordered."""
+    extensions = client.extensions()
+    staged = extensions.supports(ext.STAGED_APPEND)
+    if options.exactly_once == TRANSACTIONAL and not staged:
+        raise ExtensionNotSupported(
+            ext.STAGED_APPEND,
+            options.connection.url,
+            f"write with {EXACTLY_ONCE}=transactional (use {EXACTLY_ONCE}=ordered or auto with this server)",
+        )
+    mode = options.exactly_once
+    if mode == AUTO:
+        mode = TRANSACTIONAL if staged else ORDERED
+    if (
+        mode == ORDERED
+        and not extensions.supports(ext.PAYLOAD_DIGEST)
+        and options.connection.url not in _warned_no_digest
+    ):
+        _warned_no_digest.add(options.connection.url)
+        log.warning(
+            "%s has no staged appends and no payload digests: the durastream sink writes in ordered mode, "
+            "which is exactly-once only if a retried task sees its rows in the same order (see "
+            "docs/guarantees.md); a reordered retry cannot be detected on this server.",
+            options.connection.url,
+        )
+    return mode

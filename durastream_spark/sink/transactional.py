@@ -1,0 +1,243 @@
+"""Transactional mode: for servers with staged appends (durastream-server's ``staged-append`` extension).
+
+Task side (``TransactionalPartitionWriter``): every task attempt stages its rows, per target stream, in
+requests cut by the ``RequestBatcher``, each under a handle of its own (``identity.handle_name``: unique per
+attempt *and* per run). Staged data is invisible to readers. Because no request shares a handle with
+another, they are staged concurrently (up to ``maxInFlight``) in any order without ever being refused as
+out of sequence; the order of the rows is kept by the order of the handles in the commit. Each stage
+request carries producer headers of its handle, so the client may retry it safely. Everything is staged,
+the final partial request included, because nothing staged can become visible without the driver.
+``write()`` returns the handles in its commit message. (Past ``PARALLEL_HANDLES`` requests per stream, the
+rest is staged sequentially into tail handles, to keep the commit's header bounded.)
+
+Driver side (``commit_part``): one ``Durastream-Commit`` per (stream, partition), listing the successful
+attempt's handles, under producer ``(<producerId>-<writer key>-<partition>, epoch = batch id, seq 0)``. The
+commit is atomic per request and idempotent:
+
+- a retried commit request is a 204 duplicate;
+- a replayed batch (the driver crashed after committing, before Spark recorded the batch as done) commits
+  *new* handles under the same tuple: the server refuses it as 409 ``DUPLICATE_PAYLOAD_MISMATCH`` (or
+  answers 204 when it no longer remembers the digest). Either way this batch's data for that partition is
+  already visible from the earlier run, so the new handles are aborted and the part counts as delivered;
+- a commit for an older batch than the producer's current epoch is 403: fenced.
+
+Handles of failed, truncated, speculative-losing or zombie attempts are never committed: the driver only
+commits what it received in commit messages. ``abort()`` and failing tasks abort what they know of;
+anything else (e.g. the handle of a task whose input was truncated and whose message Spark discarded) is
+reclaimed by the server when its TTL (``transactionTtl``) lapses. This works whatever the row order.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from durastream_spark.errors import (
+    DuplicatePayloadMismatch,
+    DurastreamError,
+    TxnAlreadyCommitted,
+)
+from durastream_spark.protocol.client import StreamClient
+from durastream_spark.protocol.models import StageResult
+from durastream_spark.sink.batcher import Request, RequestBatcher
+from durastream_spark.sink.encoding import EncodedRows
+from durastream_spark.sink.identity import TaskIdentity, handle_name, new_nonce, producer_id
+from durastream_spark.sink.messages import (
+    COMMITTED,
+    DUPLICATE,
+    NOTHING,
+    PartResult,
+    SinkCommitMessage,
+    StreamPart,
+)
+from durastream_spark.sink.options import SinkOptions
+from durastream_spark.sink.producer import IndependentRequests, PipelinedProducer, RequestPool
+
+log = logging.getLogger(__name__)
+
+# Stage requests each get their own handle (no sequence among them: they are staged concurrently, never
+# overtake each other, and the commit lists the handles in order). Past this many handles per stream and
+# task attempt (the commit names them all in one header), the rest is staged sequentially into tail handles.
+PARALLEL_HANDLES = 4000
+# A handle holds at most --max-staged-bytes on the server (1 GiB by default); tail handles roll over early.
+MAX_TAIL_HANDLE_BYTES = 256 * 1024 * 1024
+# Producer epoch of the stage requests: their sequence belongs to the handle, which is new each time.
+STAGE_EPOCH = 0
+
+
+@dataclass
+class _StreamState:
+    batcher: RequestBatcher
+    parallel: IndependentRequests[StageResult]
+    handles: list[str] = field(default_factory=list)
+    tails: list[PipelinedProducer[StageResult]] = field(default_factory=list)
+    tail_bytes: int = 0
+    rows: int = 0
+    bytes: int = 0
+    requests: int = 0
+
+
+class TransactionalPartitionWriter:
+    """One task attempt's staged writes to its target streams."""
+
+    def __init__(
+        self,
+        client: StreamClient,
+        options: SinkOptions,
+        identity: TaskIdentity,
+        pool: RequestPool,
+        *,
+        json_framing: bool,
+    ) -> None:
+        self._client = client
+        self._options = options
+        self._identity = identity
+        self._pool = pool
+        self._json_framing = json_framing
+        self._nonce = new_nonce()
+        self._handle_count = 0
+        self.producer_id = producer_id(
+            options.producer_prefix, identity.writer_key, identity.partition
+        )
+        self._streams: dict[str, _StreamState] = {}
+
+    def add(self, stream: str, rows: EncodedRows) -> None:
+        state = self._streams.get(stream)
+        if state is None:
+            state = self._streams[stream] = _StreamState(
+                RequestBatcher(
+                    self._options.max_messages_per_request,
+                    self._options.max_bytes_per_request,
+                    json_framing=self._json_framing,
+                ),
+                IndependentRequests(self._pool),
+            )
+        state.rows += len(rows)
+        for request in state.batcher.add(rows):
+            self._stage(stream, state, request)
+
+    def finish(self) -> tuple[StreamPart, ...]:
+        """Stage the remainders, wait for every stage request, and return the parts with their handles."""
+        for stream, state in self._streams.items():
+            remainder = state.batcher.remainder()
+            if remainder is not None:
+                self._stage(stream, state, remainder)
+        parts = []
+        for stream, state in self._streams.items():
+            state.parallel.drain()
+            for tail in state.tails:
+                tail.drain()
+            parts.append(
+                StreamPart(
+                    stream=stream,
+                    rows=state.rows,
+                    bytes=state.bytes,
+                    requests=state.requests,
+                    handles=tuple(state.handles),
+                )
+            )
+        return tuple(parts)
+
+    def discard(self) -> None:
+        """After a failure: abort this attempt's handles (best effort; the TTL reclaims what remains)."""
+        for stream, state in self._streams.items():
+            if state.handles:
+                abort_handles(self._client, stream, state.handles)
+
+    # ---- internals ---------------------------------------------------------------------------------------
+
+    def _stage(self, stream: str, state: _StreamState, request: Request) -> None:
+        if not request.body:  # only empty values of a byte stream: nothing to stage
+            return
+        size = len(request.body)
+        state.bytes += size
+        state.requests += 1
+        if len(state.handles) < PARALLEL_HANDLES:
+            handle = self._new_handle(state)
+            body = request.body
+            state.parallel.submit(lambda: self._send(stream, handle, 0, body))
+            return
+        if not state.tails or (
+            state.tail_bytes and state.tail_bytes + size > MAX_TAIL_HANDLE_BYTES
+        ):
+            if state.tails:
+                state.tails[-1].drain()  # the previous tail is complete before the next one starts
+            handle = self._new_handle(state)
+            state.tails.append(
+                PipelinedProducer(
+                    lambda seq, body, handle=handle: self._send(stream, handle, seq, body),
+                    self._pool,
+                    label=f"handle '{handle}' on stream '{stream}'",
+                )
+            )
+            state.tail_bytes = 0
+        state.tail_bytes += size
+        state.tails[-1].submit(request.body)
+
+    def _new_handle(self, state: _StreamState) -> str:
+        handle = handle_name(
+            self._options.producer_prefix, self._identity, self._nonce, self._handle_count
+        )
+        self._handle_count += 1
+        state.handles.append(handle)
+        return handle
+
+    def _send(self, stream: str, handle: str, seq: int, body: bytes) -> StageResult:
+        return self._client.stage(
+            stream,
+            handle,
+            body,
+            self._options.content_type,
+            producer=(handle, STAGE_EPOCH, seq),
+            ttl_seconds=self._options.transaction_ttl_s if seq == 0 else None,
+        )
+
+
+def commit_part(
+    client: StreamClient, options: SinkOptions, message: SinkCommitMessage, part: StreamPart
+) -> PartResult:
+    """Driver: make the part's handles visible under ``(producer, batch, 0)``, exactly once."""
+    if not part.handles:  # rows whose payloads were all empty (byte streams): nothing was staged
+        return PartResult(part.stream, message.partition, part.rows, part.bytes, NOTHING, None)
+    producer = (message.producer_id, message.epoch, 0)
+    try:
+        result = client.commit(part.stream, part.handles, producer)
+    except DuplicatePayloadMismatch:
+        log.info(
+            "stream '%s', batch %d, partition %d: already committed by an earlier run of this batch; "
+            "discarding this run's staged copy",
+            part.stream,
+            message.epoch,
+            message.partition,
+        )
+        abort_handles(client, part.stream, part.handles)
+        return PartResult(part.stream, message.partition, part.rows, part.bytes, DUPLICATE, None)
+    if result.duplicate:
+        # Either this very commit was applied by an earlier try, or an earlier run committed the batch and
+        # the server no longer remembers that request's digest. Aborting is a no-op in the first case
+        # (409 TXN_ALREADY_COMMITTED, ignored) and discards the unneeded copy in the second.
+        abort_handles(client, part.stream, part.handles)
+        outcome = DUPLICATE
+    else:
+        outcome = COMMITTED
+    return PartResult(
+        part.stream, message.partition, part.rows, part.bytes, outcome, result.next_offset
+    )
+
+
+def abort_handles(client: StreamClient, stream: str, handles: list[str] | tuple[str, ...]) -> None:
+    """Discard staged handles, best effort: a failure is logged, the server's TTL reclaims them anyway."""
+    if not handles:
+        return
+    try:
+        client.abort(stream, list(handles))
+    except TxnAlreadyCommitted:
+        pass
+    except DurastreamError as error:
+        log.warning(
+            "could not abort staged handles %s on stream '%s' (the server reclaims them when their TTL "
+            "lapses): %s",
+            list(handles),
+            stream,
+            error,
+        )

@@ -1,0 +1,75 @@
+"""``spark.read.format("durastream")``: one bounded read of every selected stream.
+
+``startingOffsets`` (default ``earliest``) and ``endingOffsets`` (default ``latest``) are resolved once,
+when Spark plans the read on the driver: ``latest`` becomes each stream's tail at that moment, so a closed
+stream is read to its final offset and an open one to its tail at planning time. Tasks then read exactly
+those ranges (``scan.py``), never past them, even while writers keep appending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+
+from durastream_spark.errors import DurastreamError, ExtensionNotSupported
+from durastream_spark.protocol.client import StreamClient
+from durastream_spark.source.arrow import OutputLayout
+from durastream_spark.source.data_loss import DataLossReporter
+from durastream_spark.source.discovery import StreamCatalog
+from durastream_spark.source.options import SourceOptions
+from durastream_spark.source.partitions import Partitioner
+from durastream_spark.source.planner import batch_ranges
+from durastream_spark.source.scan import RangeScanner
+
+
+class StreamsNotFound(DurastreamError):
+    """A batch read names streams that do not exist."""
+
+
+class DurableStreamBatchReader(DataSourceReader):
+    """Plans on the driver (``partitions``), reads on the executors (``read``)."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.layout = OutputLayout.for_schema(schema)
+        self.data_loss = DataLossReporter(options.fail_on_data_loss)
+        self.scanner = RangeScanner(options.connection, self.layout, self.data_loss)
+
+    def partitions(self) -> list[InputPartition]:
+        client = StreamClient(self.options.connection)
+        selection = self.options.selection
+        if selection.is_pattern and not client.extensions().listing:
+            raise ExtensionNotSupported(
+                "listing",
+                self.options.connection.url,
+                f"find the streams matching pattern {selection.pattern!r}; use option 'streams'",
+            )
+        catalog = StreamCatalog(
+            client,
+            streams=selection.streams,
+            pattern=selection.pattern,
+            exclude_prefix=self.options.pin_prefix,
+        )
+        states = catalog.snapshot()
+        missing = [path for path in selection.streams if path not in states]
+        if missing:
+            raise StreamsNotFound(
+                f"Stream(s) {', '.join(repr(p) for p in missing)} (option 'streams') do not exist under "
+                f"{self.options.connection.url}. Check the names, or create the streams first."
+            )
+        ranges = batch_ranges(
+            self.options.starting,
+            self.options.ending,
+            {path: state.tail for path, state in states.items()},
+            starting_raw=self.options.starting_text,
+            ending_raw=self.options.ending_text,
+        )
+        partitioner = Partitioner(self.options, client, self.layout, self.data_loss)
+        content_types = {path: state.content_type for path, state in states.items()}
+        return list(partitioner.partitions(ranges, content_types))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.scanner.read(partition)

@@ -1,0 +1,121 @@
+"""Which streams a query reads right now, with their tails: ``streams`` (a fixed list) or ``pattern``.
+
+A snapshot is taken once per ``latestOffset()`` (and once per batch read): for ``streams``, one ``HEAD`` per
+stream (in parallel when there are several); for ``pattern``, the server's listing extension (one request per
+1000 streams), which also makes streams created while the query runs appear in the next snapshot. A stream
+that does not exist is simply absent from the snapshot; whether that is data loss (it existed and was
+deleted) or nothing yet (never created) is decided by the caller, which knows the offsets.
+
+Glob rules (as the server's listing and subscriptions): ``*`` as a whole segment matches one segment, ``**``
+any number of segments (also none), a ``*`` inside a segment any run of characters in that segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from durastream_spark.errors import StreamGone, StreamNotFound
+
+if TYPE_CHECKING:  # the client imports the package root: importing it here would be circular
+    from durastream_spark.protocol.client import StreamClient
+
+log = logging.getLogger(__name__)
+
+_HEAD_PARALLELISM = 16
+
+
+@dataclass(frozen=True)
+class StreamState:
+    """One stream as the server described it: its tail (next offset), closure and content type."""
+
+    path: str
+    tail: str
+    closed: bool
+    content_type: str
+
+
+def normalize_pattern(text: str) -> str:
+    """A root-relative glob, checked. Raises ``ValueError`` saying what is wrong."""
+    clean = text.strip().strip("/")
+    if not clean:
+        raise ValueError("the pattern is empty")
+    for segment in clean.split("/"):
+        if segment == "":
+            raise ValueError("the pattern has an empty segment ('//')")
+        if "**" in segment and segment != "**":
+            raise ValueError("'**' must be a whole path segment")
+        if segment in (".", ".."):
+            raise ValueError("the pattern has a '.' or '..' segment")
+    return clean
+
+
+@lru_cache(maxsize=256)
+def _segment_regex(segment: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in segment.split("*")), re.DOTALL)
+
+
+def glob_matches(pattern: str, path: str) -> bool:
+    """Whether the root-relative ``path`` matches ``pattern`` (rules in the module docstring)."""
+    return _match(tuple(pattern.split("/")), tuple(path.split("/")))
+
+
+def _match(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not path
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_match(rest, path[i:]) for i in range(len(path) + 1))
+    return bool(path) and bool(_segment_regex(head).fullmatch(path[0])) and _match(rest, path[1:])
+
+
+class StreamCatalog:
+    """Snapshots of the selected streams. Holds no state between snapshots; picklable."""
+
+    def __init__(
+        self,
+        client: StreamClient,
+        *,
+        streams: Iterable[str] = (),
+        pattern: str | None = None,
+        exclude_prefix: str | None = None,
+    ) -> None:
+        self.client = client
+        self.streams = tuple(streams)
+        self.pattern = pattern
+        # The source's own fallback pins (forks) must never be read as data by a broad pattern.
+        self.exclude_prefix = None if exclude_prefix is None else exclude_prefix.rstrip("/") + "/"
+
+    def snapshot(self) -> dict[str, StreamState]:
+        """``{path: StreamState}`` of every selected stream that exists now (sorted by path)."""
+        if self.pattern is not None:
+            found = {
+                info.path: StreamState(info.path, info.next_offset, info.closed, info.content_type)
+                for info in self.client.list_streams(pattern=self.pattern)
+                if glob_matches(self.pattern, info.path)  # defensive: the server filtered already
+                and not (self.exclude_prefix and info.path.startswith(self.exclude_prefix))
+            }
+        else:
+            found = self._heads(self.streams)
+        return {path: found[path] for path in sorted(found)}
+
+    def _heads(self, paths: tuple[str, ...]) -> dict[str, StreamState]:
+        if len(paths) <= 1:
+            states = [self._head(path) for path in paths]
+        else:
+            with ThreadPoolExecutor(min(_HEAD_PARALLELISM, len(paths))) as pool:
+                states = list(pool.map(self._head, paths))
+        return {state.path: state for state in states if state is not None}
+
+    def _head(self, path: str) -> StreamState | None:
+        try:
+            meta = self.client.head(path)
+        except (StreamNotFound, StreamGone) as error:
+            log.debug("stream %r is not readable now: %s", path, error)
+            return None
+        return StreamState(path, meta.next_offset, meta.closed, meta.content_type)

@@ -1,0 +1,243 @@
+"""The source's options, parsed once on the driver into a frozen, picklable ``SourceOptions``.
+
+Every key is a named constant here and validated in ``SourceOptions.parse``; errors name the option, the
+value and what is accepted. The table users read is in the docstring of ``durastream_spark.source``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from durastream_spark.errors import OptionError
+from durastream_spark.options import CONNECTION_KEYS, ConnectionOptions, OptionReader
+from durastream_spark.source.discovery import glob_matches, normalize_pattern
+from durastream_spark.source.offsets import (
+    EarliestSpec,
+    LatestSpec,
+    OffsetSpec,
+    SpecificSpec,
+    check_spec_paths,
+    normalize_path,
+    parse_offset_spec,
+)
+
+# ---- option keys (canonical spelling; matching is case-insensitive) ----------------------------------------
+STREAMS = "streams"
+PATTERN = "pattern"
+STARTING_OFFSETS = "startingOffsets"
+ENDING_OFFSETS = "endingOffsets"
+MAX_MESSAGES_PER_TRIGGER = "maxMessagesPerTrigger"
+MAX_BYTES_PER_TRIGGER = "maxBytesPerTrigger"
+FAIL_ON_DATA_LOSS = "failOnDataLoss"
+MIN_PARTITIONS = "minPartitions"
+MAX_BYTES_PER_PARTITION = "maxBytesPerPartition"
+MAX_MESSAGES_PER_PARTITION = "maxMessagesPerPartition"
+PIN_PREFIX = "fallback.pinPrefix"
+PIN_TTL = "fallback.pinTtl"
+
+SOURCE_KEYS: frozenset[str] = frozenset(
+    {
+        STREAMS,
+        PATTERN,
+        STARTING_OFFSETS,
+        ENDING_OFFSETS,
+        MAX_MESSAGES_PER_TRIGGER,
+        MAX_BYTES_PER_TRIGGER,
+        FAIL_ON_DATA_LOSS,
+        MIN_PARTITIONS,
+        MAX_BYTES_PER_PARTITION,
+        MAX_MESSAGES_PER_PARTITION,
+        PIN_PREFIX,
+        PIN_TTL,
+    }
+)
+
+# ---- defaults -----------------------------------------------------------------------------------------------
+DEFAULT_MAX_BYTES_PER_PARTITION = 128 * 1024 * 1024  # as spark.sql.files.maxPartitionBytes
+DEFAULT_PIN_PREFIX = "__durastream_pins"
+DEFAULT_PIN_TTL_SECONDS = 24 * 3600
+MAX_INT = 2**53 - 1  # what the server's limit lookups accept
+
+_SIZE = re.compile(r"^(\d+)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?$", re.IGNORECASE)
+_SIZE_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def byte_size(
+    reader: OptionReader, key: str, default: int | None, *, minimum: int = 1
+) -> int | None:
+    """Bytes: ``1048576``, or with a binary unit ``512k``, ``32m``, ``1g`` (``kb``/``mib`` spellings too)."""
+    accepted = (
+        f"a number of bytes >= {minimum}, optionally with a unit: 512k, 32m, 1g "
+        f"(binary multiples), at most {MAX_INT}"
+    )
+    value = reader.raw(key)
+    if value is None:
+        return default
+    match = _SIZE.match(value.strip())
+    if not match:
+        raise OptionError(key, value, accepted)
+    unit = (match.group(2) or "b").lower()[0]
+    number = int(match.group(1)) * _SIZE_UNITS[unit]
+    if not minimum <= number <= MAX_INT:
+        raise OptionError(key, value, accepted, reason="out of range")
+    return number
+
+
+@dataclass(frozen=True)
+class StreamSelection:
+    """Which streams a query reads: a fixed list (``streams``) or a glob (``pattern``)."""
+
+    streams: tuple[str, ...] = ()
+    pattern: str | None = None
+
+    @property
+    def is_pattern(self) -> bool:
+        return self.pattern is not None
+
+    def describe(self) -> str:
+        if self.pattern is not None:
+            return f"pattern {self.pattern!r}"
+        return "streams " + ", ".join(repr(s) for s in self.streams)
+
+    def includes(self, path: str) -> bool:
+        if self.pattern is not None:
+            return glob_matches(self.pattern, path)
+        return path in self.streams
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Everything the source needs from its options. Frozen and picklable (it travels to the tasks)."""
+
+    connection: ConnectionOptions
+    selection: StreamSelection
+    starting: OffsetSpec = EarliestSpec()
+    ending: OffsetSpec = LatestSpec()
+    ending_given: bool = False
+    starting_text: str | None = None  # as the user wrote them, for error messages
+    ending_text: str | None = None
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    min_partitions: int | None = None
+    max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
+    max_messages_per_partition: int | None = None
+    pin_prefix: str = DEFAULT_PIN_PREFIX
+    pin_ttl_seconds: int = DEFAULT_PIN_TTL_SECONDS
+
+    @property
+    def has_trigger_limits(self) -> bool:
+        return self.max_messages_per_trigger is not None or self.max_bytes_per_trigger is not None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str] | None) -> SourceOptions:
+        reader = OptionReader(options)
+        reader.ensure_known(CONNECTION_KEYS | SOURCE_KEYS)
+        connection = ConnectionOptions.parse(reader)
+        selection = _parse_selection(reader)
+
+        raw_start = reader.raw(STARTING_OFFSETS)
+        starting = parse_offset_spec(STARTING_OFFSETS, raw_start, ending=False)
+        raw_end = reader.raw(ENDING_OFFSETS)
+        ending = parse_offset_spec(ENDING_OFFSETS, raw_end, ending=True)
+        for key, raw, spec in (
+            (STARTING_OFFSETS, raw_start, starting),
+            (ENDING_OFFSETS, raw_end, ending),
+        ):
+            _check_spec_against_selection(key, raw, spec, selection)
+
+        max_messages = reader.integer(MAX_MESSAGES_PER_TRIGGER, 0, minimum=1, maximum=MAX_INT)
+        max_bytes = byte_size(reader, MAX_BYTES_PER_TRIGGER, None)
+        min_partitions = reader.integer(MIN_PARTITIONS, 0, minimum=1, maximum=100_000)
+        per_partition_messages = reader.integer(
+            MAX_MESSAGES_PER_PARTITION, 0, minimum=1, maximum=MAX_INT
+        )
+        per_partition_bytes = byte_size(
+            reader, MAX_BYTES_PER_PARTITION, DEFAULT_MAX_BYTES_PER_PARTITION, minimum=1024
+        )
+
+        pin_prefix_raw = reader.string(
+            PIN_PREFIX, DEFAULT_PIN_PREFIX, accepted="a stream path prefix"
+        )
+        try:
+            pin_prefix = normalize_path(pin_prefix_raw or DEFAULT_PIN_PREFIX)
+        except ValueError as exc:
+            raise OptionError(
+                PIN_PREFIX, pin_prefix_raw, "a stream path prefix", reason=str(exc)
+            ) from None
+        pin_ttl_ms = reader.duration_ms(
+            PIN_TTL, DEFAULT_PIN_TTL_SECONDS * 1000, minimum=60_000, maximum=365 * 86_400_000
+        )
+        if pin_ttl_ms % 1000:
+            raise OptionError(
+                PIN_TTL, reader.raw(PIN_TTL), "a whole number of seconds (e.g. 3600s, 24h)"
+            )
+
+        return cls(
+            connection=connection,
+            selection=selection,
+            starting=starting,
+            ending=ending,
+            ending_given=raw_end is not None,
+            starting_text=raw_start,
+            ending_text=raw_end,
+            max_messages_per_trigger=max_messages or None,
+            max_bytes_per_trigger=max_bytes,
+            fail_on_data_loss=reader.boolean(FAIL_ON_DATA_LOSS, True),
+            min_partitions=min_partitions or None,
+            max_bytes_per_partition=per_partition_bytes or DEFAULT_MAX_BYTES_PER_PARTITION,
+            max_messages_per_partition=per_partition_messages or None,
+            pin_prefix=pin_prefix,
+            pin_ttl_seconds=pin_ttl_ms // 1000,
+        )
+
+
+def _parse_selection(reader: OptionReader) -> StreamSelection:
+    streams_raw = reader.raw(STREAMS)
+    pattern_raw = reader.raw(PATTERN)
+    accepted = (
+        f"exactly one of '{STREAMS}' (comma-separated stream paths relative to 'url') or "
+        f"'{PATTERN}' (a glob: '*' one segment, '**' any number)"
+    )
+    if streams_raw is not None and pattern_raw is not None:
+        raise OptionError(STREAMS, streams_raw, accepted, reason=f"'{PATTERN}' is set too")
+    if streams_raw is None and pattern_raw is None:
+        raise OptionError(STREAMS, None, accepted)
+    if pattern_raw is not None:
+        try:
+            return StreamSelection(pattern=normalize_pattern(pattern_raw))
+        except ValueError as exc:
+            raise OptionError(PATTERN, pattern_raw, accepted, reason=str(exc)) from None
+    assert streams_raw is not None
+    paths: list[str] = []
+    for item in streams_raw.split(","):
+        if not item.strip():
+            raise OptionError(STREAMS, streams_raw, accepted, reason="an empty entry")
+        try:
+            path = normalize_path(item)
+        except ValueError as exc:
+            raise OptionError(STREAMS, streams_raw, accepted, reason=str(exc)) from None
+        if path in paths:
+            raise OptionError(STREAMS, streams_raw, accepted, reason=f"{path!r} is listed twice")
+        paths.append(path)
+    return StreamSelection(streams=tuple(paths))
+
+
+def _check_spec_against_selection(
+    key: str, raw: str | None, spec: OffsetSpec, selection: StreamSelection
+) -> None:
+    if not isinstance(spec, SpecificSpec):
+        return
+    if selection.pattern is None:
+        check_spec_paths(key, raw, spec, selection.streams)
+        return
+    outside = [path for path in spec.paths if not glob_matches(selection.pattern, path)]
+    if outside:
+        raise OptionError(
+            key,
+            raw,
+            f"offsets only for streams matching the pattern {selection.pattern!r}",
+            reason=f"stream(s) {', '.join(repr(p) for p in outside)} do not match it",
+        )

@@ -1,0 +1,423 @@
+"""``spark.readStream.format("durastream")``: micro-batches over exact, replayable offset ranges.
+
+One reader instance lives in the driver's Python source process for the whole query run; Spark calls it as
+follows (Spark >= 4.2):
+
+1. ``initialOffset()``: a pure function of the options (see ``offsets.py`` for why ``latest`` stays
+   symbolic here).
+2. ``latestOffset(start, limit)``: one snapshot of the streams (tails, closure), then the end of the next
+   batch: every stream up to its tail, or, under ``maxMessagesPerTrigger``/``maxBytesPerTrigger``, up to the
+   message boundary the server's limit lookup finds for the stream's share of the budget. Gone streams are
+   reported through the data-loss choke point here, before Spark writes the end to its offset log.
+3. ``partitions(start, end)``: a pure plan of ``[start, end)`` per stream (``planner.ranges_between``), cut
+   into tasks (``partitions.py``). It does not look at the current tails at all, so a replay after a
+   failure or restart reads exactly the same messages, whatever was appended since.
+4. ``read(partition)`` on the executors (``scan.py``); ``commit(end)`` drops fallback pins.
+
+``Trigger.AvailableNow``: ``prepareForTriggerAvailableNow`` records every stream's tail; later batches never
+go past it, and streams created afterwards wait for the next run. Closed streams simply stop advancing (their
+tail is final), so an AvailableNow run ends once every stream reached its target.
+
+On Spark 4.0/4.1 (no admission control), ``latestOffset()`` has no arguments: it returns every stream's tail;
+the per-trigger limits are refused when the query starts, and deleted streams are reported in
+``partitions``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+from durastream_spark import compat
+from durastream_spark.errors import (
+    EndBeyondTail,
+    ExtensionNotSupported,
+    OptionError,
+    StreamGone,
+    StreamNotFound,
+)
+from durastream_spark.protocol.client import StreamClient
+from durastream_spark.protocol.extensions import LIMIT_LOOKUP
+from durastream_spark.source.arrow import OutputLayout
+from durastream_spark.source.data_loss import DataLossReporter
+from durastream_spark.source.discovery import StreamCatalog, StreamState
+from durastream_spark.source.fallback import delete_pin, pin_path
+from durastream_spark.source.offsets import (
+    DEFAULT_KEY,
+    EARLIEST,
+    LATEST,
+    EarliestSpec,
+    LatestSpec,
+    SourceOffset,
+    SpecificSpec,
+    is_token,
+    offset_after,
+)
+from durastream_spark.source.options import (
+    ENDING_OFFSETS,
+    MAX_BYTES_PER_TRIGGER,
+    MAX_MESSAGES_PER_TRIGGER,
+    STARTING_OFFSETS,
+    SourceOptions,
+)
+from durastream_spark.source.partitions import Partitioner
+from durastream_spark.source.planner import (
+    LossNotice,
+    RangeSize,
+    StreamRange,
+    allocate,
+    plan_next_end,
+    ranges_between,
+)
+from durastream_spark.source.scan import RangeScanner
+
+log = logging.getLogger(__name__)
+
+_SIZE_CACHE_LIMIT = 4096
+
+
+def initial_offset(options: SourceOptions) -> SourceOffset:
+    """The query's first start offset: a pure function of the options (no request, no clock)."""
+    spec = options.starting
+    selection = options.selection
+    if selection.pattern is not None:
+        if isinstance(spec, LatestSpec):
+            return SourceOffset((), LATEST)
+        if isinstance(spec, SpecificSpec):
+            return SourceOffset.of(dict(spec.offsets))
+        return SourceOffset()
+    if isinstance(spec, EarliestSpec):
+        return SourceOffset.of(dict.fromkeys(selection.streams, EARLIEST))
+    if isinstance(spec, LatestSpec):
+        return SourceOffset.of(dict.fromkeys(selection.streams, LATEST))
+    assert isinstance(spec, SpecificSpec)
+    return SourceOffset.of({path: spec.value_for(path) for path in selection.streams})
+
+
+class _StreamReaderBase(DataSourceStreamReader):
+    """Everything but the version-specific ``latestOffset`` signature."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        if options.ending_given:
+            raise OptionError(
+                ENDING_OFFSETS,
+                options.ending_text,
+                "endingOffsets only for batch reads (spark.read)",
+                reason="a streaming query has no end; use Trigger.AvailableNow to stop at the current tails",
+            )
+        self.options = options
+        self.layout = OutputLayout.for_schema(schema)
+        self.data_loss = DataLossReporter(options.fail_on_data_loss)
+        self.scanner = RangeScanner(options.connection, self.layout, self.data_loss)
+        self._driver: _DriverState | None = None
+
+    # Spark pickles the reader into the read function of every task: keep the driver's state out of it.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_driver"] = None
+        return state
+
+    @property
+    def driver(self) -> _DriverState:
+        if self._driver is None:
+            self._driver = _DriverState(self.options, self.layout, self.data_loss)
+        return self._driver
+
+    # ---- offsets -----------------------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        return initial_offset(self.options).to_dict()
+
+    def _next_end(self, start: dict, max_messages: int | None, max_bytes: int | None) -> dict:
+        return self.driver.next_end(
+            SourceOffset.from_dict(start), max_messages, max_bytes
+        ).to_dict()
+
+    def _all_tails(self) -> dict:
+        """Spark 4.0/4.1: no start offset given; every stream's tail (streams never seen start at 0)."""
+        states = self.driver.snapshot()
+        return SourceOffset.of({path: state.tail for path, state in states.items()}).to_dict()
+
+    def reportLatestOffset(self) -> dict | None:
+        tails = self.driver.latest_tails
+        return None if tails is None else SourceOffset.of(tails).to_dict()
+
+    # ---- planning and reading ---------------------------------------------------------------------------
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return list(
+            self.driver.partitions(SourceOffset.from_dict(start), SourceOffset.from_dict(end))
+        )
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self.scanner.read(partition)
+
+    def commit(self, end: dict) -> None:
+        self.driver.commit(SourceOffset.from_dict(end))
+
+    def stop(self) -> None:
+        if self._driver is not None:
+            self._driver.stop()
+
+
+class _DriverState:
+    """The driver-side half of a stream reader: client, snapshots, AvailableNow target, caches, pins."""
+
+    def __init__(
+        self, options: SourceOptions, layout: OutputLayout, data_loss: DataLossReporter
+    ) -> None:
+        self.options = options
+        self.data_loss = data_loss
+        self.client = StreamClient(options.connection)
+        selection = options.selection
+        self.catalog = StreamCatalog(
+            self.client,
+            streams=selection.streams,
+            pattern=selection.pattern,
+            exclude_prefix=options.pin_prefix,
+        )
+        self.partitioner = Partitioner(options, self.client, layout, data_loss)
+        self.target: dict[str, str] | None = None
+        self.latest_tails: dict[str, str] | None = None
+        self.content_types: dict[str, str] = {}
+        self.finished: dict[str, str] = {}  # streams seen closed -> final offset
+        self.sizes: dict[tuple[str, str, str], RangeSize] = {}
+        self.reported: set[tuple[str, str | None, str | None]] = set()
+        self.pins: set[tuple[str, str, str]] = set()
+        self._checked_extensions = False
+
+    # ---- capabilities -----------------------------------------------------------------------------------
+
+    def check_capabilities(self) -> None:
+        """Refuse, at query start, what this server cannot do (named by option)."""
+        if self._checked_extensions:
+            return
+        extensions = self.client.extensions()
+        if self.options.selection.is_pattern and not extensions.listing:
+            raise ExtensionNotSupported(
+                "listing",
+                self.options.connection.url,
+                f"discover the streams matching pattern {self.options.selection.pattern!r}; list the "
+                "streams with option 'streams' instead",
+            )
+        if self.options.has_trigger_limits and not extensions.limit_lookup:
+            option = (
+                MAX_MESSAGES_PER_TRIGGER
+                if self.options.max_messages_per_trigger is not None
+                else MAX_BYTES_PER_TRIGGER
+            )
+            raise ExtensionNotSupported(
+                LIMIT_LOOKUP,
+                self.options.connection.url,
+                f"honour option '{option}' (finding the message boundary that ends a limited batch "
+                "needs it); remove the option to read everything available per trigger",
+            )
+        self._checked_extensions = True
+
+    # ---- snapshots --------------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, StreamState]:
+        self.check_capabilities()
+        states = self.catalog.snapshot()
+        for path, state in states.items():
+            self.content_types[path] = state.content_type
+            if state.closed:
+                self.finished[path] = state.tail
+            else:
+                self.finished.pop(path, None)
+        self.latest_tails = {path: state.tail for path, state in states.items()}
+        return states
+
+    def prepare_available_now(self) -> None:
+        states = self.snapshot()
+        self.target = {path: state.tail for path, state in states.items()}
+        log.info(
+            "Trigger.AvailableNow: reading %d stream(s) up to %s", len(self.target), self.target
+        )
+
+    # ---- ends -------------------------------------------------------------------------------------------
+
+    def next_end(
+        self, start: SourceOffset, max_messages: int | None, max_bytes: int | None
+    ) -> SourceOffset:
+        states = self.snapshot()
+        tails = {path: state.tail for path, state in states.items()}
+        plan = plan_next_end(start, tails, self.target, self.finished)
+        if plan.losses and start == initial_offset(self.options):
+            # Nothing was read yet: an offset the stream does not have is a wrong option, not a loss.
+            loss = plan.losses[0]
+            raise OptionError(
+                STARTING_OFFSETS,
+                self.options.starting_text,
+                "offsets the server returned for existing streams, at or before their tails",
+                reason=f"stream {loss.stream!r} at {loss.start}: "
+                + (f"its tail is {loss.end}" if loss.end else "the stream does not exist"),
+            )
+        for loss in plan.losses:
+            self.report(loss)
+        ends = dict(plan.fixed)
+        if plan.pending:
+            if max_messages is None and max_bytes is None:
+                ends.update({item.stream: item.end for item in plan.pending})
+            else:
+                ends.update(self.admit(plan.pending, max_messages, max_bytes))
+        return SourceOffset.of(ends)
+
+    def admit(
+        self, pending: list[StreamRange], max_messages: int | None, max_bytes: int | None
+    ) -> dict[str, str]:
+        """Ends of ``pending`` ranges within the per-trigger budget, shared in proportion to lag."""
+        lags: dict[str, RangeSize] = {}
+        for item in pending:
+            try:
+                found = self.client.lookup_limit(item.stream, item.start, end=item.end)
+            except (StreamNotFound, StreamGone, EndBeyondTail) as error:
+                self.report(LossNotice(item.stream, item.start, item.end, f"not readable: {error}"))
+                continue
+            lags[item.stream] = RangeSize(found.messages, found.bytes)
+        message_shares = allocate({p: s.messages for p, s in lags.items()}, max_messages)
+        byte_shares = allocate({p: s.bytes for p, s in lags.items()}, max_bytes)
+        ends: dict[str, str] = {}
+        for item in pending:
+            lag = lags.get(item.stream)
+            if lag is None:
+                continue
+            messages, size = message_shares[item.stream], byte_shares[item.stream]
+            if messages >= lag.messages and size >= lag.bytes:
+                ends[item.stream] = item.end
+                self.remember_size(item, lag)
+                continue
+            if messages == 0 or size == 0:
+                # No share this trigger; an EARLIEST start stays "nothing read yet".
+                ends[item.stream] = item.start
+                continue
+            found = self.client.lookup_limit(
+                item.stream,
+                item.start,
+                max_messages=messages if max_messages is not None else None,
+                max_bytes=size if max_bytes is not None else None,
+                end=item.end,
+            )
+            ends[item.stream] = found.end
+            self.remember_size(
+                StreamRange(item.stream, item.start, found.end),
+                RangeSize(found.messages, found.bytes),
+            )
+        return ends
+
+    def remember_size(self, item: StreamRange, size: RangeSize) -> None:
+        if len(self.sizes) > _SIZE_CACHE_LIMIT:
+            self.sizes.clear()
+        self.sizes[(item.stream, item.start, item.end)] = size
+
+    # ---- partitions, commits ----------------------------------------------------------------------------
+
+    def partitions(self, start: SourceOffset, end: SourceOffset) -> list:
+        self.check_capabilities()
+        ranges, losses = ranges_between(start, end)
+        for path, value in start.positions:
+            if is_token(value) and end.get(path) is None and self.finished.get(path) != value:
+                losses.append(
+                    LossNotice(path, value, None, "the stream is gone (deleted or expired)")
+                )
+        for loss in losses:
+            self.report(loss)
+        if any(item.stream not in self.content_types for item in ranges):
+            self.snapshot()  # after a restart: learn the content types
+        return self.partitioner.partitions(
+            ranges, self.content_types, self.sizes, on_pin=self.remember_pin
+        )
+
+    def remember_pin(self, stream: str, end: str, prefix: str) -> None:
+        self.pins.add((stream, end, prefix))
+
+    def commit(self, end: SourceOffset) -> None:
+        """Spark committed everything up to ``end``: pins at or before it are no longer needed."""
+        done = {
+            pin
+            for pin in self.pins
+            if (committed := end.get(pin[0])) is not None and not offset_after(pin[1], committed)
+        }
+        for stream, pinned_end, prefix in sorted(done):
+            delete_pin(self.client, pin_path(prefix, stream, pinned_end))
+        self.pins -= done
+        if len(self.sizes) > _SIZE_CACHE_LIMIT // 2:
+            self.sizes.clear()
+
+    def report(self, loss: LossNotice) -> None:
+        key = (loss.stream, loss.start, loss.end)
+        if key in self.reported:
+            return
+        self.data_loss.report(loss.stream, loss.start, loss.end, loss.reason)
+        self.reported.add(key)  # only reached when failOnDataLoss=false: warn once per range
+
+    def stop(self) -> None:
+        self.pins.clear()
+
+
+if compat.HAS_ADMISSION_CONTROL:
+    from durastream_spark.compat import (
+        ReadAllAvailable,
+        ReadLimit,
+        ReadMaxBytes,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+
+    class DurableStreamStreamReader(_StreamReaderBase, SupportsTriggerAvailableNow):
+        """Stream reader with admission control and ``Trigger.AvailableNow`` (Spark >= 4.2)."""
+
+        def getDefaultReadLimit(self) -> ReadLimit:
+            self.driver.check_capabilities()
+            if self.options.max_messages_per_trigger is not None:
+                return ReadMaxRows(self.options.max_messages_per_trigger)
+            if self.options.max_bytes_per_trigger is not None:
+                return ReadMaxBytes(self.options.max_bytes_per_trigger)
+            return ReadAllAvailable()
+
+        def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+            max_messages, max_bytes = self._limits(limit)
+            return self._next_end(start, max_messages, max_bytes)
+
+        def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:
+            """The engine's limit wins (``ReadAllAvailable`` ignores the options); a row or byte limit from
+            ``getDefaultReadLimit`` is combined with the other option, since Spark carries only one."""
+            if isinstance(limit, ReadMaxRows):
+                return limit.max_rows, self.options.max_bytes_per_trigger
+            if isinstance(limit, ReadMaxBytes):
+                return self.options.max_messages_per_trigger, limit.max_bytes
+            return None, None
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            self.driver.prepare_available_now()
+
+else:  # Spark 4.0 / 4.1
+
+    class DurableStreamStreamReader(_StreamReaderBase):  # type: ignore[no-redef]
+        """Stream reader without admission control (Spark 4.0/4.1): every batch reads all available."""
+
+        def __init__(self, options: SourceOptions, schema: StructType) -> None:
+            if options.has_trigger_limits:
+                option = (
+                    MAX_MESSAGES_PER_TRIGGER
+                    if options.max_messages_per_trigger is not None
+                    else MAX_BYTES_PER_TRIGGER
+                )
+                raise OptionError(
+                    option,
+                    str(options.max_messages_per_trigger or options.max_bytes_per_trigger),
+                    "no per-trigger limit on this Spark version",
+                    reason="admission control for Python sources needs Spark >= 4.2",
+                )
+            super().__init__(options, schema)
+
+        def latestOffset(self) -> dict:  # type: ignore[override]
+            return self._all_tails()
+
+
+__all__ = ["DEFAULT_KEY", "DurableStreamStreamReader", "initial_offset"]

@@ -1,0 +1,121 @@
+"""Offsets as pure values: the checkpoint JSON round trip, symbolic initial offsets, user specs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from durastream_spark.errors import OptionError
+from durastream_spark.source.offsets import (
+    DEFAULT_KEY,
+    EARLIEST,
+    LATEST,
+    EarliestSpec,
+    LatestSpec,
+    SourceOffset,
+    SpecificSpec,
+    is_token,
+    normalize_path,
+    offset_after,
+    parse_offset_spec,
+)
+
+T1 = "0000000000000000_0000000000000010"
+T2 = "0000000000000000_0000000000000200"
+
+paths = st.from_regex(r"[a-z][a-z0-9]{0,5}(/[a-z0-9]{1,4}){0,2}", fullmatch=True)
+tokens = st.integers(0, 10**12).map(lambda n: f"{0:016d}_{n:016d}")
+
+
+@given(st.dictionaries(paths, st.one_of(tokens, st.just(EARLIEST)), max_size=6))
+def test_json_round_trip_is_exact_and_canonical(mapping: dict[str, str]) -> None:
+    offset = SourceOffset.of(mapping)
+    text = offset.json()
+    assert SourceOffset.from_json(text) == offset
+    assert json.loads(text) == mapping
+    # Spark compares offsets by their JSON text: the same content must always give the same text.
+    assert SourceOffset.of(dict(reversed(list(mapping.items())))).json() == text
+    assert list(offset.to_dict()) == sorted(mapping)
+
+
+def test_checkpoint_json_is_readable_path_to_offset() -> None:
+    offset = SourceOffset.of({"events/b": T2, "events/a": T1})
+    assert offset.json() == f'{{"events/a":"{T1}","events/b":"{T2}"}}'
+    assert offset.concrete
+
+
+def test_initial_latest_marker_round_trips_and_is_not_a_stream() -> None:
+    offset = SourceOffset((), LATEST)
+    assert offset.to_dict() == {DEFAULT_KEY: LATEST}
+    parsed = SourceOffset.from_dict({DEFAULT_KEY: LATEST, "a": T1})
+    assert parsed.default == LATEST and parsed.paths == ("a",)
+    assert parsed.start_of("new") == LATEST and parsed.start_of("a") == T1
+    assert not parsed.concrete
+    with pytest.raises(ValueError, match="stream path is empty"):
+        normalize_path(DEFAULT_KEY.strip("/").replace("default", ""))
+
+
+@pytest.mark.parametrize(
+    "document, message",
+    [
+        ([T1], "JSON object"),
+        ({"a": 5}, "offset string"),
+        ({"a": "0 1"}, "invalid offset"),
+        ({DEFAULT_KEY: "x"}, "must be"),
+    ],
+)
+def test_malformed_offsets_are_refused_with_a_reason(document, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        SourceOffset.from_dict(document)
+
+
+def test_offset_order_is_lexicographic_with_earliest_first() -> None:
+    assert offset_after(T2, T1) and not offset_after(T1, T2) and not offset_after(T1, T1)
+    assert offset_after(T1, EARLIEST) and not offset_after(EARLIEST, T1)
+    assert is_token(T1) and not is_token(EARLIEST) and not is_token("now") and not is_token("a b")
+
+
+def test_starting_offsets_forms() -> None:
+    assert parse_offset_spec("startingOffsets", None, ending=False) == EarliestSpec()
+    assert parse_offset_spec("startingOffsets", " LATEST ", ending=False) == LatestSpec()
+    spec = parse_offset_spec(
+        "startingOffsets",
+        json.dumps({"/a/": T1, "b": "earliest", "c": "latest", "d": "-1"}),
+        ending=False,
+    )
+    assert isinstance(spec, SpecificSpec)
+    assert dict(spec.offsets) == {"a": T1, "b": EARLIEST, "c": LATEST, "d": EARLIEST}
+    assert spec.value_for("unlisted") == EARLIEST
+
+
+def test_ending_offsets_forms() -> None:
+    assert parse_offset_spec("endingOffsets", None, ending=True) == LatestSpec()
+    spec = parse_offset_spec("endingOffsets", json.dumps({"a": T2}), ending=True)
+    assert isinstance(spec, SpecificSpec) and spec.value_for("other") == LATEST
+
+
+@pytest.mark.parametrize(
+    "raw, ending, reason",
+    [
+        ("yesterday", False, None),
+        ("{not json", False, "not valid JSON"),
+        ("[1]", False, None),
+        ('{"a": 5}', False, "must be a JSON string"),
+        ('{"a": "now"}', False, "not an offset the server could have returned"),
+        ('{"a//b": "latest"}', False, "empty"),
+        ("{}", False, "names no stream"),
+        ("earliest", True, "cannot end at 'earliest'"),
+        ('{"a": "earliest"}', True, "cannot end at 'earliest'"),
+    ],
+)
+def test_bad_specs_name_option_value_and_accepted(raw: str, ending: bool, reason) -> None:
+    option = "endingOffsets" if ending else "startingOffsets"
+    with pytest.raises(OptionError) as caught:
+        parse_offset_spec(option, raw, ending=ending)
+    text = str(caught.value)
+    assert option in text and "Accepted:" in text and repr(raw) in text
+    if reason:
+        assert reason in text

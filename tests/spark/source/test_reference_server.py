@@ -1,0 +1,154 @@
+"""The source against the Node reference server (npm), which advertises none of our extensions.
+
+Batches stay replay-deterministic through forks pinned at each batch's end (``source/fallback.py``).
+What needs an extension (``pattern``, per-trigger limits) is refused with an error that says why.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.errors import StreamingQueryException
+
+from durastream_spark.compat import HAS_ADMISSION_CONTROL
+from durastream_spark.errors import StreamNotFound
+from durastream_spark.source import stream_reader
+from durastream_spark.source.arrow import DEFAULT_SCHEMA
+from durastream_spark.source.fallback import ReplayNotGuaranteed, ensure_pin, pin_path
+from durastream_spark.source.scan import PINNED_ROUTE
+from tests.spark.source.support import (
+    BatchCollector,
+    Streams,
+    docs,
+    encoded,
+    options_for,
+    reader_of,
+    run_available_now,
+    unique,
+)
+
+
+@pytest.fixture
+def streams(reference_server) -> Streams:
+    return Streams(reference_server)
+
+
+def read_all(reader, partitions) -> list[dict]:
+    return [r for p in partitions for batch in reader.read(p) for r in batch.to_pylist()]
+
+
+@pytest.mark.skipif(not HAS_ADMISSION_CONTROL, reason="reader API of Spark >= 4.2")
+def test_pinned_ranges_replay_identically_and_pins_go_away_on_commit(
+    reference_server, streams
+) -> None:
+    from durastream_spark.compat import ReadAllAvailable
+
+    base = unique("refreplay")
+    a, b = streams.create(f"{base}/a"), streams.create(f"{base}/b", "text/plain")
+    streams.append_json(a, docs(0, 20))
+    streams.append_raw(b, b"abc", "text/plain")
+    reader = stream_reader(options_for(reference_server, streams=f"{a},{b}"), DEFAULT_SCHEMA)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    partitions = reader.partitions(start, end)
+    assert {p.route for p in partitions} == {PINNED_ROUTE}
+    first = read_all(reader, partitions)
+
+    streams.append_json(a, docs(20, 5))
+    streams.append_raw(b, b"def", "text/plain")
+    assert read_all(reader, reader.partitions(start, end)) == first
+    assert [r["value"] for r in first if r["stream"] == a] == encoded(docs(0, 20))
+    assert [r["value"] for r in first if r["stream"] == b] == [b"abc"]
+    assert all(r["timestamp"] is None for r in first)
+
+    reader.commit(end)
+    with pytest.raises(StreamNotFound):
+        streams.client.head(pin_path("__durastream_pins", a, end[a]))
+
+
+def test_batch_read_and_typed_schema(spark, reference_server, streams) -> None:
+    path = streams.create(unique("refbatch"))
+    streams.append_json(path, docs(0, 4))
+    options = options_for(reference_server, streams=path)
+    rows = reader_of(spark, options, stream=False).collect()
+    assert sorted(bytes(r.value) for r in rows) == sorted(encoded(docs(0, 4)))
+    typed = reader_of(spark, options, schema="id INT, name STRING", stream=False)
+    assert sorted((r.id, r.name) for r in typed.collect()) == [(i, f"n{i}") for i in range(4)]
+
+
+def test_available_now_and_restart_read_each_message_once(
+    spark, reference_server, streams, tmp_path
+) -> None:
+    path = streams.create(unique("refstream"))
+    streams.append_json(path, docs(0, 6))
+    options = options_for(reference_server, streams=path)
+    collector = BatchCollector()
+    checkpoint = str(tmp_path / "chk")
+    run_available_now(spark, options, checkpoint, collector)
+    streams.append_json(path, docs(6, 4))
+    run_available_now(spark, options, checkpoint, collector)
+    assert [json.loads(bytes(r["value"]))["id"] for r in collector.rows] == list(range(10))
+
+
+@pytest.mark.skipif(not HAS_ADMISSION_CONTROL, reason="admission control needs Spark >= 4.2")
+def test_limits_and_patterns_are_refused_with_the_reason(
+    spark, reference_server, streams, tmp_path
+) -> None:
+    path = streams.create(unique("refrefuse"))
+    streams.append_json(path, docs(0, 2))
+    with pytest.raises(StreamingQueryException) as caught:
+        run_available_now(
+            spark,
+            options_for(reference_server, streams=path, maxMessagesPerTrigger=1),
+            str(tmp_path / "a"),
+            BatchCollector(),
+        )
+    assert "maxMessagesPerTrigger" in str(caught.value) and "limit-lookup" in str(caught.value)
+    with pytest.raises(StreamingQueryException) as caught:
+        run_available_now(
+            spark,
+            options_for(reference_server, pattern="x/*"),
+            str(tmp_path / "b"),
+            BatchCollector(),
+        )
+    assert "listing" in str(caught.value) and "'streams'" in str(caught.value)
+
+
+def test_deleted_stream_is_reported_as_data_loss(
+    spark, reference_server, streams, tmp_path
+) -> None:
+    path = streams.create(unique("refloss"))
+    streams.append_json(path, docs(0, 2))
+    options = options_for(reference_server, streams=path)
+    checkpoint = str(tmp_path / "chk")
+    run_available_now(spark, options, checkpoint, BatchCollector())
+    streams.client.delete(path)
+    with pytest.raises(StreamingQueryException, match="Data loss in stream"):
+        run_available_now(spark, options, checkpoint, BatchCollector())
+
+
+class _ForkIgnoringClient:
+    """A server that accepts the PUT but ignores the fork headers (creates an empty stream)."""
+
+    class connection:  # noqa: N801 - mimics the attribute of StreamClient
+        url = "http://example.invalid/v1/stream"
+
+    def create(self, path, content_type, **kwargs):
+        from durastream_spark.protocol.models import CreateResult
+
+        return CreateResult(path, True, content_type, "0000000000000000_0000000000000000", False)
+
+
+def test_a_server_that_cannot_fork_is_refused_with_the_missing_guarantee() -> None:
+    with pytest.raises(ReplayNotGuaranteed) as caught:
+        ensure_pin(
+            _ForkIgnoringClient(),
+            "pins",
+            "s",
+            "0000000000000000_0000000000000042",
+            "application/json",
+            60,
+        )
+    text = str(caught.value)
+    assert "bounded-read" in text and "fork" in text and "re-read identically" in text
