@@ -184,6 +184,18 @@ def append_request(path: str, headers: dict[str, str], body: bytes) -> AppendReq
     )
 
 
+def query_pairs(query_string: bytes) -> list[tuple[str, str]]:
+    """A read's query as ``(name, value)`` pairs (blank values kept, invalid UTF-8 replaced); raises
+    ``ValueError`` beyond ``MAX_QUERY_FIELDS`` fields."""
+    return parse_qsl(
+        query_string.decode("latin-1"),
+        keep_blank_values=True,
+        encoding="utf-8",
+        errors="replace",
+        max_num_fields=MAX_QUERY_FIELDS,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class ReadParams:
     offset: str  # "-1", "now" or a canonical token
@@ -195,13 +207,7 @@ class ReadParams:
 def read_params(query_string: bytes) -> ReadParams:
     """Sections 5.6-5.8 and 8: one non-empty ``offset`` (required for live modes), a known ``live``."""
     try:
-        pairs = parse_qsl(
-            query_string.decode("latin-1"),
-            keep_blank_values=True,
-            encoding="utf-8",
-            errors="replace",
-            max_num_fields=MAX_QUERY_FIELDS,
-        )
+        pairs = query_pairs(query_string)
     except ValueError:
         raise BadRequest("too many query parameters") from None
     values: dict[str, list[str]] = {}

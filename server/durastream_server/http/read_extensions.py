@@ -13,14 +13,13 @@ import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
-from urllib.parse import parse_qsl
 
 from durastream_server.engine import contenttype
 from durastream_server.engine.api import LimitRequest, ReadRequest
 from durastream_server.errors import InvalidParameter
 from durastream_server.http import frames, responses
 from durastream_server.http.etag import if_none_match, make_etag
-from durastream_server.http.parse import MAX_QUERY_FIELDS, MAX_SAFE_INTEGER, ReadParams
+from durastream_server.http.parse import MAX_SAFE_INTEGER, ReadParams, query_pairs
 from durastream_server.http.responses import Headers
 from durastream_server.offsets import NOW
 
@@ -51,13 +50,7 @@ def parse(query_string: bytes, live: str | None) -> ReadExtensions | None:
     if not any(hint in query_string for hint in _HINTS):
         return None
     try:
-        pairs = parse_qsl(
-            query_string.decode("latin-1"),
-            keep_blank_values=True,
-            encoding="utf-8",
-            errors="replace",
-            max_num_fields=MAX_QUERY_FIELDS,
-        )
+        pairs = query_pairs(query_string)
     except ValueError:
         return None  # the base parser has already answered "too many query parameters"
     values: dict[str, list[str]] = {}

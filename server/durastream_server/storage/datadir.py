@@ -32,7 +32,7 @@ from pathlib import Path
 
 from durastream_server import errors
 from durastream_server.storage import codec
-from durastream_server.storage.files import FdCache, fsync_dir, is_out_of_space
+from durastream_server.storage.files import FdCache, fsync_dir, is_out_of_space, write_file
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.log import LogContext, StreamLog
 from durastream_server.storage.records import AppendEntry, StreamHeader
@@ -250,18 +250,10 @@ class DataDir:
         renamed = False
         try:
             staged.mkdir()
-            fd = os.open(
-                staged / segment_name(0), os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644
+            data = header_frame if initial_frame is None else header_frame + initial_frame
+            write_file(
+                staged / segment_name(0), os.O_WRONLY | os.O_CREAT | os.O_EXCL, data, sync=sync
             )
-            try:
-                data = header_frame if initial_frame is None else header_frame + initial_frame
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if sync:
-                    os.fdatasync(fd)
-            finally:
-                os.close(fd)
             if sync:
                 fsync_dir(staged)
             os.rename(staged, final)

@@ -153,6 +153,20 @@ def pread_exact(fd: int, length: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
+def write_file(path: str | os.PathLike[str], flags: int, data: bytes, *, sync: bool) -> None:
+    """Open ``path`` with ``flags`` (and O_CLOEXEC, mode 0o644), write all of ``data``, fdatasync it
+    if ``sync``, close it."""
+    fd = os.open(path, flags | _O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a directory's entries (creates, renames) durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)

@@ -23,7 +23,37 @@ from bisect import bisect_right
 RECENT_RECORDS = 128
 
 
-class SparseIndex:
+class _Points:
+    """Lookups over parallel ``positions``/``offsets``/``ordinals`` arrays, in log order."""
+
+    __slots__ = ()
+    positions: array
+    offsets: array
+    ordinals: array
+
+    def floor(self, position: int) -> tuple[int, int] | None:
+        """The last point with a position <= ``position``."""
+        i = bisect_right(self.positions, position) - 1
+        if i < 0:
+            return None
+        return self.positions[i], self.offsets[i]
+
+    def floor_entry(self, position: int) -> tuple[int, int, int] | None:
+        """The last point ``(position, offset, ordinal)`` with a position <= ``position``."""
+        i = bisect_right(self.positions, position) - 1
+        if i < 0:
+            return None
+        return self.positions[i], self.offsets[i], self.ordinals[i]
+
+    def floor_ordinal(self, ordinal: int) -> tuple[int, int, int] | None:
+        """The last point whose ordinal is <= ``ordinal`` (ordinals never decrease)."""
+        i = bisect_right(self.ordinals, ordinal) - 1
+        if i < 0:
+            return None
+        return self.positions[i], self.offsets[i], self.ordinals[i]
+
+
+class SparseIndex(_Points):
     """(position, global file offset, message ordinal) roughly every ``interval`` file bytes, in log
     order. ``messages`` counts every message noted so far (the durable message count of the log)."""
 
@@ -55,32 +85,11 @@ class SparseIndex:
             self.ordinals.append(self.messages)
         self.messages += n_messages
 
-    def floor(self, position: int) -> tuple[int, int] | None:
-        """The last point with a position <= ``position``."""
-        i = bisect_right(self.positions, position) - 1
-        if i < 0:
-            return None
-        return self.positions[i], self.offsets[i]
-
-    def floor_entry(self, position: int) -> tuple[int, int, int] | None:
-        """The last point ``(position, offset, ordinal)`` with a position <= ``position``."""
-        i = bisect_right(self.positions, position) - 1
-        if i < 0:
-            return None
-        return self.positions[i], self.offsets[i], self.ordinals[i]
-
-    def floor_ordinal(self, ordinal: int) -> tuple[int, int, int] | None:
-        """The last point whose ordinal is <= ``ordinal`` (ordinals never decrease)."""
-        i = bisect_right(self.ordinals, ordinal) - 1
-        if i < 0:
-            return None
-        return self.positions[i], self.offsets[i], self.ordinals[i]
-
     def __len__(self) -> int:
         return len(self.offsets)
 
 
-class RecentRecords:
+class RecentRecords(_Points):
     """Exact (position, offset, ordinal) of the last ``limit`` records, so tailing readers skip the
     scan."""
 
@@ -100,24 +109,6 @@ class RecentRecords:
             del self.positions[: self.limit]
             del self.offsets[: self.limit]
             del self.ordinals[: self.limit]
-
-    def floor(self, position: int) -> tuple[int, int] | None:
-        i = bisect_right(self.positions, position) - 1
-        if i < 0:
-            return None
-        return self.positions[i], self.offsets[i]
-
-    def floor_entry(self, position: int) -> tuple[int, int, int] | None:
-        i = bisect_right(self.positions, position) - 1
-        if i < 0:
-            return None
-        return self.positions[i], self.offsets[i], self.ordinals[i]
-
-    def floor_ordinal(self, ordinal: int) -> tuple[int, int, int] | None:
-        i = bisect_right(self.ordinals, ordinal) - 1
-        if i < 0:
-            return None
-        return self.positions[i], self.offsets[i], self.ordinals[i]
 
 
 class LogIndex:

@@ -1,4 +1,4 @@
-"""Blocking read algorithms over a log's durable records: ranged reads and boundary lookups.
+"""Blocking read algorithms over a log's durable records: ranged reads.
 
 They start at an index point (a record start at or before the wanted position), walk record headers
 forward and read only the payload they return. Callers run ``read_range`` in a worker thread.
@@ -7,7 +7,7 @@ forward and read only the payload they return. Callers run ``read_range`` in a w
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from durastream_server.storage import codec
 from durastream_server.storage.codec import APPEND_FIXED_SIZE, FRAME, CorruptRecord, Kind
@@ -20,7 +20,6 @@ from durastream_server.storage.segments import (
     VERIFY_WHOLE_LIMIT,
     SegmentView,
     Window,
-    iter_appends,
 )
 
 
@@ -210,24 +209,3 @@ def read_entries(
         if done:
             break
     return out, next_pos
-
-
-def walk_boundaries(
-    segs: SegmentView, cache: FdCache, scan_from: int, anchor: int
-) -> Iterator[tuple[int, int]]:
-    """Messages ``(position, length)`` of durable records from the one starting at ``anchor`` on.
-
-    Raises ``NotABoundary`` if ``anchor`` is inside a message.
-    """
-    with Window(segs, cache) as window:
-        for ref in iter_appends(window, scan_from, segs.end):
-            if ref.end <= anchor:
-                continue
-            m_pos = ref.position
-            for length in ref.lengths(window):
-                m_end = m_pos + length
-                if m_end > anchor:
-                    if m_pos < anchor:
-                        raise NotABoundary(f"position {anchor} is inside a message")
-                    yield m_pos, length
-                m_pos = m_end

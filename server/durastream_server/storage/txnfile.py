@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from durastream_server.storage import codec
 from durastream_server.storage.codec import FRAME_SIZE, MAGIC, CorruptRecord, Kind
-from durastream_server.storage.files import fsync_dir, pwrite_all
+from durastream_server.storage.files import fsync_dir, pwrite_all, write_file
 from durastream_server.storage.records import StagedSource
 from durastream_server.storage.state import StreamState, apply_entry
 
@@ -370,15 +370,7 @@ def load_tombstones(txn_dir: str, now_ms: int) -> tuple[dict[str, Tombstone], in
 def append_tombstones(txn_dir: str, entries: list[tuple[str, Tombstone]], *, sync: bool) -> None:
     path = os.path.join(txn_dir, TOMBSTONES)
     data = b"".join(_tombstone_line(name, tombstone) for name, tombstone in entries)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if sync:
-            os.fdatasync(fd)
-    finally:
-        os.close(fd)
+    write_file(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, data, sync=sync)
 
 
 def rewrite_tombstones(txn_dir: str, live: dict[str, Tombstone], *, sync: bool) -> None:
@@ -386,15 +378,7 @@ def rewrite_tombstones(txn_dir: str, live: dict[str, Tombstone], *, sync: bool) 
     path = os.path.join(txn_dir, TOMBSTONES)
     tmp = path + TMP_SUFFIX
     data = b"".join(_tombstone_line(name, tombstone) for name, tombstone in live.items())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if sync:
-            os.fdatasync(fd)
-    finally:
-        os.close(fd)
+    write_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, data, sync=sync)
     os.replace(tmp, path)
     if sync:
         fsync_dir(txn_dir)

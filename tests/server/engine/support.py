@@ -1,4 +1,5 @@
-"""Test support: an engine on a real data directory, run inside ``asyncio.run``."""
+"""Test support: an engine on a real data directory (with optional staged-append limits and a fake
+clock), run inside ``asyncio.run``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from durastream_server.engine.api import (
     ReadResult,
 )
 from durastream_server.engine.engine import Engine, StreamObserver
+from durastream_server.engine.txnapi import TxnLimits
 from durastream_server.offsets import format_offset
 from durastream_server.storage import DataDir, Durability, StorageConfig
 from durastream_server.storage.records import ProducerTuple
@@ -49,15 +51,18 @@ class Recorder(StreamObserver):
         self.events.append(("deleted", path))
 
 
-def config(root: Path) -> StorageConfig:
-    return StorageConfig(root=root, durability=Durability.NONE)
+def config(root: Path, durability: Durability = Durability.NONE) -> StorageConfig:
+    return StorageConfig(root=root, durability=durability)
 
 
 async def open_engine(
-    root: Path, clock: Callable[[], float] | None = None
+    root: Path,
+    clock: Callable[[], float] | None = None,
+    limits: TxnLimits | None = None,
+    durability: Durability = Durability.NONE,
 ) -> tuple[DataDir, Engine]:
-    data = await DataDir.open(config(root))
-    engine = Engine(data, clock=clock, sweep_interval=0)
+    data = await DataDir.open(config(root, durability))
+    engine = Engine(data, clock=clock, sweep_interval=0, txn_limits=limits)
     await engine.start()
     return data, engine
 
@@ -72,9 +77,10 @@ def run(
     scenario: Callable[[Engine], Awaitable[None]],
     *,
     clock: Callable[[], float] | None = None,
+    limits: TxnLimits | None = None,
 ) -> None:
     async def main() -> None:
-        data, engine = await open_engine(root, clock)
+        data, engine = await open_engine(root, clock, limits)
         try:
             await scenario(engine)
         finally:

@@ -90,6 +90,22 @@ def create(
     return response
 
 
+def fork(server: ServerProcess, source: str, at: str, content_type: str = JSON) -> str:
+    """Fork ``source`` at offset ``at`` into a new stream; returns its path."""
+    path = unique("fork")
+    response = requests.put(
+        server.stream_url(path),
+        headers={
+            "Content-Type": content_type,
+            "Stream-Forked-From": f"/v1/stream/{source}",
+            "Stream-Fork-Offset": at,
+        },
+        timeout=TIMEOUT,
+    )
+    assert response.status_code == 201, response.text
+    return path
+
+
 def append(
     server: ServerProcess, path: str, body: bytes, content_type: str = JSON, close: bool = False
 ) -> str:

@@ -15,6 +15,7 @@ from tests.server.extensions.support import (
     append,
     create,
     error_code,
+    fork,
     get,
     json_messages,
     position_of,
@@ -195,21 +196,6 @@ def test_offset_now_takes_only_the_tail_as_end(durastream_server: ServerProcess)
     assert ok.headers["Durastream-End-Reached"] == "true"
     assert error_code(get(durastream_server, path, offset="now", end=token(2))) == "INVALID_END"
     assert error_code(get(durastream_server, path, offset="now", end=token(5))) == "END_BEYOND_TAIL"
-
-
-def fork(server: ServerProcess, source: str, at: str, content_type: str = JSON) -> str:
-    path = unique("fork")
-    response = requests.put(
-        server.stream_url(path),
-        headers={
-            "Content-Type": content_type,
-            "Stream-Forked-From": f"/v1/stream/{source}",
-            "Stream-Fork-Offset": at,
-        },
-        timeout=TIMEOUT,
-    )
-    assert response.status_code == 201, response.text
-    return path
 
 
 def test_forks(small_chunk_server: ServerProcess) -> None:

@@ -22,6 +22,7 @@ from tests.server.extensions.support import (
     create,
     decode_frames,
     error_code,
+    fork,
     frames_range,
     get,
     json_messages,
@@ -200,21 +201,6 @@ def test_etag_depends_on_format(durastream_server: ServerProcess) -> None:
         for extra in ({}, {"format": "frames"}, {"format": "frames-lines"}, {"end": token(3)})
     }
     assert len(tags) == 4
-
-
-def fork(server: ServerProcess, source: str, at: str, content_type: str) -> str:
-    path = unique("fork")
-    response = requests.put(
-        server.stream_url(path),
-        headers={
-            "Content-Type": content_type,
-            "Stream-Forked-From": f"/v1/stream/{source}",
-            "Stream-Fork-Offset": at,
-        },
-        timeout=TIMEOUT,
-    )
-    assert response.status_code == 201, response.text
-    return path
 
 
 def test_json_fork(durastream_server: ServerProcess) -> None:

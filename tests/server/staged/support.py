@@ -1,10 +1,8 @@
-"""Helpers for the staged-append tests: an engine on a real data directory (with optional limits and a
-fake clock), request shorthands, and a way to find a stream's staging files on disk."""
+"""Helpers for the staged-append tests: request shorthands and a way to find a stream's staging files on
+disk (the engine itself: ``tests.server.engine.support``)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from durastream_server.engine.engine import Engine
@@ -15,47 +13,11 @@ from durastream_server.engine.txnapi import (
     CommitResult,
     StageRequest,
     StageResult,
-    TxnLimits,
 )
-from durastream_server.storage import DataDir, Durability, StorageConfig
 from durastream_server.storage.records import ProducerTuple
 
 JSON = "application/json"
 TEXT = "text/plain"
-
-
-async def open_engine(
-    root: Path,
-    clock: Callable[[], float] | None = None,
-    limits: TxnLimits | None = None,
-    durability: Durability = Durability.NONE,
-) -> tuple[DataDir, Engine]:
-    data = await DataDir.open(StorageConfig(root=root, durability=durability))
-    engine = Engine(data, clock=clock, sweep_interval=0, txn_limits=limits)
-    await engine.start()
-    return data, engine
-
-
-async def close_engine(data: DataDir, engine: Engine) -> None:
-    await engine.close()
-    await data.close()
-
-
-def run(
-    root: Path,
-    scenario: Callable[[Engine], Awaitable[None]],
-    *,
-    clock: Callable[[], float] | None = None,
-    limits: TxnLimits | None = None,
-) -> None:
-    async def main() -> None:
-        data, engine = await open_engine(root, clock, limits)
-        try:
-            await scenario(engine)
-        finally:
-            await close_engine(data, engine)
-
-    asyncio.run(main())
 
 
 async def stage(

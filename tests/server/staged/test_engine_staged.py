@@ -14,8 +14,17 @@ from durastream_server.engine.api import CreateRequest
 from durastream_server.engine.txnapi import StageRequest, TxnLimits
 from durastream_server.offsets import format_offset
 
-from ..engine.support import FakeClock, append, create, read, read_all
-from .support import JSON, TEXT, abort, close_engine, commit, open_engine, run, stage, staging_files
+from ..engine.support import (
+    FakeClock,
+    append,
+    close_engine,
+    create,
+    open_engine,
+    read,
+    read_all,
+    run,
+)
+from .support import JSON, TEXT, abort, commit, stage, staging_files
 
 
 def test_stage_is_invisible_and_wakes_nobody_until_the_commit(tmp_path: Path) -> None:

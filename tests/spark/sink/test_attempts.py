@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 import pytest
@@ -20,6 +20,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from durastream_spark.errors import StaleEpochError
 from durastream_spark.sink.errors import CommitError, ReorderedRetryError
+from durastream_spark.sink.messages import SinkCommitMessage
 from tests.spark.sink.support import (
     WriterHarness,
     assert_exactly_once,
@@ -101,10 +102,10 @@ def test_two_concurrent_attempts_write_once(durastream_server, mode, messages) -
 # ---- 5. a zombie attempt of an older batch ----------------------------------------------------------------
 
 
-def test_zombie_of_an_older_batch_is_fenced_in_ordered_mode(durastream_server) -> None:
-    root = durastream_server.base_url + "/v1/stream"
-    stream = unique("zombie-ordered")
-    harness = _harness(root, stream, "ordered")
+def _zombie_race(harness: WriterHarness) -> Future[SinkCommitMessage]:
+    """Attempt 0 of batch 0 pauses mid-write (a zombie) while attempt 1 wins and is committed and batch 1
+    writes and commits partition 0 under epoch 1; only then does the zombie resume. Returns its future,
+    finished."""
     batches0 = record_batches(ARROW_SCHEMA, _rows(0, 0, 1000), 50)
     reached, resume = threading.Event(), threading.Event()
     with ThreadPoolExecutor(1) as pool:
@@ -121,8 +122,16 @@ def test_zombie_of_an_older_batch_is_fenced_in_ordered_mode(durastream_server) -
         )
         harness.commit([batch1], 1)
         resume.set()
-        with pytest.raises(StaleEpochError, match="newer batch owns the producer"):
-            zombie.result(60)
+    return zombie
+
+
+def test_zombie_of_an_older_batch_is_fenced_in_ordered_mode(durastream_server) -> None:
+    root = durastream_server.base_url + "/v1/stream"
+    stream = unique("zombie-ordered")
+    harness = _harness(root, stream, "ordered")
+    zombie = _zombie_race(harness)
+    with pytest.raises(StaleEpochError, match="newer batch owns the producer"):
+        zombie.result(60)
     assert_exactly_once(read_stream(root, stream), range(2000))
 
 
@@ -132,21 +141,7 @@ def test_zombie_of_an_older_batch_never_becomes_visible_in_transactional_mode(
     root = durastream_server.base_url + "/v1/stream"
     stream = unique("zombie-txn")
     harness = _harness(root, stream, "transactional")
-    batches0 = record_batches(ARROW_SCHEMA, _rows(0, 0, 1000), 50)
-    reached, resume = threading.Event(), threading.Event()
-    with ThreadPoolExecutor(1) as pool:
-        zombie = pool.submit(
-            harness.write, _paused(batches0, 10, reached, resume), epoch=0, partition=0, attempt=0
-        )
-        assert reached.wait(60)
-        winner = harness.write(batches0, epoch=0, partition=0, attempt=1)
-        harness.commit([winner], 0)
-        batch1 = harness.write(
-            record_batches(ARROW_SCHEMA, _rows(0, 1000, 1000), 50), epoch=1, partition=0, attempt=0
-        )
-        harness.commit([batch1], 1)
-        resume.set()
-        late = zombie.result(60)  # it only staged into its own handle
+    late = _zombie_race(harness).result(60)  # it only staged into its own handle
     # Even a commit of the zombie's output (a stale driver) is fenced by the newer epoch.
     with pytest.raises(CommitError) as raised:
         harness.commit([late], 0)
