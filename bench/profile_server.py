@@ -34,7 +34,8 @@ def summarise(collapsed: Path, top: int) -> str:
     for line in collapsed.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         count = int(count_text)
-        frames = [f for f in stack.split(";")[1:] if f]  # first frame is the thread
+        # The first frame names the thread (py-spy --threads).
+        frames = [f for f in stack.split(";")[1:] if f]
         if not frames:
             continue
         total += count
@@ -72,7 +73,7 @@ def main() -> None:
     collapsed = args.out / f"{args.bench}.txt"
     spy = subprocess.Popen(
         [py_spy, "record", "--pid", str(server.pid), "--rate", str(args.rate), "--format", "raw"]
-        + ["--output", str(collapsed), "--nonblocking"],
+        + ["--threads", "--output", str(collapsed), "--nonblocking"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -60,7 +60,7 @@ _T = TypeVar("_T")
 
 # The just-committed tail each log keeps in memory for the readers that commit wakes (``_keep_hot``):
 # at most this many payload bytes and entries per log, dropped once no commit came for HOT_SECONDS.
-HOT_MAX_BYTES = 64 * 1024
+HOT_MAX_BYTES = 32 * 1024
 HOT_MAX_ENTRIES = 256
 HOT_SECONDS = 0.1
 
