@@ -61,6 +61,7 @@ from durastream_server.engine.api import (
     StreamInfo,
     StreamListing,
 )
+from durastream_server.engine.bodies import request_messages
 from durastream_server.engine.registry import Incarnation, KeyedLocks, Registry, build
 from durastream_server.engine.staging import TxnManager
 from durastream_server.engine.txnapi import (
@@ -418,19 +419,7 @@ class Engine:
         state = log.state
         if state.closed:
             return await self._append_to_closed(inc, request, digest)
-        if request_type is not None and request_type.essence != inc.essence:
-            raise ContentTypeMismatch(
-                f"Content-Type {request_type.text!r} does not match the stream's "
-                f"{inc.header.content_type!r}"
-            )
-        if isinstance(parsed, BadRequest):
-            raise parsed
-        if parsed is not None:
-            messages = parsed
-        elif inc.json:
-            messages = jsonmode.split_messages(body, allow_empty_array=False)
-        else:
-            messages = (body,) if body else ()
+        messages = request_messages(inc, request_type, parsed, body)
         if producer is not None:
             decision = producers.validate(state, producer, digest)
             if isinstance(decision, producers.Duplicate):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from durastream_server.engine import contenttype, jsonmode, producers, txnspace
 from durastream_server.engine.api import AppendRequest, AppendResult
+from durastream_server.engine.bodies import request_messages
 from durastream_server.engine.registry import Incarnation
 from durastream_server.engine.txnapi import (
     AbortRequest,
@@ -48,7 +49,6 @@ from durastream_server.engine.txnspace import (
 )
 from durastream_server.errors import (
     BadRequest,
-    ContentTypeMismatch,
     InsufficientStorage,
     StorageFailure,
     StreamClosed,
@@ -166,19 +166,7 @@ class TxnManager:
             inc = self._current(request.path, inc)
         if inc.log.state.closed:
             raise self._closed_error(inc)
-        if request_type.essence != inc.essence:
-            raise ContentTypeMismatch(
-                f"Content-Type {request_type.text!r} does not match the stream's "
-                f"{inc.header.content_type!r}"
-            )
-        if isinstance(parsed, BadRequest):
-            raise parsed
-        if parsed is not None:
-            messages = parsed
-        elif inc.json:
-            messages = jsonmode.split_messages(body, allow_empty_array=False)
-        else:
-            messages = (body,)
+        messages = request_messages(inc, request_type, parsed, body)
         # Shielded: a client that hangs up must not leave a half-applied stage (file written, memory
         # not updated) or release the handle's lock while its write is still running.
         return await asyncio.shield(
