@@ -37,6 +37,15 @@ def producer(pid: str, epoch: int, seq: int) -> dict[str, str]:
     return {"Producer-Id": pid, "Producer-Epoch": str(epoch), "Producer-Seq": str(seq)}
 
 
+def produce(
+    url: str, body: bytes, pid: str, epoch: int, seq: int, **headers: str
+) -> requests.Response:
+    """POST ``body`` as a text append with producer headers (and any extra headers)."""
+    return requests.post(
+        url, data=body, headers={"Content-Type": TEXT, **producer(pid, epoch, seq), **headers}
+    )
+
+
 def read_all(url: str) -> requests.Response:
     response = requests.get(url, params={"offset": "-1"})
     assert response.status_code == 200, response.text
@@ -48,11 +57,11 @@ def test_hazard_04_duplicate_tuple_with_different_payload_is_not_absorbed(
 ) -> None:
     url = durastream_server.stream_url(unique("h04"))
     create(url)
-    first = requests.post(url, data=b"A", headers={"Content-Type": TEXT, **producer("p", 0, 0)})
+    first = produce(url, b"A", "p", 0, 0)
     assert first.status_code == 200
-    same = requests.post(url, data=b"A", headers={"Content-Type": TEXT, **producer("p", 0, 0)})
+    same = produce(url, b"A", "p", 0, 0)
     assert same.status_code == 204
-    different = requests.post(url, data=b"B", headers={"Content-Type": TEXT, **producer("p", 0, 0)})
+    different = produce(url, b"B", "p", 0, 0)
     assert different.status_code == 409
     assert different.json()["error"]["code"] == "DUPLICATE_PAYLOAD_MISMATCH"
     assert read_all(url).content == b"A"
@@ -217,33 +226,15 @@ def test_hazard_19_crash_after_append_keeps_dedup_and_closure(server_factory) ->
     server = server_factory()
     url = server.stream_url("h19/stream")
     create(url, TEXT)
-    assert (
-        requests.post(
-            url, data=b"a", headers={"Content-Type": TEXT, **producer("p", 0, 0)}
-        ).status_code
-        == 200
-    )
-    closing = requests.post(
-        url,
-        data=b"b",
-        headers={"Content-Type": TEXT, "Stream-Closed": "true", **producer("p", 0, 1)},
-    )
+    assert produce(url, b"a", "p", 0, 0).status_code == 200
+    closing = produce(url, b"b", "p", 0, 1, **{"Stream-Closed": "true"})
     assert closing.status_code == 200
     server.kill()
     server.restart()
-    retry = requests.post(
-        url,
-        data=b"b",
-        headers={"Content-Type": TEXT, "Stream-Closed": "true", **producer("p", 0, 1)},
-    )
+    retry = produce(url, b"b", "p", 0, 1, **{"Stream-Closed": "true"})
     assert retry.status_code == 204
     assert retry.headers["Stream-Closed"] == "true"
-    assert (
-        requests.post(
-            url, data=b"a", headers={"Content-Type": TEXT, **producer("p", 0, 0)}
-        ).status_code
-        == 204
-    )
+    assert produce(url, b"a", "p", 0, 0).status_code == 204
     assert read_all(url).content == b"ab"
     assert requests.head(url).headers["Stream-Closed"] == "true"
 
@@ -448,20 +439,15 @@ def test_hazard_34_producer_state_survives_restart_and_never_expires(server_fact
     server = server_factory()
     url = server.stream_url("h34")
     create(url, TEXT)
-    assert (
-        requests.post(
-            url, data=b"a", headers={"Content-Type": TEXT, **producer("p", 3, 0)}
-        ).status_code
-        == 200
-    )
+    assert produce(url, b"a", "p", 3, 0).status_code == 200
     server.kill()
     server.restart()
-    duplicate = requests.post(url, data=b"a", headers={"Content-Type": TEXT, **producer("p", 3, 0)})
+    duplicate = produce(url, b"a", "p", 3, 0)
     assert duplicate.status_code == 204
-    stale = requests.post(url, data=b"z", headers={"Content-Type": TEXT, **producer("p", 2, 0)})
+    stale = produce(url, b"z", "p", 2, 0)
     assert stale.status_code == 403
     assert stale.headers["Producer-Epoch"] == "3"
-    resumed = requests.post(url, data=b"b", headers={"Content-Type": TEXT, **producer("p", 3, 1)})
+    resumed = produce(url, b"b", "p", 3, 1)
     assert resumed.status_code == 200
     assert read_all(url).content == b"ab"
 
@@ -469,15 +455,15 @@ def test_hazard_34_producer_state_survives_restart_and_never_expires(server_fact
 def test_hazard_35_retry_of_pre_close_batch_after_close(durastream_server) -> None:
     url = durastream_server.stream_url(unique("h35"))
     create(url)
-    ok = requests.post(url, data=b"a", headers={"Content-Type": TEXT, **producer("p", 1, 0)})
+    ok = produce(url, b"a", "p", 1, 0)
     assert ok.status_code == 200
     closing = requests.post(url, headers={"Stream-Closed": "true", **producer("p", 1, 1)})
     assert closing.status_code in (200, 204)
-    retry = requests.post(url, data=b"a", headers={"Content-Type": TEXT, **producer("p", 1, 0)})
+    retry = produce(url, b"a", "p", 1, 0)
     assert retry.status_code == 204
-    stale = requests.post(url, data=b"a", headers={"Content-Type": TEXT, **producer("p", 0, 0)})
+    stale = produce(url, b"a", "p", 0, 0)
     assert stale.status_code == 403
-    other = requests.post(url, data=b"z", headers={"Content-Type": TEXT, **producer("q", 0, 0)})
+    other = produce(url, b"z", "q", 0, 0)
     assert other.status_code == 409
     assert other.headers["Stream-Closed"] == "true"
 
