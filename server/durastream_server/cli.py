@@ -11,23 +11,37 @@ import argparse
 import logging
 import math
 import signal
+import ssl
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from durastream_server import __version__
+from durastream_server.auth import (
+    MODES,
+    AuthToken,
+    TokenConfigError,
+    check_unique,
+    parse_token_file,
+    parse_token_spec,
+)
 from durastream_server.config import (
+    DEFAULT_BODY_TIMEOUT_SECONDS,
     DEFAULT_CHUNK_BYTES,
     DEFAULT_DATA_DIR,
+    DEFAULT_HEADER_TIMEOUT_SECONDS,
     DEFAULT_HOST,
     DEFAULT_LONG_POLL_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_STAGED_BYTES,
     DEFAULT_PORT,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     DEFAULT_SSE_RECONNECT_SECONDS,
+    WEBHOOK_LOCALHOST_CHOICES,
     ServerConfig,
 )
+from durastream_server.http.cors import normalize_origin
 from durastream_server.storage.datadir import AlreadyLocked, Durability
 
 EXIT_OK = 0
@@ -71,6 +85,27 @@ def _non_negative_seconds(text: str) -> float:
     if text.strip() in ("0", "0.0"):
         return 0.0
     return _positive_seconds(text)
+
+
+def _auth_token(text: str) -> AuthToken:
+    try:
+        return parse_token_spec(text, "TOKEN[:MODE[:PREFIX]]")
+    except TokenConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None  # never echoes the token
+
+
+def _origin(text: str) -> str:
+    try:
+        return normalize_origin(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _min_header_bytes(text: str) -> int:
+    value = _positive_int(text)
+    if value < 1024:
+        raise argparse.ArgumentTypeError(f"expected at least 1024 bytes, got {text!r}")
+    return value
 
 
 def _log_level(text: str) -> str:
@@ -152,6 +187,72 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest payload one staged-append handle may hold; more gets 413 "
         f"(default: {DEFAULT_MAX_STAGED_BYTES})",
     )
+    security = parser.add_argument_group(
+        "security and exposure", "authentication, TLS, CORS and request limits (docs/security.md)"
+    )
+    security.add_argument(
+        "--auth-token",
+        type=_auth_token,
+        action="append",
+        default=[],
+        metavar="TOKEN[:MODE[:PREFIX]]",
+        help=f"require bearer tokens; MODE is one of {MODES} (default read-write), PREFIX limits the "
+        "token to streams under that path. Repeatable. Visible to other local users in the process "
+        "list: prefer --auth-token-file",
+    )
+    security.add_argument(
+        "--auth-token-file",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="require bearer tokens listed in PATH, one 'TOKEN MODE [PREFIX]' per line, '#' comments "
+        "(repeatable; read at start-up)",
+    )
+    security.add_argument(
+        "--cors-origin",
+        type=_origin,
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="browser origin allowed to read responses (e.g. https://app.example), 'loopback', or '*' "
+        "for any; repeatable (default: loopback origins only)",
+    )
+    security.add_argument(
+        "--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate (chain)"
+    )
+    security.add_argument("--tls-key", type=Path, metavar="PEM", help="private key for --tls-cert")
+    security.add_argument(
+        "--max-header-bytes",
+        type=_min_header_bytes,
+        default=DEFAULT_MAX_HEADER_BYTES,
+        metavar="BYTES",
+        help=f"largest request line plus headers; larger get 431 (default: {DEFAULT_MAX_HEADER_BYTES})",
+    )
+    security.add_argument(
+        "--header-timeout-seconds",
+        type=_positive_seconds,
+        default=DEFAULT_HEADER_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="a request's line and headers must arrive within this, or the connection is closed "
+        f"(default: {DEFAULT_HEADER_TIMEOUT_SECONDS:g})",
+    )
+    security.add_argument(
+        "--body-timeout-seconds",
+        type=_positive_seconds,
+        default=DEFAULT_BODY_TIMEOUT_SECONDS,
+        metavar="SECONDS",
+        help="longest silence while a request body is arriving before the connection is closed "
+        f"(default: {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
+    )
+    security.add_argument(
+        "--webhook-localhost",
+        choices=WEBHOOK_LOCALHOST_CHOICES,
+        default="auto",
+        help="webhook subscriptions to http://localhost and 127.0.0.x (a development convenience that "
+        "is an SSRF risk on a shared host): auto allows them only while listening on loopback "
+        "(default: auto)",
+    )
     parser.add_argument(
         "--log-level",
         type=_log_level,
@@ -161,7 +262,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> ServerConfig:
+def auth_tokens_from_args(args: argparse.Namespace) -> tuple[tuple[AuthToken, ...], list[str]]:
+    """Every configured token, and warnings (e.g. a token file readable by others).
+
+    Raises ``TokenConfigError`` naming the flag, file and line of a bad token, never its value.
+    """
+    tokens = [
+        AuthToken(t.digest, t.mode, t.prefix, f"--auth-token #{number}")
+        for number, t in enumerate(args.auth_token, start=1)
+    ]
+    warnings: list[str] = []
+    for path in args.auth_token_file:
+        found, notes = parse_token_file(path)
+        tokens.extend(found)
+        warnings.extend(notes)
+    check_unique(tuple(tokens))
+    return tuple(tokens), warnings
+
+
+def config_from_args(
+    args: argparse.Namespace, auth_tokens: tuple[AuthToken, ...] | None = None
+) -> ServerConfig:
+    if auth_tokens is None:
+        auth_tokens, _ = auth_tokens_from_args(args)
     return ServerConfig(
         data_dir=args.data_dir,
         host=args.host,
@@ -174,7 +297,36 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         log_level=args.log_level,
         max_staged_bytes=args.max_staged_bytes,
+        auth_tokens=auth_tokens,
+        cors_origins=tuple(args.cors_origin),
+        tls_certfile=args.tls_cert,
+        tls_keyfile=args.tls_key,
+        max_header_bytes=args.max_header_bytes,
+        header_timeout_seconds=args.header_timeout_seconds,
+        body_timeout_seconds=args.body_timeout_seconds,
+        webhook_localhost=args.webhook_localhost,
     )
+
+
+def _check_tls(config: ServerConfig) -> str | None:
+    """Load the certificate and key once now, so a bad pair is a clear error rather than a traceback."""
+    if config.tls_certfile is None or config.tls_keyfile is None:
+        return None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            config.tls_certfile, config.tls_keyfile
+        )
+    except (OSError, ssl.SSLError) as exc:
+        return (
+            f"--tls-cert {config.tls_certfile} / --tls-key {config.tls_keyfile}: cannot load: {exc}"
+        )
+    return None
+
+
+def _warn(message: str) -> None:
+    """Loudly: a log record for log collectors, and a banner on stderr for whoever started the server."""
+    logging.getLogger("durastream_server").warning(message)
+    print(f"durastream-server: WARNING: {message}", file=sys.stderr, flush=True)
 
 
 def _configure_logging(level: str) -> None:
@@ -199,11 +351,20 @@ def _quiet_signals() -> Callable[[], None]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    config = config_from_args(args)
+    try:
+        tokens, token_warnings = auth_tokens_from_args(args)
+        config = config_from_args(args, tokens)
+    except ValueError as exc:  # TokenConfigError included; messages never contain a token
+        print(f"durastream-server: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     _configure_logging(config.log_level)
+    tls_error = _check_tls(config)
+    if tls_error is not None:
+        print(f"durastream-server: error: {tls_error}", file=sys.stderr)
+        return EXIT_USAGE
 
     # Imported here so `--help` and argument errors stay fast and independent of the server stack.
-    from durastream_server.server import bind_socket, run
+    from durastream_server.server import bind_socket, exposure_warnings, run
 
     try:
         config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -218,6 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILURE
+
+    for warning in [*token_warnings, *exposure_warnings(config, sock.getsockname()[0])]:
+        _warn(warning)
 
     def announce(url: str) -> None:
         print(

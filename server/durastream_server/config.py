@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from durastream_server.auth import AuthToken, check_unique
 from durastream_server.storage.datadir import Durability
 
 DEFAULT_HOST = "127.0.0.1"
@@ -22,6 +23,12 @@ DEFAULT_SSE_RECONNECT_SECONDS = (
 )
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 DEFAULT_MAX_STAGED_BYTES = 1024 * 1024 * 1024  # staged appends: payload one handle may hold
+DEFAULT_MAX_HEADER_BYTES = 32 * 1024  # request line + headers of one request; more gets 431
+DEFAULT_HEADER_TIMEOUT_SECONDS = (
+    10.0  # a request's line and headers must arrive within this (slowloris)
+)
+DEFAULT_BODY_TIMEOUT_SECONDS = 30.0  # longest silence while a request body is still arriving
+WEBHOOK_LOCALHOST_CHOICES = ("auto", "allow", "deny")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +46,17 @@ class ServerConfig:
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     log_level: str = "INFO"
     max_staged_bytes: int = DEFAULT_MAX_STAGED_BYTES
+    # Exposure (docs/security.md). No tokens: no authentication. No CORS origins: loopback origins only.
+    auth_tokens: tuple[AuthToken, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    tls_certfile: Path | None = None
+    tls_keyfile: Path | None = None
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    # Webhooks to http://localhost / 127.0.0.x (section 12.8's development exception): "auto" allows them
+    # only while the server listens on loopback, where nobody else can create subscriptions anyway.
+    webhook_localhost: str = "auto"
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -57,8 +75,26 @@ class ServerConfig:
             raise ValueError(f"shutdown grace must be >= 0, got {self.shutdown_grace_seconds}")
         if self.max_staged_bytes < 1:
             raise ValueError(f"max staged bytes must be >= 1, got {self.max_staged_bytes}")
+        check_unique(self.auth_tokens)
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("TLS needs both a certificate and a key (--tls-cert and --tls-key)")
+        if self.max_header_bytes < 1024:
+            raise ValueError(f"max header bytes must be >= 1024, got {self.max_header_bytes}")
+        if not self.header_timeout_seconds > 0:
+            raise ValueError(f"header timeout must be > 0, got {self.header_timeout_seconds}")
+        if not self.body_timeout_seconds > 0:
+            raise ValueError(f"body timeout must be > 0, got {self.body_timeout_seconds}")
+        if self.webhook_localhost not in WEBHOOK_LOCALHOST_CHOICES:
+            raise ValueError(
+                f"webhook localhost must be one of {', '.join(WEBHOOK_LOCALHOST_CHOICES)}, "
+                f"got {self.webhook_localhost!r}"
+            )
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_certfile is not None
 
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"

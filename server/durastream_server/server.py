@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import ipaddress
 import logging
 import socket
 from collections.abc import Callable
@@ -22,7 +23,9 @@ import uvicorn
 from durastream_server.config import ServerConfig
 from durastream_server.engine.engine import Engine
 from durastream_server.engine.txnapi import TxnLimits
+from durastream_server.http import fastpath
 from durastream_server.http.app import DurastreamApp
+from durastream_server.http.guard import protocol_class
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.subscriptions.service import SubscriptionService
 
@@ -45,7 +48,9 @@ class Backend:
             await engine.start()
             state_dir = data.meta_path("subscriptions")
             state_dir.mkdir(parents=True, exist_ok=True)
-            subscriptions = SubscriptionService(engine, state_dir)
+            subscriptions = SubscriptionService(
+                engine, state_dir, allow_local_webhooks=local_webhooks_allowed(config)
+            )
             await subscriptions.start()
         except BaseException:
             await data.close()
@@ -84,7 +89,8 @@ class _Server(uvicorn.Server):
         if self.started and sockets:
             host, port = sockets[0].getsockname()[:2]
             shown = f"[{host}]" if ":" in host else host
-            self._on_started(f"http://{shown}:{port}")
+            scheme = "https" if self.config.is_ssl else "http"
+            self._on_started(f"{scheme}://{shown}:{port}")
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._app.begin_drain()
@@ -106,6 +112,38 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def local_webhooks_allowed(config: ServerConfig) -> bool:
+    """Section 12.8's development exception (http://localhost webhooks), per ``--webhook-localhost``."""
+    if config.webhook_localhost == "auto":
+        return is_loopback(config.host)
+    return config.webhook_localhost == "allow"
+
+
+def exposure_warnings(config: ServerConfig, bound_host: str) -> list[str]:
+    """What is risky about serving ``config`` on ``bound_host`` (the address the socket is bound to)."""
+    if is_loopback(bound_host):
+        return []
+    if not config.auth_tokens:
+        return [
+            f"listening on {bound_host}, which is not a loopback address, WITHOUT authentication: anyone "
+            "who can reach it can create, read, append to and delete every stream. Configure tokens "
+            "(--auth-token-file, see docs/security.md) or listen on 127.0.0.1."
+        ]
+    if not config.tls:
+        return [
+            f"listening on {bound_host} over plain HTTP: bearer tokens cross the network in clear text. "
+            "Use --tls-cert/--tls-key or a TLS-terminating reverse proxy (docs/security.md)."
+        ]
+    return []
+
+
 def build_app(config: ServerConfig) -> DurastreamApp:
     async def open_backend() -> Backend:
         return await Backend.open(config)
@@ -125,13 +163,16 @@ def run(
     uv_config = uvicorn.Config(
         app,
         loop=_loop_setting(),
-        http="httptools",
+        # httptools plus header-size and slow-sender limits, plus the long-poll wake fast path
+        http=fastpath.with_fast_path(protocol_class(config)),
         ws="none",
         lifespan="on",
         log_config=None,  # the CLI configures logging; uvicorn's loggers propagate to it
         access_log=False,  # the app logs one line per request at DEBUG
         server_header=False,
         timeout_graceful_shutdown=config.shutdown_grace_seconds,
+        ssl_certfile=None if config.tls_certfile is None else str(config.tls_certfile),
+        ssl_keyfile=None if config.tls_keyfile is None else str(config.tls_keyfile),
     )
     server = _Server(uv_config, app, on_started)
     try:

@@ -28,6 +28,8 @@ def _reject_constant(name: str) -> object:
 
 
 _DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+# The C scanner behind ``_DECODER.raw_decode``, called directly (one Python frame less per element).
+_SCAN: Final = _DECODER.scan_once
 
 
 def _skip_ws(text: str, index: int) -> int:
@@ -39,7 +41,11 @@ def _skip_ws(text: str, index: int) -> int:
 def _value_end(text: str, index: int) -> int:
     """Parse one JSON value starting at ``index``; return the index just after it."""
     try:
-        _, end = _DECODER.raw_decode(text, index)
+        _, end = _SCAN(text, index)
+    except StopIteration as stop:
+        raise InvalidJson(
+            f"invalid JSON: {json.JSONDecodeError('Expecting value', text, stop.value)}"
+        ) from None
     except (ValueError, RecursionError) as exc:
         raise InvalidJson(f"invalid JSON: {exc}") from None
     return end
@@ -72,9 +78,11 @@ def split_messages(body: bytes, *, allow_empty_array: bool) -> tuple[bytes, ...]
     # which validates exactly what a whole-document parse would, but parses every byte once instead
     # of twice (validation was the largest cost of a 64 KiB append; docs/decisions/0004). For an
     # ASCII body, character and byte indices agree, so elements are cut from ``body`` directly.
+    # The loop is the hot path of every JSON append and stage (about 1,000 elements per MiB): it calls
+    # the scanner directly and handles the common separators (``,`` and ``]`` right after a value,
+    # no whitespace) inline, leaving function calls to the rare cases.
     ascii_body = body.isascii()
     n = len(text)
-    messages: list[bytes] = []
     index = _skip_ws(text, start + 1)
     if index < n and text[index] == "]":
         if _skip_ws(text, index + 1) != n:
@@ -82,22 +90,38 @@ def split_messages(body: bytes, *, allow_empty_array: bool) -> tuple[bytes, ...]
         if not allow_empty_array:
             raise EmptyJsonArray("an empty JSON array appends nothing")
         return ()
+    scan = _SCAN
+    messages: list[bytes] = []
+    append = messages.append
+    whitespace = _WHITESPACE
     while True:
-        element_end = _value_end(text, index)  # InvalidJson, also for a missing value
-        if ascii_body:
-            messages.append(body[index:element_end])
-        else:
-            messages.append(text[index:element_end].encode("utf-8"))
-        index = _skip_ws(text, element_end)
-        if index == n:
+        try:
+            _, element_end = scan(text, index)
+        except StopIteration as stop:  # no value at ``index`` (also a missing element)
+            raise InvalidJson(
+                f"invalid JSON: {json.JSONDecodeError('Expecting value', text, stop.value)}"
+            ) from None
+        except (ValueError, RecursionError) as exc:
+            raise InvalidJson(f"invalid JSON: {exc}") from None
+        append(body[index:element_end] if ascii_body else text[index:element_end].encode("utf-8"))
+        if element_end == n:
             raise InvalidJson("invalid JSON: unterminated array")
-        if text[index] == "]":
-            if _skip_ws(text, index + 1) != n:
+        char = text[element_end]
+        if char in whitespace:
+            element_end = _skip_ws(text, element_end)
+            if element_end == n:
+                raise InvalidJson("invalid JSON: unterminated array")
+            char = text[element_end]
+        if char == ",":
+            index = element_end + 1
+            if index < n and text[index] in whitespace:
+                index = _skip_ws(text, index)
+            continue
+        if char == "]":
+            if element_end + 1 != n and _skip_ws(text, element_end + 1) != n:
                 raise InvalidJson("unexpected data after the JSON value")
             return tuple(messages)
-        if text[index] != ",":
-            raise InvalidJson(f"invalid JSON: expected ',' or ']' at character {index}")
-        index = _skip_ws(text, index + 1)
+        raise InvalidJson(f"invalid JSON: expected ',' or ']' at character {element_end}")
 
 
 async def split_messages_offloaded(

@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+from durastream_server.engine import producers
 from durastream_server.engine.registry import KeyedLocks
 from durastream_server.engine.txnapi import HANDLE_RE, HANDLE_SYNTAX
 from durastream_server.errors import (
@@ -38,11 +39,10 @@ CORRUPT = "corrupt"
 
 def commit_digest(handles: tuple[str, ...], closes: bool) -> bytes:
     """What a commit asks for, to tell its retry (204) from a reused tuple (409, hazard 4). Prefixed
-    with ``T`` so it can never equal an append's digest."""
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(b"TC" if closes else b"TA")
+    with ``T`` so it can never equal an append's digest; same hash and size as ``request_digest``."""
+    digest = hashlib.sha256(b"TC" if closes else b"TA")
     digest.update("\n".join(handles).encode())
-    return digest.digest()
+    return digest.digest()[: producers.DIGEST_SIZE]
 
 
 def check_handle_names(handles: tuple[str, ...], header: str) -> None:
@@ -68,6 +68,7 @@ class StagedHandle:
     committing: bool = False  # a commit holding this handle is being written
     corrupt: str | None = None
     broken: str | None = None  # a write failed: memory may disagree with the file until restart
+    movable: bool = True  # the file has the current layout: a commit may move it into the log
 
     @property
     def expires_at_ms(self) -> int:
@@ -78,7 +79,9 @@ class StagedHandle:
         return self.state.tail
 
     def source(self) -> StagedSource:
-        return StagedSource(self.path, self.data_start, self.end, self.n_messages, self.size)
+        return StagedSource(
+            self.path, self.data_start, self.end, self.n_messages, self.size, self.movable
+        )
 
     def check_open(self, now_ms: int) -> None:
         """Raise unless the handle can take a stage or a commit now."""
@@ -176,5 +179,6 @@ class StreamTxns:
                     state=item.state,
                     n_messages=item.n_messages,
                     corrupt=item.corrupt,
+                    movable=item.movable,
                 )
         return stale

@@ -11,6 +11,8 @@ Modules, each with one job:
 - ``sse``            Server-Sent Events framing
 - ``responses``      sending responses with the security and CORS headers every response carries
 - ``cors``, ``cursor``, ``etag``   section 12.7 / 10.1 details
+- ``auth``           bearer-token checks per request (``--auth-token``; rules in its docstring)
+- ``guard``          the uvicorn protocol with header-size and slow-sender limits
 - ``subscriptions``  hands ``/v1/stream/__ds/...`` to the subscription service as plain values
 
 The HTTP layer never touches a file: the backend (engine, subscriptions) is opened by ``server.py``.

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from durastream_server.config import ServerConfig
 from durastream_server.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
-from durastream_server.http import cors, discovery, paths, responses, subscriptions
+from durastream_server.http import cors, discovery, fastpath, paths, responses, subscriptions
+from durastream_server.http.auth import Authorizer
 from durastream_server.http.body import ClientDisconnected
 from durastream_server.http.handlers import Request, StreamHandlers
 from durastream_server.http.live import LiveReaders
@@ -44,14 +45,16 @@ class Backend(Protocol):
 class _TrackedSend:
     """Remembers whether and how the response started, so errors after the headers are handled sanely."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, extra_headers: list[tuple[bytes, bytes]]) -> None:
         self._send = send
+        self._extra_headers = extra_headers  # per-request headers (CORS origin) on every response
         self.status: int | None = None
         self.finished = False
 
     async def __call__(self, message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
+            message["headers"] = [*message["headers"], *self._extra_headers]
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.finished = True
         await self._send(message)
@@ -67,6 +70,8 @@ class DurastreamApp:
         self._live: LiveReaders | None = None
         self._streams: StreamHandlers | None = None
         self.startup_error: BaseException | None = None
+        self._cors = cors.CorsPolicy(config.cors_origins)
+        self._auth = Authorizer(config.auth_tokens) if config.auth_tokens else None
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -115,16 +120,20 @@ class DurastreamApp:
         if scope["type"] != "http":
             return  # websockets are not part of the protocol (uvicorn runs with ws="none")
         started = time.perf_counter()
-        tracked = _TrackedSend(send)
+        headers = header_map(scope.get("headers", ()))
+        extra_headers = self._cors.headers_for(headers.get("origin"))
+        tracked = _TrackedSend(send, extra_headers)
         request = Request(
             method=scope["method"].upper(),
             raw_path=scope.get("raw_path") or scope["path"].encode("utf-8"),
             query_string=scope.get("query_string", b""),
-            headers=header_map(scope.get("headers", ())),
+            headers=headers,
             scheme=scope.get("scheme", "http"),
             server=scope.get("server"),
             receive=receive,
             send=tracked,
+            # The long-poll fast path writes whole answers itself: it appends the same extra headers.
+            responder=fastpath.responder(scope, extra_headers),
         )
         try:
             await self._dispatch(request)
@@ -166,10 +175,14 @@ class DurastreamApp:
         try:
             target = paths.route(request.raw_path)
         except paths.InvalidPath as exc:
+            if self._auth is not None:
+                self._auth.authorize(request, None)  # no token, no details about the path
             raise BadRequest(str(exc)) from None
         if request.method == "OPTIONS" and target.kind is not paths.RouteKind.NOT_FOUND:
             await responses.send_response(request.send, 204, cors.preflight_headers())
             return
+        if self._auth is not None:
+            self._auth.authorize(request, target)  # 401 / 403; see http/auth.py for the rules
         if target.kind is paths.RouteKind.HEALTH:
             await self._health(request)
         elif target.kind is paths.RouteKind.STREAM:

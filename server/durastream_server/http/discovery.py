@@ -51,8 +51,9 @@ async def handle(engine: Engine, request: Request, subpath: str) -> None:
     await responses.send_response(request.send, 200, headers, body, head=request.method == "HEAD")
 
 
-def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
-    """One page of live streams, sorted by path; ``next`` is the ``after`` of the following page."""
+def listing_query(query_string: bytes) -> dict[str, str]:
+    """The listing's query parameters; ``InvalidParameter`` names what is wrong. (The auth check reads
+    ``prefix`` and ``pattern`` through this too, so both see the same parameters.)"""
     try:
         pairs = parse_qsl(
             query_string.decode("latin-1"),
@@ -70,6 +71,12 @@ def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
         if key in values and key in ("prefix", "pattern", "after", "limit"):
             raise InvalidParameter(f"{key} given more than once")
         values[key] = value
+    return values
+
+
+def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
+    """One page of live streams, sorted by path; ``next`` is the ``after`` of the following page."""
+    values = listing_query(query_string)
     prefix = values.get("prefix", "")
     match = None
     if "pattern" in values:

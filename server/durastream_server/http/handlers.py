@@ -8,6 +8,7 @@ result. Engine errors are typed ``ProtocolError``s and propagate to the app, whi
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from durastream_server.http import parse, read_extensions, responses, sse, txn
 from durastream_server.http.body import Receive, read_body
 from durastream_server.http.cursor import next_cursor
 from durastream_server.http.etag import if_none_match, make_etag
-from durastream_server.http.live import Disconnect, LiveReaders
+from durastream_server.http.fastpath import RawResponder
+from durastream_server.http.live import ANSWERED, Disconnect, LiveReaders, WakeAnswer
 from durastream_server.http.responses import Headers, Send
 from durastream_server.offsets import NOW
 
@@ -45,6 +47,8 @@ class Request:
     server: tuple[str, int] | None
     receive: Receive
     send: Send
+    # Writes a prepared answer straight to the connection (long-poll wake-ups, http/fastpath.py).
+    responder: RawResponder | None = None
 
     @property
     def authority(self) -> str:
@@ -198,6 +202,14 @@ class StreamHandlers:
         self, request: Request, result: ReadResult, params: parse.ReadParams, cursor: str | None
     ) -> None:
         """A 200 read response (catch-up, or a long-poll that found data)."""
+        await responses.send_response(
+            request.send, *self._read_parts(request, result, params, cursor)
+        )
+
+    def _read_parts(
+        self, request: Request, result: ReadResult, params: parse.ReadParams, cursor: str | None
+    ) -> tuple[int, Headers, bytes]:
+        """Status, headers and body of a read response (200, or 304 for a matching If-None-Match)."""
         headers: Headers = [
             ("Content-Type", result.info.content_type),
             ("Stream-Next-Offset", result.next_offset),
@@ -218,9 +230,8 @@ class StreamHandlers:
             headers.append(("ETag", etag))
             headers.append(("Cache-Control", responses.CACHE_CATCH_UP))
             if if_none_match(request.headers.get("if-none-match"), etag):
-                await responses.send_response(request.send, 304, headers)
-                return
-        await responses.send_response(request.send, 200, headers, render_payload(result))
+                return 304, headers, b""
+        return 200, headers, render_payload(result)
 
     async def _long_poll(self, request: Request, path: str, params: parse.ReadParams) -> None:
         """Section 5.7: answer at once when there is data (or EOF); else wait up to the timeout."""
@@ -231,26 +242,58 @@ class StreamHandlers:
         try:
             while not result.messages and not result.closed:
                 remaining = deadline - loop.time()
-                woke: bool | None = False
+                woken: ReadResult | object | None = None
                 if remaining > 0:
                     disconnect = disconnect or Disconnect(request.receive)
-                    woke = await self._live.wait(path, result.next_offset, remaining, disconnect)
-                if not woke:  # timeout, or released by shutdown / hang-up: answer as a timeout
+                    # Parked with every long-poll at this offset; when data comes, the group reads
+                    # once and answers all (live.py), writing straight to the connection if allowed.
+                    woken = await self._live.wait_read(
+                        path,
+                        result.next_offset,
+                        remaining,
+                        disconnect,
+                        self._read,
+                        self._wake_answer(request, params),
+                    )
+                if woken is ANSWERED:
+                    return
+                if not isinstance(woken, ReadResult):
+                    # Timeout, or released by shutdown / hang-up: answer as a timeout.
                     await self._send_no_content(request, result.next_offset, params, closed=False)
                     return
-                result = await self._read(path, result.next_offset)
+                result = woken
         finally:
             if disconnect is not None:
                 await disconnect.close()
+        await responses.send_response(request.send, *self._long_poll_parts(request, params, result))
+
+    def _long_poll_parts(
+        self, request: Request, params: parse.ReadParams, result: ReadResult
+    ) -> tuple[int, Headers, bytes]:
+        """The answer of a long-poll that found data or the stream's end."""
         if result.messages:
             # Data that arrived together with the close carries Stream-Closed (hazard 16).
-            await self._send_read(request, result, params, cursor=self._cursor(params))
-        else:
-            await self._send_no_content(request, result.next_offset, params, closed=True)
+            return self._read_parts(request, result, params, cursor=self._cursor(params))
+        return self._no_content_parts(result.next_offset, params, closed=True)
+
+    def _wake_answer(self, request: Request, params: parse.ReadParams) -> WakeAnswer:
+        """How a parked long-poll is answered when woken. Requests alike in everything the answer
+        depends on (path, query, headers) share one answer, built once. A conditional request
+        (If-None-Match) is answered the ordinary way."""
+        responder = request.responder if "if-none-match" not in request.headers else None
+        key = (request.raw_path, request.query_string, *request.headers.items())
+        return WakeAnswer(key, functools.partial(self._long_poll_parts, request, params), responder)
 
     async def _send_no_content(
         self, request: Request, next_offset: str, params: parse.ReadParams, *, closed: bool
     ) -> None:
+        await responses.send_response(
+            request.send, *self._no_content_parts(next_offset, params, closed=closed)
+        )
+
+    def _no_content_parts(
+        self, next_offset: str, params: parse.ReadParams, *, closed: bool
+    ) -> tuple[int, Headers, bytes]:
         headers: Headers = [
             ("Stream-Next-Offset", next_offset),
             ("Stream-Up-To-Date", "true"),
@@ -260,7 +303,7 @@ class StreamHandlers:
             headers.append(("Stream-Closed", "true"))
         else:
             headers.append(("Stream-Cursor", self._cursor(params)))
-        await responses.send_response(request.send, 204, headers)
+        return 204, headers, b""
 
     async def _sse(self, request: Request, path: str, params: parse.ReadParams) -> None:
         """Section 5.8. The first read happens before the headers, so a missing stream is a real 404."""

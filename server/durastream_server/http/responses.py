@@ -44,6 +44,17 @@ def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
 _BASE_ENCODED: Final = tuple(_encode(base_headers()))  # the same on every response: encode once
 
 
+def response_headers(
+    status: int, headers: Iterable[tuple[str, str]], body: bytes, *, head: bool = False
+) -> list[tuple[bytes, bytes]]:
+    """The encoded header list of a complete response: what ``send_response`` hands to the server, and
+    what the long-poll fast path (``http/fastpath.py``) writes itself, so the two cannot differ."""
+    encoded = [*_BASE_ENCODED, *_encode(headers)]
+    if not head and status not in (204, 304):
+        encoded.append((b"content-length", str(len(body)).encode()))
+    return encoded
+
+
 async def send_response(
     send: Send,
     status: int,
@@ -53,9 +64,7 @@ async def send_response(
     head: bool = False,
 ) -> None:
     """Send a complete response. ``head`` drops the body (and its length) as HEAD requires."""
-    encoded = [*_BASE_ENCODED, *_encode(headers)]
-    if not head and status not in (204, 304):
-        encoded.append((b"content-length", str(len(body)).encode()))
+    encoded = response_headers(status, headers, body, head=head)
     await send({"type": "http.response.start", "status": status, "headers": encoded})
     await send({"type": "http.response.body", "body": b"" if head else body})
 

@@ -30,11 +30,13 @@ The HEADER body is the JSON of ``StreamHeader`` (written once per stream, not a 
 holds its timestamp. Kinds 5-15 are reserved; recovery refuses kinds it does not know rather than
 skipping data it cannot interpret.
 
-Staged appends (docs/decisions/0003-staged-appends.md): a staging file starts with a TXN_HEADER record
-(JSON of the handle's name, creation time and TTL) followed by ordinary APPEND records. A commit copies
-them into the stream's log as a *record group*: every record but the last has FLAG_GROUP_CONTINUES; the
-last carries the producer tuple, ``Stream-Seq``, closure, digest and (FLAG_TXN) the committed handles.
-Recovery applies a group whole or truncates it.
+Staged appends (docs/decisions/0003-staged-appends.md): a staging file starts with a header record (an
+APPEND record without messages, flagged FLAG_GROUP_CONTINUES, holding the handle's name, creation time and
+TTL in its digest field; a TXN_HEADER record in files of earlier versions) followed by ordinary APPEND
+records. A commit moves such files into the stream's log as segments (rewriting positions, flags and
+checksums in place) or copies their records, as a *record group*: every record but the last has
+FLAG_GROUP_CONTINUES; the last carries the producer tuple, ``Stream-Seq``, closure, digest and (FLAG_TXN)
+the committed handles. Recovery applies a group whole or truncates it.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ class Kind(IntEnum):
     HEADER = 1
     APPEND = 2
     SOFT_DELETE = 3
-    TXN_HEADER = 4  # first record of a staging file (staged appends); never in a stream's log
+    TXN_HEADER = (
+        4  # first record of a legacy staging file (staged appends); never in a stream's log
+    )
     # 5..15 reserved.
 
 
@@ -157,6 +161,55 @@ def encode_append(entry: AppendEntry) -> bytearray:
     meta_len = sum(map(len, meta))
     fixed = APPEND_FIXED.pack(entry.position, entry.timestamp_ms, n, meta_len, flags)
     return _frame(Kind.APPEND, (fixed, *meta, *msgs))
+
+
+def encode_append_parts(
+    position: int,
+    timestamp_ms: int,
+    n_messages: int,
+    lengths: bytes | memoryview,
+    payload: list[bytes | memoryview],
+    *,
+    continues: bool = False,
+    closes: bool = False,
+    producer: ProducerTuple | None = None,
+    stream_seq: str | None = None,
+    digest: bytes = b"",
+    txn_handles: tuple[CommittedHandle, ...] = (),
+) -> list[bytes | bytearray | memoryview]:
+    """The same record as ``encode_append``, from messages that are already laid out: ``lengths`` is
+    the packed ``n_messages x u32`` section and ``payload`` the concatenated messages, in pieces.
+
+    Returns the frame as a list of buffers (for ``pwritev``); the payload pieces are not copied, only
+    checksummed. Used by the staged-append commit, which moves whole staged records into the log.
+    """
+    entry = AppendEntry(
+        position=position,
+        messages=(),
+        timestamp_ms=timestamp_ms,
+        closes=closes,
+        producer=producer,
+        stream_seq=stream_seq,
+        digest=digest,
+        continues=continues,
+        txn_handles=txn_handles,
+    )
+    # The meta section of a message-less record, minus its fixed part and the (empty) lengths.
+    head = encode_append(entry)
+    meta = memoryview(head)[FRAME_SIZE + APPEND_FIXED_SIZE :]
+    if len(lengths) != 4 * n_messages:
+        raise ValueError("lengths must hold n_messages u32 values")
+    payload_len = sum(len(p) for p in payload)
+    flags = APPEND_FIXED.unpack_from(head, FRAME_SIZE)[4]
+    fixed = APPEND_FIXED.pack(position, timestamp_ms, n_messages, len(meta) + len(lengths), flags)
+    crc = crc32(fixed, _SEED[Kind.APPEND])
+    crc = crc32(meta, crc)
+    crc = crc32(lengths, crc)
+    for piece in payload:
+        crc = crc32(piece, crc)
+    body_len = len(fixed) + len(meta) + len(lengths) + payload_len
+    frame = FRAME.pack(MAGIC, FORMAT_VERSION, Kind.APPEND, body_len, crc)
+    return [frame, fixed, meta, lengths, *payload]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,14 @@ thread, then advances ``durable_tail`` and resolves the futures. Readers never s
 and listeners are called only after the fsync (waiters wake on durable data only).
 
 If a write or fsync fails, the log is *poisoned*: every queued and future stage fails with
-``StorageFailure`` (or ``InsufficientStorage`` for ENOSPC) until the server restarts and recovers from
-disk. The in-memory state may be ahead of the disk then, so it must never be used again.
+``StorageFailure`` (or ``InsufficientStorage`` for ENOSPC). The in-memory state may be ahead of the disk
+then, so it must never be used again. An I/O error (EIO, a failed fsync) keeps the log poisoned until the
+server restarts and recovers from disk. Running out of space does not: the failed batch was cut off the
+file (``writer._undo``; recovery cuts any torn rest), everything before it was fsynced earlier, so the log
+*heals itself*: shortly after the failure it re-reads its state from disk with the start-up recovery
+(``recovery.recover_stream``: snapshot + replay, torn-tail truncation) and accepts appends again. If the
+disk is still full, the next append fails and poisons it again; the retry delay backs off
+(``HEAL_FIRST_DELAY`` doubling up to ``HEAL_MAX_DELAY``) until a commit succeeds.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from durastream_server.storage.records import (
     SoftDelete,
     StreamHeader,
 )
+from durastream_server.storage.recovery import Quarantine, recover_stream
 from durastream_server.storage.segments import SegmentTable
 from durastream_server.storage.snapshot import encode_snapshot, state_to_dict, write_snapshot
 from durastream_server.storage.state import StreamState, apply_entry
@@ -63,6 +70,10 @@ _T = TypeVar("_T")
 HOT_MAX_BYTES = 32 * 1024
 HOT_MAX_ENTRIES = 256
 HOT_SECONDS = 0.1
+# Out-of-space self-healing (see the module docstring): first re-read from disk this long after the
+# failure, doubling per consecutive failure up to the maximum.
+HEAL_FIRST_DELAY = 0.05
+HEAL_MAX_DELAY = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +154,8 @@ class StreamLog:
         self._hot_bytes = 0
         self._hot_at = 0.0  # loop time of the last commit that added to _hot
         self._hot_timer: asyncio.TimerHandle | None = None
+        self._healing: asyncio.Task[None] | None = None  # see _heal
+        self._heal_failures = 0  # out-of-space poisonings since the last successful commit
 
     # ----------------------------------------------------------------------------------------- writes
 
@@ -282,6 +295,7 @@ class StreamLog:
         if closed:
             self.durable_closed = True
         self._durable_count += len(batch)
+        self._heal_failures = 0
         for _, fut in batch:
             if not fut.done():  # the stager may have been cancelled; the entry is durable anyway
                 fut.set_result(None)
@@ -352,9 +366,10 @@ class StreamLog:
     def _poison(self, exc: BaseException) -> None:
         self._failure = exc
         log.error(
-            "stream %s (%s): storage write failed, log poisoned until restart: %r",
+            "stream %s (%s): storage write failed, log poisoned %s: %r",
             self.id,
             self.header.path,
+            "(it heals once space returns)" if is_out_of_space(exc) else "until restart",
             exc,
             exc_info=not isinstance(exc, OSError | errors.StorageFailure),
         )
@@ -368,6 +383,84 @@ class StreamLog:
         for _, waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(self._error())
+        if is_out_of_space(exc) and not self._closed and self._healing is None:
+            self._heal_failures += 1
+            delay = min(HEAL_MAX_DELAY, HEAL_FIRST_DELAY * 2 ** (self._heal_failures - 1))
+            self._healing = asyncio.get_running_loop().create_task(self._heal(delay))
+
+    async def _heal(self, delay: float) -> None:
+        """After running out of space: re-read the log from disk and accept appends again.
+
+        Only the accepted state can be ahead of the disk (the failed batch was truncated away, or its
+        torn rest is truncated by the recovery below), so the state is rebuilt exactly as a restart
+        would rebuild it: producers, ``Stream-Seq`` and closure as acknowledged, and an append that
+        failed is not remembered (its retry is written, never answered as a duplicate). Anything odd
+        (recovery quarantines the stream, or finds less than was acknowledged) leaves the log poisoned
+        until a restart.
+        """
+        try:
+            await asyncio.sleep(delay)
+            while self._writer is not None:  # the writer task that poisoned the log is ending
+                await asyncio.sleep(0.01)
+            if self._closed or self._deleted or self._failure is None:
+                return
+            interval = self._index.sparse.interval
+            try:
+                recovered = await asyncio.get_running_loop().run_in_executor(
+                    self._ctx.executor,
+                    lambda: recover_stream(self.directory, self.id, interval, sync=self._ctx.sync),
+                )
+            except Quarantine as q:
+                log.error(
+                    "stream %s (%s): cannot heal after running out of space: %s; poisoned until "
+                    "restart",
+                    self.id,
+                    self.header.path,
+                    q.reason,
+                )
+                return
+            if self._closed or self._deleted or self._failure is None:
+                return
+            if recovered.state.tail < self.durable_tail:
+                log.error(
+                    "stream %s (%s): the log on disk ends at %d, before the acknowledged tail %d; "
+                    "poisoned until restart",
+                    self.id,
+                    self.header.path,
+                    recovered.state.tail,
+                    self.durable_tail,
+                )
+                return
+            self._drop_hot()
+            self._ctx.cache.discard(lambda key: key[0] == self.id)
+            self.state = recovered.state
+            self._segments = SegmentTable(recovered.directory, self.id, recovered.bases)
+            self._index = recovered.index
+            self._file_end = recovered.file_end
+            self._last_record = recovered.last_record
+            self._snapshot_entries = recovered.snapshot_entries
+            self._snapshot_end = recovered.snapshot_end
+            self._staged_count = self._durable_count  # every pending stage was failed
+            grew = recovered.state.tail != self.durable_tail
+            self.durable_tail = recovered.state.tail
+            self.durable_closed = recovered.state.closed
+            self._failure = None
+            log.warning(
+                "stream %s (%s): healed after running out of space; accepting appends again at %d",
+                self.id,
+                self.header.path,
+                self.durable_tail,
+            )
+            if grew:  # a failed batch whose undo failed was complete on disk: it is data now
+                for callback in list(self._listeners.values()):
+                    try:
+                        callback()
+                    except Exception:
+                        log.exception("stream %s: commit listener failed", self.id)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._healing = None
 
     def _error(self) -> errors.StorageFailure:
         exc = self._failure
@@ -657,6 +750,8 @@ class StreamLog:
         failure (it was logged when it happened)."""
         self._closed = True
         self._drop_hot()
+        if self._healing is not None:
+            self._healing.cancel()
         with contextlib.suppress(errors.StorageFailure):
             await self.flush()
         writer = self._writer

@@ -92,6 +92,9 @@ class StagedSource:
     end: int
     n_messages: int
     size: int
+    # The file is a run of log records from offset 0 (header record included), so the commit may move
+    # it into the log as a segment instead of copying it (False for the legacy staging layout).
+    movable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,11 @@ Everything here is blocking file I/O; the engine runs it in the data directory's
 Layout, inside the stream incarnation's directory (so deleting the stream removes it, and a fork, which
 is another incarnation, never sees it)::
 
-  txn/<sha256(handle)[:32]>.stg   one file per open handle: a TXN_HEADER record (JSON: handle name,
-                                  creation time, TTL), then one APPEND record per accepted stage request
+  txn/<sha256(handle)[:32]>.stg   one file per open handle: a header record (an APPEND record without
+                                  messages, continuing a group, whose digest field holds HEADER_TAG and
+                                  the JSON of handle name, creation time and TTL; files of earlier
+                                  versions have a TXN_HEADER record instead), then one APPEND record
+                                  per accepted stage request
                                   (position = payload bytes staged before it; the stage's producer tuple
                                   and digest, so the handle's dedupe state is rebuilt by the same fold
                                   as a stream's). Durable (fdatasync) before a stage is acknowledged.
@@ -20,6 +23,7 @@ bad record followed by valid data marks the handle corrupt (it is never committe
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -63,20 +67,56 @@ class HandleHeader:
         return self.created_ms + 1000 * self.ttl_seconds
 
 
+# The handle header is an APPEND record without messages whose digest field holds this tag and the
+# header's JSON, flagged as continuing a record group: so a whole staging file is a valid run of log
+# records, which a commit can move into the stream's log as segments without copying its payload
+# (docs/decisions/0003-staged-appends.md). Files of earlier versions start with a TXN_HEADER record
+# instead; they are still read, and committed by copying.
+HEADER_TAG = b"durastream-txn-header:"
+
+
 def encode_handle_header(header: HandleHeader) -> bytearray:
     body = json.dumps(
         {"handle": header.handle, "created_ms": header.created_ms, "ttl": header.ttl_seconds},
         separators=(",", ":"),
     ).encode()
-    return codec.encode_frame(Kind.TXN_HEADER, body)
+    return codec.encode_append(
+        codec.AppendEntry(
+            position=0,
+            messages=(),
+            timestamp_ms=header.created_ms,
+            digest=HEADER_TAG + body,
+            continues=True,
+        )
+    )
 
 
 def decode_handle_header(body: bytes | memoryview) -> HandleHeader:
+    """The header of a legacy TXN_HEADER record (its body is the JSON)."""
     try:
         data = json.loads(bytes(body))
         return HandleHeader(str(data["handle"]), int(data["created_ms"]), int(data["ttl"]))
     except (ValueError, TypeError, KeyError) as exc:
         raise CorruptRecord(f"bad staging file header: {exc}") from None
+
+
+def decode_header_record(
+    frame: codec.FrameInfo, body: memoryview
+) -> tuple[HandleHeader, int, bool]:
+    """The first record of a staging file: ``(header, base position, movable)``.
+
+    ``base`` is the position the header record carries: 0, unless a commit that moved the file into
+    the log had already rewritten its positions when the server stopped (staged positions are then
+    relative to it). ``movable`` is False for a legacy TXN_HEADER file, which a commit copies.
+    """
+    if frame.kind == Kind.TXN_HEADER:
+        return decode_handle_header(body), 0, False
+    if frame.kind != Kind.APPEND:
+        raise CorruptRecord(f"first record is kind {frame.kind}")
+    meta = codec.decode_append_meta(body, 0, frame.body_len)
+    if meta.lengths or not meta.digest.startswith(HEADER_TAG):
+        raise CorruptRecord("first record is not a staging file header")
+    return decode_handle_header(meta.digest[len(HEADER_TAG) :]), meta.position, True
 
 
 # --------------------------------------------------------------------------------------- writing
@@ -213,8 +253,18 @@ class _SequentialReader:
         return None
 
 
-def read_staged_messages(source: StagedSource) -> Iterator[tuple[int, list[memoryview]]]:
-    """``(position, messages)`` of each staged record of ``source``, checksums verified.
+class StagedRecord(NamedTuple):
+    """One staged APPEND record, as the commit moves it: its messages stay laid out as stored."""
+
+    position: int  # staged position of its first message (bytes staged before it in the handle)
+    n_messages: int
+    lengths: memoryview  # the packed n_messages x u32 lengths section
+    payload: memoryview  # the concatenated messages
+    size: int  # payload bytes
+
+
+def read_staged_records(source: StagedSource) -> Iterator[StagedRecord]:
+    """Each staged record of ``source`` in order, checksums verified, without splitting its messages.
 
     Used by the commit copy: memory is one read block (or one record, if larger) at a time, plus
     whatever views the caller keeps.
@@ -222,18 +272,20 @@ def read_staged_messages(source: StagedSource) -> Iterator[tuple[int, list[memor
     fd = os.open(source.path, os.O_RDONLY | _O_CLOEXEC)
     try:
         reader = _SequentialReader(fd, source.end)
+        base = 0
+        if source.movable:  # positions may have been rewritten by an interrupted move (group.py)
+            base = decode_header_record(*reader.record(0))[1]
         offset = source.start
         while offset < source.end:
             frame, body = reader.record(offset)
             if frame.kind != Kind.APPEND:
                 raise CorruptRecord(f"unexpected record kind {frame.kind} in {source.path}")
             meta = codec.decode_append_meta(body, 0, frame.body_len)
+            n = len(meta.lengths)
             p = meta.payload_off
-            messages = []
-            for length in meta.lengths:
-                messages.append(body[p : p + length])
-                p += length
-            yield meta.position, messages
+            yield StagedRecord(
+                meta.position - base, n, body[p - 4 * n : p], body[p:], frame.body_len - p
+            )
             offset += frame.record_len
     finally:
         os.close(fd)
@@ -250,6 +302,7 @@ class RecoveredHandle:
     state: StreamState  # the handle's fold: tail = staged bytes, producers = stage dedupe state
     n_messages: int = 0
     corrupt: str | None = None  # why the handle cannot be trusted (it is never committed)
+    movable: bool = True  # a commit may move the file into the log (False: legacy layout, copied)
 
 
 def recover_staging_file(path: str, *, sync: bool) -> RecoveredHandle | None:
@@ -261,14 +314,14 @@ def recover_staging_file(path: str, *, sync: bool) -> RecoveredHandle | None:
         reader = _SequentialReader(fd, size)
         try:
             frame, body = reader.record(0)
-            if frame.kind != Kind.TXN_HEADER:
-                raise CorruptRecord(f"first record is kind {frame.kind}")
-            header = decode_handle_header(body)
+            header, base, movable = decode_header_record(frame, body)
         except CorruptRecord as exc:
             log.warning("staging file %s has no valid header (%s)", path, exc)
             return None
         data_start = frame.record_len
-        handle = RecoveredHandle(path, header, data_start, data_start, StreamState(tail=0))
+        handle = RecoveredHandle(
+            path, header, data_start, data_start, StreamState(tail=0), movable=movable
+        )
         offset = data_start
         while offset < size:
             try:
@@ -276,6 +329,8 @@ def recover_staging_file(path: str, *, sync: bool) -> RecoveredHandle | None:
                 if frame.kind != Kind.APPEND:
                     raise CorruptRecord(f"unexpected record kind {frame.kind}")
                 entry = codec.decode_append(body, 0, frame.body_len, copy=False)
+                if base:  # positions rewritten by an interrupted commit: make them staged again
+                    entry = dataclasses.replace(entry, position=entry.position - base)
                 apply_entry(handle.state, entry)
             except (CorruptRecord, ValueError) as exc:
                 if reader.valid_record_after(offset) is not None:

@@ -199,6 +199,28 @@ def test_duplicate_with_forgotten_digest_is_still_a_duplicate() -> None:
     assert decision == producers.Duplicate(epoch=0, highest_seq=99)
 
 
+def test_digest_of_an_earlier_version_counts_as_forgotten() -> None:
+    """Digests written before the switch to SHA-256 (16-byte BLAKE2b) cannot be compared: a retry
+    that spans the upgrade is a duplicate, as when the digest is no longer remembered."""
+    assert len(_digest(b"x")) == producers.DIGEST_SIZE != 16
+    state = StreamState(tail=0)
+    legacy = bytes(16)
+    apply_entry(
+        state,
+        AppendEntry(
+            position=0,
+            messages=(b"x",),
+            timestamp_ms=1,
+            producer=ProducerTuple("p", 0, 0),
+            digest=legacy,
+        ),
+    )
+    decision = producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"x"))
+    assert decision == producers.Duplicate(epoch=0, highest_seq=0)
+    assert producers.differ(_digest(b"x"), _digest(b"y"))
+    assert not producers.differ(legacy, _digest(b"y"))
+
+
 def test_digest_ignores_content_type_parameters_but_not_essence() -> None:
     assert producers.request_digest("text/plain", b"x", False) != producers.request_digest(
         "application/json", b"x", False

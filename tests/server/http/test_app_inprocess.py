@@ -157,11 +157,17 @@ def test_subscription_requests_are_handed_over_as_plain_values() -> None:
             app,
             "POST",
             b"/v1/stream/__ds/subscriptions/sub-1/streams/events%2Fx",
-            [(b"Host", b"example.test:4437"), (b"Content-Type", b"application/json")],
+            [
+                (b"Host", b"example.test:4437"),
+                (b"Content-Type", b"application/json"),
+                (b"Origin", b"http://localhost:5173"),
+            ],
             b'{"streams":["a"]}',
         )
         assert (status, body) == (201, b'{"ok":true}')
-        assert headers["access-control-allow-origin"] == "*"
+        assert (
+            headers["access-control-allow-origin"] == "http://localhost:5173"
+        )  # loopback: allowed
         (request,) = service.requests
         assert request.method == "POST"
         assert request.subpath == "subscriptions/sub-1/streams/events%2Fx"

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import http.client
 import socket
+import threading
+import time
 
 import requests
 from hypothesis import HealthCheck, given, settings
@@ -163,3 +165,242 @@ def test_garbage_on_the_wire_does_not_hurt_the_server(server_factory) -> None:
     assert (
         requests.head(server.stream_url("x")).status_code == 404
     )  # the truncated PUT created nothing
+
+
+# ---- hostile input: huge and slow requests (http/guard.py) ------------------------------------------------
+
+HEADER_LIMIT = 8192
+BODY_LIMIT = 256 * 1024
+GUARDED_ARGS = [
+    "--max-header-bytes",
+    str(HEADER_LIMIT),
+    "--max-body-bytes",
+    str(BODY_LIMIT),
+    "--header-timeout-seconds",
+    "1",
+    "--body-timeout-seconds",
+    "1",
+    "--sse-reconnect-seconds",
+    "0.2",
+]
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _status_of(sock: socket.socket, timeout: float = 10.0) -> int | None:
+    """The status of the first response on ``sock``, or ``None`` if the server closed without one."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while b"\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    if not data.startswith(b"HTTP/1."):
+        return None
+    return int(data.split(b" ", 2)[1])
+
+
+def _raw(server: ServerProcess, payload: bytes, chunk: int = 1 << 20) -> int | None:
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        try:
+            for start in range(0, len(payload), chunk):
+                sock.sendall(payload[start : start + chunk])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server may answer (and close) before it has read everything
+        return _status_of(sock)
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Does the server close ``sock`` (after any response it sends) within ``seconds``?"""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            if not sock.recv(65536):
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+    return False
+
+
+_TOKEN_CHARS = st.characters(
+    codec="ascii", categories=("L", "N"), include_characters="!#$%&'*+-.^_`|~"
+)
+raw_methods = st.one_of(methods, st.text(_TOKEN_CHARS, min_size=1, max_size=12))
+raw_header_names = st.one_of(header_names, st.text(_TOKEN_CHARS, min_size=1, max_size=40))
+raw_header_values = st.one_of(
+    header_values,
+    st.binary(max_size=64).map(
+        lambda b: b.replace(b"\r", b"").replace(b"\n", b"").decode("latin-1")
+    ),
+    st.integers(min_value=1, max_value=3 * HEADER_LIMIT).map(lambda n: "v" * n),
+)
+body_sizes = st.one_of(
+    st.integers(min_value=0, max_value=2048), st.sampled_from([BODY_LIMIT, BODY_LIMIT + 1, 3 << 20])
+)
+
+
+def test_hostile_requests_never_get_a_5xx_and_memory_stays_bounded(server_factory) -> None:
+    server = server_factory(long_poll_timeout=0.1, extra_args=GUARDED_ARGS)
+    assert requests.put(
+        server.stream_url("fuzz/text"), data=b"hi", headers={"Content-Type": "text/plain"}
+    ).ok
+    baseline = _rss_bytes(server.pid)
+    statuses: set[int | None] = set()
+
+    @settings(
+        max_examples=150,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(
+        method=raw_methods,
+        path=paths,
+        headers=st.lists(st.tuples(raw_header_names, raw_header_values), max_size=8),
+        body_size=body_sizes,
+        declare_length=st.booleans(),
+    )
+    def check(
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body_size: int,
+        declare_length: bool,
+    ) -> None:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {server.host}"]
+        lines += [f"{name}: {value}" for name, value in headers if name.lower() != "content-length"]
+        if declare_length:
+            lines.append(f"Content-Length: {body_size}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        body = b"x" * body_size if declare_length else b""
+        status = _raw(server, head + body)
+        statuses.add(status)
+        assert status is None or status < 500, (method, path, status)
+        oversized = len(head) - 4 > HEADER_LIMIT + 64
+        if oversized:
+            assert status in (400, 431, None), status  # 400: a bad request line fails first
+        elif declare_length and body_size > BODY_LIMIT and status is not None:
+            assert status in (400, 404, 405, 413, 431), status
+
+    check()
+    assert 431 in statuses
+    # Headers arrive whole or byte-chunked: either way the server stops at the limit.
+    huge = b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * (10 * HEADER_LIMIT) + b"\r\n\r\n"
+    assert _raw(server, huge) == 431
+    assert _raw(server, huge, chunk=1024) == 431
+    long_url = b"GET /v1/stream/" + b"u" * (4 * HEADER_LIMIT) + b" HTTP/1.1\r\n\r\n"
+    assert _raw(server, long_url, chunk=512) == 431
+    # A flood of oversized headers in parallel (32 x 8 MiB) leaves memory where it was: each connection
+    # is cut off after HEADER_LIMIT bytes. (Without the limit, 32 x 4 MiB grew the server by 73 MiB.)
+    flood = b"GET /healthz HTTP/1.1\r\nX-Big: " + b"f" * (8 << 20)
+    threads = [threading.Thread(target=_raw, args=(server, flood, 4096)) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    grown = _rss_bytes(server.pid) - baseline
+    assert grown < 64 * 1024 * 1024, f"RSS grew by {grown} bytes"
+    # ... and the server still serves, with no internal error logged.
+    assert requests.get(server.stream_url("fuzz/text"), params={"offset": "-1"}).content == b"hi"
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "internal error" not in log
+
+
+def test_slowloris_connections_are_dropped_and_do_not_starve_others(server_factory) -> None:
+    server = server_factory(extra_args=GUARDED_ARGS)
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 200 + b"\r\n\r\n"
+    slow = [socket.create_connection((server.host, server.port), timeout=5) for _ in range(64)]
+    idle = [socket.create_connection((server.host, server.port), timeout=5) for _ in range(16)]
+    started = time.monotonic()
+    closed_at: dict[int, float] = {}
+    try:
+        position = 0
+        while len(closed_at) < len(slow) and time.monotonic() - started < 6:
+            for index, sock in enumerate(slow):
+                if index in closed_at:
+                    continue
+                try:
+                    sock.sendall(request[position : position + 1])  # one byte per 50 ms per socket
+                except (BrokenPipeError, ConnectionResetError):
+                    closed_at[index] = time.monotonic() - started
+            position += 1
+            # Meanwhile ordinary requests are served at once.
+            began = time.monotonic()
+            assert requests.get(server.base_url + "/healthz", timeout=2).status_code == 200
+            assert time.monotonic() - began < 0.5
+            time.sleep(0.05)
+        assert position < len(request)  # none of them ever finished its headers
+        # The server answered 408 and closed; a client that keeps writing sees the closed socket.
+        for index, sock in enumerate(slow):
+            if index not in closed_at:
+                assert _closed_within(sock, 1.0), index
+        assert len(closed_at) + sum(1 for i in range(len(slow)) if i not in closed_at) == len(slow)
+        assert time.monotonic() - started < 8
+        # Connections that never send a byte are closed too, without a response.
+        for sock in idle:
+            assert _closed_within(sock, 2.0)
+    finally:
+        for sock in slow + idle:
+            sock.close()
+    first = _status_of_fresh_slow_request(server)
+    assert first == 408
+
+
+def _status_of_fresh_slow_request(server: ServerProcess) -> int | None:
+    with socket.create_connection((server.host, server.port), timeout=5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finishes the headers
+        return _status_of(sock, timeout=5)
+
+
+def test_stalled_request_bodies_are_cut_off_and_commit_nothing(server_factory) -> None:
+    server = server_factory(extra_args=GUARDED_ARGS)
+    url = server.stream_url("fuzz/stall")
+    assert requests.put(url, headers={"Content-Type": "text/plain"}).status_code == 201
+    with socket.create_connection((server.host, server.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/stream/fuzz/stall HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: 100\r\n\r\n0123456789"
+        )
+        began = time.monotonic()
+        assert _closed_within(sock, 5.0)
+        assert time.monotonic() - began < 3.0
+    assert requests.get(url, params={"offset": "-1"}).content == b""
+    # A slow but steady body (a chunk every 0.3 s, below the 1 s silence limit) is fine.
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v1/stream/fuzz/stall HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: 10\r\n\r\n"
+        )
+        for byte in b"abcdefghij":
+            time.sleep(0.3)
+            sock.sendall(bytes([byte]))
+        assert _status_of(sock) == 204
+    assert requests.get(url, params={"offset": "-1"}).content == b"abcdefghij"
+
+
+def test_keep_alive_connection_can_send_a_second_request_later(server_factory) -> None:
+    """The header timer starts with a request's first byte, not when the previous response ended."""
+    server = server_factory(extra_args=GUARDED_ARGS)
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    try:
+        for _ in range(2):
+            connection.request("GET", "/healthz")
+            response = connection.getresponse()
+            assert response.status == 200
+            response.read()
+            time.sleep(1.5)  # past the 1 s header timeout, under uvicorn's 5 s keep-alive
+    finally:
+        connection.close()

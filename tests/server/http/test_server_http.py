@@ -163,19 +163,20 @@ def test_stream_closed_other_values_are_ignored(durastream_server: ServerProcess
 
 def test_security_headers_everywhere(durastream_server: ServerProcess) -> None:
     url = durastream_server.stream_url(unique("security"))
+    origin = {"Origin": "http://localhost:3000"}  # loopback origins are allowed by default
     responses = [
-        requests.put(url, headers={"Content-Type": TEXT}, data=b"x"),
-        requests.post(url, headers={"Content-Type": TEXT}, data=b"y"),
-        requests.get(url),
-        requests.head(url),
-        requests.get(url + "-missing"),
-        requests.options(url),
-        requests.get(durastream_server.base_url + "/healthz"),
+        requests.put(url, headers={"Content-Type": TEXT, **origin}, data=b"x"),
+        requests.post(url, headers={"Content-Type": TEXT, **origin}, data=b"y"),
+        requests.get(url, headers=origin),
+        requests.head(url, headers=origin),
+        requests.get(url + "-missing", headers=origin),
+        requests.options(url, headers=origin),
+        requests.get(durastream_server.base_url + "/healthz", headers=origin),
     ]
     for response in responses:
         assert response.headers["X-Content-Type-Options"] == "nosniff", response.request.method
         assert response.headers["Cross-Origin-Resource-Policy"] == "cross-origin"
-        assert response.headers["Access-Control-Allow-Origin"] == "*"
+        assert response.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
 
 
 def test_cors_exposes_every_protocol_header_and_preflight_allows_every_request_header(

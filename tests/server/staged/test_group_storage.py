@@ -135,6 +135,56 @@ def _run_commit(root: Path, **overrides: object) -> tuple[str, GroupCommit]:
     return run(lambda: _commit_group(root, **overrides))
 
 
+def test_group_records_hold_whole_staged_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit moves staged records whole (no per-message re-framing): a group record gathers
+    consecutive staged records until it holds RECORD_TARGET payload bytes, never splits one, and its
+    messages and lengths are exactly the staged ones."""
+    monkeypatch.setattr(group, "RECORD_TARGET", 12)  # A's records hold 8, 4 and 12 payload bytes
+    log_id, grp = _run_commit(tmp_path)
+    records = [m for _, _, m in disk_records(tmp_path, log_id)][1:]
+    assert [m.lengths for m in records] == [
+        (4, 4, 4),  # A's first two staged records, gathered: 12 bytes
+        (4, 4, 4),  # A's third record alone reaches the target
+        (4, 4, 4),  # B's two records: the group's last record, with its meta
+    ]
+    assert [m.continues for m in records] == [True, True, False]
+    assert [m.position for m in records] == [grp.position + 12 * i for i in range(3)]
+    assert records[-1].producer == ProducerTuple("committer", 3, 0)
+    assert records[-1].digest == b"group-digest"
+
+    async def reopen() -> None:
+        dd = await open_dd(tmp_path)
+        assert await read_all(dd.logs[log_id]) == [b'"p"', *ALL]
+        await dd.close()
+
+    run(reopen)
+
+
+def test_encode_append_parts_matches_encode_append() -> None:
+    messages = (b'"a"', b'{"k":[1,2]}', b"3")
+    lengths = b"".join(len(m).to_bytes(4, "little") for m in messages)
+    for fields in (
+        {},
+        {"continues": True},
+        {
+            "closes": True,
+            "producer": ProducerTuple("p", 2, 7),
+            "stream_seq": "0009",
+            "digest": b"d" * 20,
+            "txn_handles": (CommittedHandle("h", 42),),
+        },
+    ):
+        whole = codec.encode_append(
+            codec.AppendEntry(position=5, messages=messages, timestamp_ms=9, **fields)
+        )
+        parts = codec.encode_append_parts(
+            5, 9, 3, lengths, [messages[0], memoryview(b"".join(messages[1:]))], **fields
+        )
+        assert b"".join(bytes(p) for p in parts) == bytes(whole)
+
+
 @pytest.mark.parametrize("cut", ["before_last_record", "inside_last_record", "after_first_record"])
 def test_incomplete_trailing_group_is_truncated_to_its_start(
     tmp_path: Path, small_records: None, cut: str

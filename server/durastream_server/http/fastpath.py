@@ -1,0 +1,213 @@
+"""The long-poll wake fast path: one answer, built once, written straight to many connections.
+
+When a commit wakes a hundred long-polls parked at the same offset, their answers are byte-identical (same
+data, same headers), so ``http/live.py`` builds the answer once and writes it to each connection from one
+loop pass. The ordinary way out, the ASGI ``send``, costs per answer a task switch, uvicorn's header
+validation in Python and two socket writes (status and headers, then the body); on this project's 2-core
+VM that was ~50 us per answer, and it set the p99 wake latency (docs/decisions/0004-performance.md).
+
+This module is the only place that knows uvicorn's internals. ``with_fast_path`` mixes one addition into
+uvicorn's httptools protocol (or the server's subclass of it, ``http/guard.py``): every HTTP request's
+scope carries a ``RawResponder`` under
+``scope["extensions"]["durastream.raw_response"]``. ``RawResponder.send`` writes a ``Prepared`` answer in
+one ``transport.write`` and updates the request cycle exactly as uvicorn's ``send`` does for a complete
+response (``response_started``/``response_complete``, wake its ``receive``, ``on_response`` for keep-alive
+and pipelining). It refuses (returns False), and the caller falls back to the ordinary ASGI send, whenever
+uvicorn's send would have done something more than write those bytes: the response already started, the
+client is gone, the connection is to close after this response (HTTP/1.0, ``Connection: close``, server
+shutdown), the transport is paused for backpressure or closing, access logging is on, or the request is a
+HEAD. The bytes are what uvicorn writes for the same ASGI messages: its status line, the cycle's default
+headers (``date``), the response's headers lower-cased as ``name: value``, a blank line, the body
+(``tests/server/http/test_fastpath.py`` compares them byte for byte).
+
+If uvicorn's internals ever change shape (the attributes below are missing), no responder is offered and
+every answer takes the ordinary path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Final
+
+logger = logging.getLogger(__name__)
+
+EXTENSION: Final = "durastream.raw_response"
+
+try:
+    from uvicorn.protocols.http.httptools_impl import (
+        HEADER_RE,
+        HEADER_VALUE_RE,
+        STATUS_LINE,
+        HttpToolsProtocol,
+    )
+except ImportError:  # pragma: no cover - httptools or uvicorn missing: no fast path
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+# What RawResponder touches on uvicorn's RequestResponseCycle. Checked once, on the first request.
+_CYCLE_ATTRIBUTES: Final = (
+    "scope",
+    "transport",
+    "flow",
+    "default_headers",
+    "access_log",
+    "keep_alive",
+    "disconnected",
+    "waiting_for_100_continue",
+    "response_started",
+    "response_complete",
+    "message_event",
+    "on_response",
+)
+_supported: bool | None = None
+
+
+def _cycle_supported(cycle: Any) -> bool:
+    global _supported
+    if _supported is None:
+        _supported = all(hasattr(cycle, name) for name in _CYCLE_ATTRIBUTES) and hasattr(
+            cycle.flow, "write_paused"
+        )
+        if not _supported:
+            logger.warning("uvicorn's request cycle has changed shape; long-poll fast path off")
+    return _supported
+
+
+def _header_lines(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """``name: value\\r\\n`` lines as uvicorn writes them, or None where uvicorn would refuse a header."""
+    lines = []
+    for name, value in headers:
+        if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+            return None
+        lines += (name.lower(), b": ", value, b"\r\n")
+    return b"".join(lines)
+
+
+class Prepared:
+    """One complete response, encoded once, for any number of connections.
+
+    The status line and the server's default headers come first on the wire; uvicorn keeps those per
+    request (its ``date`` value as of the request's arrival), so the full bytes are cached per distinct
+    default-header list, of which a burst typically sees one or two.
+    """
+
+    __slots__ = ("status", "_rest", "_wires")
+
+    def __init__(self, status: int, rest: bytes) -> None:
+        self.status = status
+        self._rest = rest
+        self._wires: dict[int, tuple[list[tuple[bytes, bytes]], bytes | None]] = {}
+
+    def wire(self, defaults: list[tuple[bytes, bytes]]) -> bytes | None:
+        cached = self._wires.get(id(defaults))
+        if cached is not None and cached[0] is defaults:
+            return cached[1]
+        lines = _header_lines(defaults)
+        wire = None if lines is None else STATUS_LINE[self.status] + lines + self._rest
+        self._wires[id(defaults)] = (defaults, wire)  # holding the list keeps its id unique
+        return wire
+
+
+def prepare(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Prepared | None:
+    """Encode a complete response (``headers`` as ``responses.response_headers`` builds them, so with its
+    Content-Length). None if the fast path is unavailable or uvicorn would refuse a header."""
+    if HttpToolsProtocol is None or not 100 <= status < 600:
+        return None
+    lines = _header_lines(headers)
+    if lines is None:
+        return None
+    return Prepared(status, lines + b"\r\n" + body)
+
+
+class RawResponder:
+    """Answers one request by writing prepared bytes to its connection (see the module docstring)."""
+
+    __slots__ = ("_cycle", "extra_headers")
+
+    def __init__(self, cycle: Any) -> None:
+        self._cycle = cycle
+        # Encoded headers the app adds to every response of this request (CORS, ``app._TrackedSend``);
+        # set by ``responder``.
+        self.extra_headers: list[tuple[bytes, bytes]] = []
+
+    def send(self, prepared: Prepared) -> bool:
+        """Write the whole response and complete the request cycle. False: nothing was written; send it
+        the ordinary way."""
+        if not self.write(prepared):
+            return False
+        self.finish()
+        return True
+
+    def write(self, prepared: Prepared) -> bool:
+        """The first half of ``send``: put the response on the wire and mark it sent. ``finish`` must
+        follow before control returns to the event loop (a burst writes all answers first)."""
+        cycle = self._cycle
+        if (
+            cycle.response_started
+            or cycle.disconnected
+            or not cycle.keep_alive
+            or cycle.access_log
+            or cycle.flow.write_paused
+            or cycle.scope["method"] == "HEAD"
+        ):
+            return False
+        transport: asyncio.Transport = cycle.transport
+        if transport.is_closing():
+            return False
+        wire = prepared.wire(cycle.default_headers)
+        if wire is None:
+            return False
+        try:
+            transport.write(wire)
+        except Exception:  # nothing was written; the ordinary send decides what to do
+            logger.debug("fast-path write refused", exc_info=True)
+            return False
+        # As uvicorn's send does for http.response.start and a final http.response.body (keep-alive).
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        cycle.response_complete = True
+        return True
+
+    def finish(self) -> None:
+        """The second half of ``send``: wake the request's ``receive`` and let the connection go on
+        (keep-alive timer, or the next pipelined request), as uvicorn's send does after the body."""
+        cycle = self._cycle
+        cycle.message_event.set()
+        cycle.on_response()
+
+
+def responder(scope: Any, extra_headers: list[tuple[bytes, bytes]]) -> RawResponder | None:
+    """The request's responder, if the server offers one (``with_fast_path``). ``extra_headers``: what
+    the app's send wrapper appends to every response header list of this request."""
+    extensions = scope.get("extensions")
+    found: RawResponder | None = extensions.get(EXTENSION) if extensions else None
+    if found is not None:
+        found.extra_headers = extra_headers
+    return found
+
+
+class FastPathMixin:
+    """Mixed in before uvicorn's httptools protocol (or a subclass of it): every HTTP request's scope also
+    offers a ``RawResponder``."""
+
+    cycle: Any
+    scope: Any
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()  # type: ignore[misc]
+        cycle = self.cycle
+        # A new cycle is made for every request that is not an upgrade (an upgrade returns early).
+        if cycle is not None and cycle.scope is self.scope and _cycle_supported(cycle):
+            self.scope.setdefault("extensions", {})[EXTENSION] = RawResponder(cycle)
+
+
+def with_fast_path(base: type[asyncio.Protocol] | str) -> type[asyncio.Protocol] | str:
+    """uvicorn's ``http`` setting with the fast path added: ``base`` must be uvicorn's httptools protocol
+    or a subclass of it; anything else is returned unchanged (no fast path)."""
+    if (
+        HttpToolsProtocol is None
+        or not isinstance(base, type)
+        or not issubclass(base, HttpToolsProtocol)
+    ):
+        return base
+    return type(base.__name__, (FastPathMixin, base), {"__doc__": base.__doc__})

@@ -1,0 +1,168 @@
+"""Out of space: writers get 507, nothing acknowledged is lost, and the log heals *without a restart*.
+
+A write that fails with ENOSPC poisons the log (``log.py``); once space returns the log re-reads its state
+from disk and accepts appends again. These tests inject the error exactly where a full disk raises it
+(``os.pwritev``, including a torn partial write first) and check: the failed appends are not remembered
+(a producer retry of the failed seq is written, not answered as a duplicate), a still-full disk keeps
+failing cleanly, and the healed log survives a restart with the same contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from durastream_server import errors
+from durastream_server.config import ServerConfig
+from durastream_server.server import Backend
+from tests.server.http.test_app_inprocess import _call, _started
+
+from ._util import append, entry, header, open_dd, read_all, run
+
+HEAL_DEADLINE_SECONDS = 10.0
+
+
+class DiskFull:
+    """Patch ``os.pwritev`` to tear a write and raise ENOSPC while ``full`` is set."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full = False
+        self.failures = 0
+        real = os.pwritev
+
+        def pwritev(fd: int, buffers, offset: int) -> int:  # type: ignore[no-untyped-def]
+            if self.full:
+                self.failures += 1
+                real(fd, [bytes(buffers[0])[:7]], offset)  # a torn partial record, then the error
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(fd, buffers, offset)
+
+        monkeypatch.setattr(os, "pwritev", pwritev)
+
+
+async def _until_healed(log) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + HEAL_DEADLINE_SECONDS
+    while log.poisoned:
+        assert time.monotonic() < deadline, "the log did not heal by itself"
+        await asyncio.sleep(0.01)
+
+
+def test_log_heals_after_enospc_without_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = DiskFull(monkeypatch)
+
+    async def go() -> str:
+        dd = await open_dd(tmp_path)
+        log = await dd.create_stream(header(), None)
+        await append(log, b"1", producer=("p", 0, 0))
+        disk.full = True
+        failed = log.stage(entry(log, b"2", producer=("p", 0, 1)))
+        with pytest.raises(errors.InsufficientStorage):
+            await failed
+        assert log.poisoned and log.durable_tail == 1
+        # Still full: the log heals from disk, the next append fails again (507), nothing is acked.
+        await _until_healed(log)
+        assert log.state.tail == 1 and log.state.producers["p"].last_seq == 0
+        with pytest.raises(errors.InsufficientStorage):
+            await log.stage(entry(log, b"2", producer=("p", 0, 1)))
+        assert disk.failures == 2
+        # Space returns: no restart, the retry of the failed seq is written (not a duplicate).
+        disk.full = False
+        await _until_healed(log)
+        await append(log, b"2", producer=("p", 0, 1))
+        await append(log, b"3", producer=("p", 0, 2))
+        assert await read_all(log) == [b"1", b"2", b"3"]
+        assert log.state.producers["p"].last_seq == 2
+        await dd.close()
+        return log.id
+
+    log_id = run(go)
+
+    async def reopen() -> None:
+        dd = await open_dd(tmp_path)
+        log = dd.logs[log_id]
+        assert await read_all(log) == [b"1", b"2", b"3"]
+        assert log.state.producers["p"].last_seq == 2
+        await append(log, b"4")
+        assert await read_all(log) == [b"1", b"2", b"3", b"4"]
+        await dd.close()
+
+    run(reopen)
+
+
+def test_heal_after_a_failed_close_reopens_nothing_that_was_acked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append-and-close that failed for space is forgotten: the stream is open after healing."""
+    disk = DiskFull(monkeypatch)
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path, segment_bytes=200)  # the failed batch opens a new segment
+        log = await dd.create_stream(header(), None)
+        for i in range(5):
+            await append(log, b'"%d"' % i)
+        before = await read_all(log)
+        disk.full = True
+        with pytest.raises(errors.InsufficientStorage):
+            await log.stage(entry(log, b'"x"' * 40, closes=True))
+        assert log.state.closed  # accepted state was ahead of the disk
+        disk.full = False
+        await _until_healed(log)
+        assert not log.state.closed and not log.durable_closed
+        await append(log, b'"after"')
+        assert await read_all(log) == [*before, b'"after"']
+        await dd.close()
+
+    run(go)
+
+
+def test_http_writers_get_507_with_a_json_body_then_succeed_when_space_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = DiskFull(monkeypatch)
+
+    async def scenario() -> None:
+        backend = await Backend.open(ServerConfig(data_dir=tmp_path / "data"))
+        try:
+            app = await _started(backend)  # type: ignore[arg-type]
+            path = b"/v1/stream/full"
+            plain = [(b"content-type", b"text/plain")]
+
+            def producer(seq: int) -> list[tuple[bytes, bytes]]:
+                return [
+                    *plain,
+                    (b"producer-id", b"w"),
+                    (b"producer-epoch", b"0"),
+                    (b"producer-seq", str(seq).encode()),
+                ]
+
+            status, _, _ = await _call(app, "PUT", path, plain, b"a")
+            assert status == 201
+            disk.full = True
+            status, headers, body = await _call(app, "POST", path, producer(0), b"b")
+            assert status == 507, (status, body)
+            error = json.loads(body)["error"]
+            assert error["code"] == "INSUFFICIENT_STORAGE"
+            assert "no space" in error["message"].lower()
+            disk.full = False
+            deadline = time.monotonic() + HEAL_DEADLINE_SECONDS
+            while True:  # the client retries the same tuple until the log has healed
+                status, _, body = await _call(app, "POST", path, producer(0), b"b")
+                if status != 507:
+                    break
+                assert time.monotonic() < deadline, "the server did not recover by itself"
+                await asyncio.sleep(0.02)
+            assert status == 200, (status, body)  # written, not a 204 "duplicate" of the failure
+            status, _, body = await _call(app, "GET", path, [], query=b"offset=-1")
+            assert status == 200 and body == b"ab"
+        finally:
+            await backend.close()
+
+    asyncio.run(scenario())
