@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import socket
@@ -642,22 +643,29 @@ async def bench_read(server: Server, sizes: Sizes) -> dict:
     return {**best, "runs": runs, "fill_mib_per_s": fill_rate}
 
 
-def parse_response(buf: bytes) -> tuple[int, dict[str, str], int] | None:
-    """Status, headers and length of the complete response at the start of ``buf``; None if it is
-    still incomplete. Handles Content-Length and chunked bodies (the reference server sends chunked)."""
-    end = buf.find(b"\r\n\r\n")
+_HEAD_END = b"\r\n\r\n"
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
+_CHUNKED = re.compile(rb"\r\ntransfer-encoding:[ \t]*chunked", re.IGNORECASE)
+_NEXT_OFFSET = re.compile(rb"\r\nstream-next-offset:[ \t]*([^\r\n]*?)[ \t]*\r\n", re.IGNORECASE)
+
+
+def parse_response(buf: bytes) -> tuple[int, bytes, int] | None:
+    """Status, Stream-Next-Offset (b"" if absent) and length of the complete response at the start of
+    ``buf``; None if it is still incomplete. Handles Content-Length and chunked bodies (the reference
+    server sends chunked). It looks up only the headers it needs, with a regular expression each: with
+    100 answers arriving at once, the client's own per-answer work delays its reading of the next one,
+    and that delay would count as wake latency."""
+    end = buf.find(_HEAD_END)
     if end < 0:
         return None
-    lines = buf[:end].decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
+    head = buf[: end + 2]
+    status = int(head[9:12])
+    found = _NEXT_OFFSET.search(head)
+    next_offset = found.group(1) if found else b""
     at = end + 4
     if status in (204, 304):
-        return status, headers, at
-    if headers.get("transfer-encoding", "").lower() == "chunked":
+        return status, next_offset, at
+    if _CHUNKED.search(head):
         while True:
             nl = buf.find(b"\r\n", at)
             if nl < 0:
@@ -667,22 +675,26 @@ def parse_response(buf: bytes) -> tuple[int, dict[str, str], int] | None:
             if at > len(buf):
                 return None
             if size == 0:
-                return status, headers, at
-    at += int(headers.get("content-length", "0"))
-    return (status, headers, at) if len(buf) >= at else None
+                return status, next_offset, at
+    length = _CONTENT_LENGTH.search(head)
+    at += int(length.group(1)) if length else 0
+    return (status, next_offset, at) if len(buf) >= at else None
 
 
 class LongPollClient(asyncio.Protocol):
     """One long-poll connection as a bare protocol: the arrival time of a response is taken in
-    ``data_received``, in the loop iteration its first bytes arrive, not when a task gets to parse it.
-    With 100 readers answered in a burst, a stream-based client would add its own queueing to the
-    latency it measures."""
+    ``data_received``, in the loop iteration its first bytes arrive, and the complete answer is handed
+    to ``on_answer`` right there, without waking a task per reader. With 100 readers answered in a
+    burst, a stream- or task-based client would add its own queueing to the latency it measures."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_answer: Callable[[LongPollClient, int, str, float], None]) -> None:
         self.transport: asyncio.Transport | None = None
+        self.on_answer = on_answer
         self.buf = b""
         self.first_at = 0.0
-        self.waiter: asyncio.Future[tuple[int, dict[str, str], float]] | None = None
+        self.offset = ""  # the offset of the reader's next (or pending) long-poll
+        self.pending = False
+        self.error: Exception | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -695,20 +707,24 @@ class LongPollClient(asyncio.Protocol):
             self.first_at = time.perf_counter()
         self.buf += data
         parsed = parse_response(self.buf)
-        if parsed is not None and self.waiter is not None and not self.waiter.done():
-            status, headers, used = parsed
+        if parsed is not None and self.pending:
+            status, next_offset, used = parsed
             self.buf = self.buf[used:]
-            self.waiter.set_result((status, headers, self.first_at))
+            self.pending = False
+            self.on_answer(self, status, next_offset.decode("latin-1"), self.first_at)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(HttpError(f"connection lost: {exc}"))
+        if self.pending:
+            self.error = HttpError(f"connection lost: {exc}")
+            self.pending = False
+            self.on_answer(self, 0, "", 0.0)
 
-    def get(self, path: str) -> asyncio.Future[tuple[int, dict[str, str], float]]:
+    def get(self, path: str) -> None:
         assert self.transport is not None
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-        return self.waiter
+        self.pending = True
+        self.transport.write(
+            f"GET {path}?offset={self.offset}&live=long-poll HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
+        )
 
 
 async def bench_longpoll(server: Server, sizes: Sizes) -> dict:
@@ -724,50 +740,51 @@ async def bench_longpoll(server: Server, sizes: Sizes) -> dict:
     head = expect(await conn.request("HEAD", path), 200, what="head")
     tail = head.headers["stream-next-offset"]
     loop = asyncio.get_running_loop()
-    readers: list[LongPollClient] = []
-    for _ in range(sizes.longpoll_readers):
-        _, protocol = await loop.create_connection(LongPollClient, "127.0.0.1", server.port)
-        readers.append(protocol)
     sent: list[tuple[float, str]] = []  # per event: when its append was sent, the tail after it
     deliveries: list[tuple[str, str, float]] = []  # (offset asked, offset returned, arrival time)
-    parked = [0]
-    all_parked = asyncio.Event()
+    outstanding = [0]  # long-polls sent and not yet answered
     all_answered = asyncio.Event()
-    # Readers re-park once the writer says so (after everyone has the event), not the moment they
-    # are answered: on this 2-core machine the client's own re-requests would otherwise compete with
-    # the server burst being measured (and delay the client's reading of later answers).
-    rearm = asyncio.Event()
-    rearm.set()
-    done = asyncio.Event()
+    errors: list[Exception] = []
 
-    async def reader(client: LongPollClient, offset: str) -> None:
-        while not done.is_set():
-            await rearm.wait()
-            pending = client.get(f"{path}?offset={offset}&live=long-poll")
-            parked[0] += 1
-            if parked[0] == len(readers):
-                all_parked.set()
-            status, headers, first_at = await pending
-            parked[0] -= 1
-            if parked[0] == 0:
-                all_answered.set()
-            if status == 200:
-                deliveries.append((offset, headers["stream-next-offset"], first_at))
-                offset = headers["stream-next-offset"]
-            elif status != 204:
-                raise HttpError(f"long-poll: HTTP {status}")
+    def on_answer(client: LongPollClient, status: int, next_offset: str, first_at: float) -> None:
+        outstanding[0] -= 1
+        if outstanding[0] == 0:
+            all_answered.set()
+        if client.error is not None:
+            errors.append(client.error)
+        elif status == 200:
+            deliveries.append((client.offset, next_offset, first_at))
+            client.offset = next_offset
+        elif status != 204:
+            errors.append(HttpError(f"long-poll: HTTP {status}"))
 
-    tasks = [asyncio.create_task(reader(c, tail)) for c in readers]
+    readers: list[LongPollClient] = []
+    for _ in range(sizes.longpoll_readers):
+        _, protocol = await loop.create_connection(
+            lambda: LongPollClient(on_answer), "127.0.0.1", server.port
+        )
+        protocol.offset = tail
+        readers.append(protocol)
+
+    def park() -> None:
+        # Readers re-park once every reader has the event (or after 2 s), not the moment each is
+        # answered: on this 2-core machine the client's own re-requests would otherwise compete with
+        # the server burst being measured (and delay the client's reading of later answers).
+        for client in readers:
+            if not client.pending:
+                client.get(path)
+                outstanding[0] += 1
+        all_answered.clear()
+
     append_latency: list[float] = []
     headers = hdrs(Content_Type="application/json")
     cpu0 = server.cpu()
     try:
         for event in range(sizes.longpoll_events):
-            await asyncio.wait_for(all_parked.wait(), 30)
+            park()
             await asyncio.sleep(0.03)  # let the server park every request it has received
-            all_parked.clear()
-            all_answered.clear()
-            rearm.clear()
+            if errors:
+                raise errors[0]
             body = json.dumps({"event": event, "pad": "x" * 100}).encode()
             t0 = time.perf_counter()
             conn.send("POST", path, headers, body)
@@ -779,14 +796,12 @@ async def bench_longpoll(server: Server, sizes: Sizes) -> dict:
             # (and measured from this one), so do not wait for it forever.
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(all_answered.wait(), 2)
-            rearm.set()
-        await asyncio.wait_for(all_parked.wait(), 30)
+        park()  # the last event's re-parks count in the server CPU figure, as every other's
+        await asyncio.sleep(0.03)
+        if errors:
+            raise errors[0]
     finally:
         cpu = server.cpu() - cpu0
-        done.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         for client in readers:
             if client.transport is not None:
                 client.transport.close()
@@ -1072,6 +1087,10 @@ def main() -> None:
                 indent=2,
             )
         )
+    import charts  # bench/charts.py: bench/results/server.json and docs/img/bench-server.png
+
+    full = not (args.quick or args.only or args.rounds or args.ours_args)
+    charts.record("server", charts.server_figures(results.runs, info), full=full)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ Writers:
   ``toJSON()`` on the driver and POSTing JSON arrays of 1,000 rows with one ``requests.Session`` (plain
   appends: no idempotence, no retries, at-most-once on failure).
 
-Each writer runs once to warm up (small input), then ``--rounds`` times in alternation. This machine is
-shared and noisy, so the headline ratios are the *median of the per-round ratios* (writers of one round
+Each writer runs once to warm up (small input), then ``--rounds`` times in alternation (who goes first
+rotates by round, so no writer always runs right after the same other one). This machine is shared and
+noisy, so the headline ratios are the *median of the per-round ratios* (writers of one round
 ran within seconds of each other), and the best round of each writer is shown beside them. The durastream
 rounds are checked: the stream must hold exactly ``--rows`` messages afterwards.
 
@@ -243,9 +244,14 @@ def main(argv: list[str] | None = None) -> int:
             run(min(20_000, args.rows))
             print(f"warmed up {name}", flush=True)
         rounds: list[dict[str, float]] = []
+        names = list(writers)
         for round_number in range(1, args.rounds + 1):
             rounds.append({})
-            for name, run in writers.items():
+            # Who goes first rotates by round, so no writer always follows the same one (the JVM's
+            # garbage and the disk's writeback of the previous writer land on the next).
+            shift = (round_number - 1) % len(names)
+            for name in names[shift:] + names[:shift]:
+                run = writers[name]
                 elapsed = run(args.rows)
                 rate = args.rows / elapsed
                 rounds[-1][name] = rate
@@ -295,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
                 indent=2,
             )
         )
+    import charts  # bench/charts.py: bench/results/sink.json and docs/img/bench-sink.png
+
+    full = args.rows >= 300_000 and args.rounds >= 5  # the size docs/benchmarks.md records
+    charts.record("sink", charts.sink_figures(median, best, ratios, args.rows), full=full)
     return 0
 
 

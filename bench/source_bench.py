@@ -14,7 +14,8 @@ backed, fsync durability) and once to local NDJSON files. Spark (``local[*]``) t
   micro-batch planning.
 
 Each kind runs once to warm up, then ``--repeats`` interleaved rounds run every kind once; the best run of
-each kind counts (the machine is shared, and the best run is the one least disturbed). The durastream reads
+each kind counts (the machine is shared, and the best run is the one least disturbed); the
+ratio of every round is printed too, with its median (the kinds of one round ran within a minute). The durastream reads
 set ``minPartitions`` to the core count, as docs/source.md recommends for using every core. Printed: rows/s, MB/s of message bytes, each
 durastream figure as a ratio of its file-source counterpart (the target is a typed ratio of at least 0.5),
 and the CPU seconds the durastream server process used during the run: on a small machine the server
@@ -31,6 +32,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -149,24 +151,29 @@ def cpu_seconds(pid: int) -> float | None:
 
 def interleaved(
     runs: list[tuple[str, Callable[[], None]]], rows: int, size: int, repeats: int, server_pid: int
-) -> list[Result]:
-    """Best of ``repeats`` rounds; each round runs every kind once, so load on this shared machine hits
-    all kinds alike instead of whichever happened to run during a busy minute."""
+) -> tuple[list[Result], list[dict[str, float]]]:
+    """Best of ``repeats`` rounds, and every round's seconds per kind. Each round runs every kind once
+    (in reverse order every other round), so load on this shared machine hits all kinds alike instead of
+    whichever happened to run during a busy minute."""
     best: dict[str, tuple[float, float | None]] = {name: (float("inf"), None) for name, _ in runs}
-    for _ in range(repeats):
-        for name, run in runs:
+    rounds: list[dict[str, float]] = []
+    for number in range(repeats):
+        rounds.append({})
+        for name, run in runs if number % 2 == 0 else runs[::-1]:
             cpu_before = cpu_seconds(server_pid)
             started = time.perf_counter()
             run()
             elapsed = time.perf_counter() - started
             cpu_after = cpu_seconds(server_pid)
             server_cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+            rounds[-1][name] = elapsed
             if elapsed < best[name][0]:
                 best[name] = (elapsed, server_cpu)
-    return [
+    results = [
         Result(name, seconds, rows, rows / seconds, size / seconds / 1e6, server_cpu)
         for name, (seconds, server_cpu) in best.items()
     ]
+    return results, rounds
 
 
 def main() -> None:
@@ -193,7 +200,7 @@ def main() -> None:
             f"{time.perf_counter() - started:.1f} s",
             flush=True,
         )
-        results = run_spark(
+        results, rounds = run_spark(
             server.url + "/v1/stream", files_dir, work, args, size, server.process.pid
         )
     finally:
@@ -217,6 +224,17 @@ def main() -> None:
             f"{result.name:42} {result.seconds:8.2f} {result.rows_per_s:10,.0f} "
             f"{result.mb_per_s:8.1f} {ratio:>6} {server_cpu:>13}"
         )
+    # The kinds of one round ran within a minute of each other: their ratio is the least disturbed by
+    # the load of a shared machine.
+    print("\nratio per round (file seconds / durastream seconds):")
+    for name, base in pairs.items():
+        ratios = [r[base] / r[name] for r in rounds if name in r and base in r]
+        if ratios:
+            print(
+                f"  {name:40} "
+                + " ".join(f"{x:.2f}" for x in ratios)
+                + f"   median {statistics.median(ratios):.2f}"
+            )
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -226,15 +244,20 @@ def main() -> None:
                     "cpus": os.cpu_count(),
                     "python": platform.python_version(),
                     "results": [asdict(r) for r in results],
+                    "rounds": rounds,
                 },
                 indent=2,
             )
         )
+    import charts  # bench/charts.py: bench/results/source.json and docs/img/bench-source.png
+
+    full = args.messages >= 400_000 and args.repeats >= 5  # the size docs/benchmarks.md records
+    charts.record("source", charts.source_figures(results, args.messages, size), full=full)
 
 
 def run_spark(
     url: str, files_dir: Path, work: Path, args: argparse.Namespace, size: int, server_pid: int
-) -> list:
+) -> tuple[list[Result], list[dict[str, float]]]:
     from pyspark.sql import SparkSession
 
     from durastream_spark import DurableStreamDataSource

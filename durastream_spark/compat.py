@@ -2,7 +2,9 @@
 
 Spark 4.0/4.1 lack admission control for Python sources (``latestOffset(start, limit)``,
 ``getDefaultReadLimit``, ``SupportsTriggerAvailableNow``, added in 4.2); ``DataSourceStreamArrowWriter``
-arrived in 4.1. Code branches on these flags, never on version strings scattered around.
+arrived in 4.1. Code branches on these flags, never on version strings scattered around, and so do the
+tests' skip markers: ``make test-compat`` runs the connector's tests on pyspark 4.0 with the oldest
+supported pyarrow and requests (``constraints/minimum.txt``).
 """
 
 from __future__ import annotations

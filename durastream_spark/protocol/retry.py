@@ -15,8 +15,10 @@ request is re-sent only when the connection could not even be opened (refused, D
 which proves nothing was sent. Otherwise the caller gets a ``TransportError`` (``maybe_applied=True``) or the
 typed error for the status.
 
-Retried conditions: status 429, 502, 503, 504; connection errors and timeouts. Never other 4xx or other 5xx
-(a 500 is a bug, not a transient state). Waits use exponential backoff with full jitter (uniform in
+Retried conditions: status 429, 502, 503, 504, 507; connection errors and timeouts. 507 (insufficient
+storage) is transient on durastream-server: the failed batch is cut off the log and the server accepts
+appends again once space returns, without a restart. Never other 4xx or other 5xx (a 500 is a bug, not a
+transient state). Waits use exponential backoff with full jitter (uniform in
 ``[0, min(max_backoff, initial * 2**(n-1))]`` before retry ``n``) so that many Spark tasks hitting one
 recovering server do not retry in lockstep. The server's ``Retry-After`` (seconds or HTTP-date) is a floor.
 Both the attempt count and the total elapsed time bound the loop: a wait that would end past the elapsed
@@ -41,7 +43,7 @@ from durastream_spark.errors import RequestContext, TransportError
 
 log = logging.getLogger(__name__)
 
-RETRY_STATUSES: frozenset[int] = frozenset({429, 502, 503, 504})
+RETRY_STATUSES: frozenset[int] = frozenset({429, 502, 503, 504, 507})
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,17 @@ Three routes, chosen on the driver from what the server advertises and carried b
 - ``pinned``: servers without bounded reads; the range is read through a fork pinned at ``end``
   (``fallback.py``).
 
-The next response is fetched while the current one is converted and handed to Spark, so one task keeps the
-network and the CPU busy at the same time.
+On the bounded routes a task is a pipeline: one thread follows the responses of the range, a pool of threads
+converts them to Arrow (``pyarrow`` parses JSON without holding the GIL), and the task hands the batches to
+Spark in offset order, so one task keeps the network, the server and both cores of a small machine busy.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -86,10 +89,21 @@ class RangeScanner:
             return  # Spark's placeholder when a batch read has nothing to read
         client = StreamClient(self.connection, extensions=partition.extensions)
         rows = 0
-        for block in self._blocks(client, partition):
-            if block.count:
-                rows += block.count
-                yield self.layout.batch(partition.stream, block)
+        try:
+            if partition.route == PINNED_ROUTE:
+                batches = self._pinned_batches(client, partition)
+            else:
+                batches = self._bounded_batches(client, partition)
+            for batch in batches:
+                rows += batch.num_rows
+                yield batch
+        except (StreamNotFound, StreamGone, EndBeyondTail) as error:
+            self.data_loss.report(
+                partition.stream,
+                partition.start,
+                partition.end,
+                f"the data is no longer readable ({type(error).__name__}: {error})",
+            )
         log.debug(
             "read %d messages of %r in [%s, %s)",
             rows,
@@ -98,58 +112,127 @@ class RangeScanner:
             partition.end,
         )
 
-    def _blocks(self, client: StreamClient, partition: RangePartition) -> Iterator[MessageBlock]:
-        try:
-            if partition.route == PINNED_ROUTE:
-                yield from pinned_blocks(
-                    client,
-                    stream=partition.stream,
-                    start=partition.start,
-                    end=partition.end,
-                    content_type=partition.content_type,
-                    prefix=partition.pin_prefix,
-                    ttl_seconds=partition.pin_ttl_seconds,
-                )
-            else:
-                yield from self._bounded_blocks(client, partition)
-        except (StreamNotFound, StreamGone, EndBeyondTail) as error:
-            self.data_loss.report(
-                partition.stream,
-                partition.start,
-                partition.end,
-                f"the data is no longer readable ({type(error).__name__}: {error})",
-            )
-
-    def _bounded_blocks(
+    def _pinned_batches(
         self, client: StreamClient, partition: RangePartition
-    ) -> Iterator[MessageBlock]:
+    ) -> Iterator[pa.RecordBatch]:
+        for block in pinned_blocks(
+            client,
+            stream=partition.stream,
+            start=partition.start,
+            end=partition.end,
+            content_type=partition.content_type,
+            prefix=partition.pin_prefix,
+            ttl_seconds=partition.pin_ttl_seconds,
+        ):
+            if block.count:
+                yield self.layout.batch(partition.stream, block)
+
+    def _bounded_batches(
+        self, client: StreamClient, partition: RangePartition
+    ) -> Iterator[pa.RecordBatch]:
+        """Read, convert and hand over in a pipeline, in offset order.
+
+        One thread follows the chunks of ``[start, end)`` (each request needs the previous response's
+        ``Stream-Next-Offset``); each response is converted to a batch in a pool of threads (``pyarrow``
+        parses and wraps without the GIL), and this thread hands the batches to Spark in order. At most
+        ``READ_AHEAD`` responses are in flight, so memory stays a few chunks per task.
+        """
         if partition.route == FRAMES_ROUTE:
             lines = self.layout.needs_json and partition.is_json
             read_format = FRAMES_LINES if lines else FRAMES
         else:
             read_format = RAW
-        with ThreadPoolExecutor(1, thread_name_prefix="durastream-read") as prefetch:
+        pipeline = _Pipeline(READ_AHEAD)
 
-            def fetch(offset: str) -> ReadChunk:
-                return client.read(partition.stream, offset, partition.end, read_format)
+        def convert(chunk: ReadChunk) -> pa.RecordBatch | None:
+            block = _block(chunk, read_format, partition.is_json)
+            return self.layout.batch(partition.stream, block) if block.count else None
 
+        def follow(converters: ThreadPoolExecutor) -> None:
             offset = partition.start
-            pending: Future[ReadChunk] = prefetch.submit(fetch, offset)
-            while True:
-                chunk = pending.result()
-                done = chunk.end_reached
-                if not done:
-                    if chunk.next_offset == offset:
-                        raise MalformedResponse(
-                            f"stream '{partition.stream}': a read from {offset} bounded by "
-                            f"{partition.end} made no progress"
-                        )
-                    offset = chunk.next_offset
-                    pending = prefetch.submit(fetch, offset)  # overlaps the conversion below
-                if read_format == RAW:
-                    values = split_json_array(chunk.body) if partition.is_json else [chunk.body]
-                    yield ValuesBlock([v for v in values if v or partition.is_json], chunk.offset)
-                else:
-                    yield FramesBlock(decode_frames(chunk.body))
-                if done:
+            while not pipeline.stopped:
+                chunk = client.read(partition.stream, offset, partition.end, read_format)
+                if not pipeline.put(converters.submit(convert, chunk)) or chunk.end_reached:
                     return
+                if chunk.next_offset == offset:
+                    raise MalformedResponse(
+                        f"stream '{partition.stream}': a read from {offset} bounded by "
+                        f"{partition.end} made no progress"
+                    )
+                offset = chunk.next_offset
+
+        converters = ThreadPoolExecutor(CONVERT_THREADS, thread_name_prefix="durastream-convert")
+        reader = ThreadPoolExecutor(1, thread_name_prefix="durastream-read")
+        try:
+            reader.submit(pipeline.run, follow, converters)
+            for pending in pipeline:
+                batch = pending.result()
+                if batch is not None:
+                    yield batch
+        finally:
+            pipeline.stop()
+            reader.shutdown(wait=True, cancel_futures=True)
+            converters.shutdown(wait=True, cancel_futures=True)
+
+
+# Conversions running at once per task, and responses read ahead of the batch Spark is taking. Two
+# converters let one task use both cores of a small machine while it waits for Spark or the server;
+# four responses in flight keep the server busy without holding more than a few chunks in memory.
+CONVERT_THREADS = 2
+READ_AHEAD = 4
+
+
+def _block(chunk: ReadChunk, read_format: str, is_json: bool) -> MessageBlock:
+    if read_format != RAW:
+        return FramesBlock(decode_frames(chunk.body))
+    values = split_json_array(chunk.body) if is_json else [chunk.body]
+    return ValuesBlock([v for v in values if v or is_json], chunk.offset)
+
+
+_DONE = object()
+
+
+class _Pipeline:
+    """A bounded, ordered hand-over from the reading thread to the consumer, which can be stopped.
+
+    The producer's return ends the iteration; its exception is re-raised in the consumer. ``stop()``
+    (the consumer left early: an error, or Spark closed the iterator) makes ``put`` return False so the
+    producer ends without blocking.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._queue: queue.Queue[object] = queue.Queue(capacity)
+        self._stop = threading.Event()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, producer: Callable[..., None], *args: object) -> None:
+        try:
+            producer(*args)
+        except BaseException as error:  # handed to the consumer, which raises it
+            self.put(error)
+        else:
+            self.put(_DONE)
+
+    def put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def __iter__(self) -> Iterator[Future[pa.RecordBatch | None]]:
+        while True:
+            item = self._queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]

@@ -248,16 +248,7 @@ class _DriverState:
         states = self.snapshot()
         tails = {path: state.tail for path, state in states.items()}
         plan = plan_next_end(start, tails, self.target, self.finished)
-        if plan.losses and start == initial_offset(self.options):
-            # Nothing was read yet: an offset the stream does not have is a wrong option, not a loss.
-            loss = plan.losses[0]
-            raise OptionError(
-                STARTING_OFFSETS,
-                self.options.starting_text,
-                "offsets the server returned for existing streams, at or before their tails",
-                reason=f"stream {loss.stream!r} at {loss.start}: "
-                + (f"its tail is {loss.end}" if loss.end else "the stream does not exist"),
-            )
+        self.check_starting_offsets(start, plan.losses)
         for loss in plan.losses:
             self.report(loss)
         ends = dict(plan.fixed)
@@ -267,6 +258,18 @@ class _DriverState:
             else:
                 ends.update(self.admit(plan.pending, max_messages, max_bytes))
         return SourceOffset.of(ends)
+
+    def check_starting_offsets(self, start: SourceOffset, losses: list[LossNotice]) -> None:
+        """Nothing was read yet: an offset the stream does not have is a wrong option, not a loss."""
+        if losses and start == initial_offset(self.options):
+            loss = losses[0]
+            raise OptionError(
+                STARTING_OFFSETS,
+                self.options.starting_text,
+                "offsets the server returned for existing streams, at or before their tails",
+                reason=f"stream {loss.stream!r} at {loss.start}: "
+                + (f"its tail is {loss.end}" if loss.end else "the stream does not exist"),
+            )
 
     def admit(
         self, pending: list[StreamRange], max_messages: int | None, max_bytes: int | None
@@ -325,6 +328,8 @@ class _DriverState:
                 losses.append(
                     LossNotice(path, value, None, "the stream is gone (deleted or expired)")
                 )
+        # Spark 4.0/4.1 plan without a start offset (latestOffset() has none): the option is checked here.
+        self.check_starting_offsets(start, losses)
         for loss in losses:
             self.report(loss)
         if any(item.stream not in self.content_types for item in ranges):

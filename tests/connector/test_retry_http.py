@@ -76,7 +76,7 @@ def ok(**headers: str) -> Respond:
 # ---- what is retried --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", [429, 502, 503, 504])
+@pytest.mark.parametrize("status", [429, 502, 503, 504, 507])
 def test_get_is_retried_on_transient_statuses(
     server: FaultServer, fake_time: FakeTime, status: int
 ) -> None:
@@ -175,6 +175,22 @@ def test_producer_append_is_retried_with_identical_tuple_and_bytes(
     assert sent == {
         (b'[{"a":1},{"b":2}]', "p-1", "3", "4")
     }  # hazard 4: never new bytes for a tuple
+
+
+def test_producer_append_is_retried_while_the_server_disk_is_full(
+    server: FaultServer, fake_time: FakeTime
+) -> None:
+    # durastream-server answers 507 with nothing written, and heals by itself once space returns.
+    server.script(Respond(507), Respond(507), ok())
+    make_client(server.root, fake_time).append("s", b'[{"a":1}]', JSON, producer=("p-1", 0, 0))
+    assert len(server.requests) == 3
+
+
+def test_plain_append_is_never_retried_on_a_507(server: FaultServer, fake_time: FakeTime) -> None:
+    server.script(Respond(507), ok())
+    with pytest.raises(ServerError):
+        make_client(server.root, fake_time).append("s", b'{"a":1}', JSON)
+    assert len(server.requests) == 1
 
 
 def test_close_only_is_retried(server: FaultServer, fake_time: FakeTime) -> None:

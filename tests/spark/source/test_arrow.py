@@ -8,7 +8,7 @@ import json
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import to_arrow_schema as spark_to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -36,6 +36,15 @@ from durastream_spark.source.arrow import (
 UTC = dt.timezone.utc
 
 
+def to_arrow_schema(schema: StructType) -> pa.Schema:
+    """Spark's own conversion, as its data source worker checks it: ``timezone="UTC"`` where the keyword
+    exists (Spark 4.0 has none, and converts timestamps to UTC by default)."""
+    try:
+        return spark_to_arrow_schema(schema, timezone="UTC")
+    except TypeError:
+        return spark_to_arrow_schema(schema)
+
+
 def frames_block(
     values: list[bytes], *, lines: bool, first_ms: int = 1_700_000_000_000
 ) -> FramesBlock:
@@ -50,7 +59,7 @@ def frames_block(
 def test_default_schema_batch_matches_spark_exactly() -> None:
     layout = OutputLayout.for_schema(DEFAULT_SCHEMA)
     batch = layout.batch("events/a", frames_block([b'{"a":1}', b"[2]"], lines=False))
-    assert batch.schema == to_arrow_schema(DEFAULT_SCHEMA, timezone="UTC")
+    assert batch.schema == to_arrow_schema(DEFAULT_SCHEMA)
     assert batch.to_pylist() == [
         {
             "stream": "events/a",
@@ -121,7 +130,7 @@ def test_user_schema_parses_json_into_typed_columns_with_metadata() -> None:
         ValuesBlock(values, "-1"),
     ):
         batch = layout.batch("s", block)
-        assert batch.schema == to_arrow_schema(schema, timezone="UTC")
+        assert batch.schema == to_arrow_schema(schema)
         rows = batch.to_pylist()
         assert rows[0]["id"] == 1 and rows[0]["name"] == "a\nb"
         assert rows[0]["at"] == dt.datetime(2024, 1, 2, 3, 4, 5, 500000, tzinfo=UTC)
@@ -137,7 +146,7 @@ def test_user_schema_parses_json_into_typed_columns_with_metadata() -> None:
 def test_values_block_has_the_reads_offset_and_no_timestamp() -> None:
     layout = OutputLayout.for_schema(DEFAULT_SCHEMA)
     batch = layout.batch("s", ValuesBlock([b"1", b"2"], "0000000000000000_0000000000000009"))
-    assert batch.schema == to_arrow_schema(DEFAULT_SCHEMA, timezone="UTC")
+    assert batch.schema == to_arrow_schema(DEFAULT_SCHEMA)
     assert batch.column("offset").to_pylist() == ["0000000000000000_0000000000000009"] * 2
     assert batch.column("timestamp").to_pylist() == [None, None]
 
@@ -170,7 +179,7 @@ def test_layout_pickles_and_rebuilds_its_arrow_schema() -> None:
     import pickle
 
     layout = OutputLayout.for_schema(DEFAULT_SCHEMA)
-    assert layout.arrow_schema == to_arrow_schema(DEFAULT_SCHEMA, timezone="UTC")
+    assert layout.arrow_schema == to_arrow_schema(DEFAULT_SCHEMA)
     copy = pickle.loads(pickle.dumps(layout))
     assert copy.arrow_schema == layout.arrow_schema
     assert isinstance(copy.batch("s", ValuesBlock([b"v"], "-1")), pa.RecordBatch)

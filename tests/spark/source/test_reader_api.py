@@ -20,7 +20,10 @@ from durastream_spark.source.offsets import EARLIEST
 from durastream_spark.source.scan import FRAMES_ROUTE, RangePartition
 from tests.spark.source.support import Streams, docs, encoded, options_for, unique
 
-pytestmark = pytest.mark.skipif(not HAS_ADMISSION_CONTROL, reason="needs Spark >= 4.2 reader API")
+needs_admission_control = pytest.mark.skipif(
+    not HAS_ADMISSION_CONTROL,
+    reason="admission control (latestOffset(start, limit), getDefaultReadLimit) needs Spark >= 4.2",
+)
 
 
 def read_all(reader, partitions) -> list[dict]:
@@ -33,6 +36,9 @@ def read_all(reader, partitions) -> list[dict]:
 
 
 def all_available(reader, start: dict) -> dict:
+    """The end of a batch that reads everything: ``latestOffset()`` without a limit on Spark 4.0/4.1."""
+    if not HAS_ADMISSION_CONTROL:
+        return reader.latestOffset()
     from durastream_spark.compat import ReadAllAvailable
 
     return reader.latestOffset(start, ReadAllAvailable())
@@ -151,6 +157,7 @@ def test_batch_reader_plans_the_same_split(durastream_server, streams: Streams) 
     assert [r["value"] for r in read_all(reader, partitions)] == encoded(docs(0, 100))
 
 
+@needs_admission_control
 def test_admission_control_shares_the_budget_in_proportion_to_lag(
     durastream_server, streams: Streams
 ) -> None:
@@ -262,6 +269,7 @@ def test_a_starting_offset_past_the_tail_is_an_option_error(
         options_for(durastream_server, streams=path, startingOffsets=f'{{"{path}": "{beyond}"}}'),
         DEFAULT_SCHEMA,
     )
-    with pytest.raises(OptionError) as caught:
-        all_available(reader, reader.initialOffset())
+    with pytest.raises(OptionError) as caught:  # planning the end (Spark >= 4.2) or the batch (4.0)
+        start = reader.initialOffset()
+        reader.partitions(start, all_available(reader, start))
     assert caught.value.option == "startingOffsets" and beyond in str(caught.value)

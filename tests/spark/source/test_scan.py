@@ -1,0 +1,145 @@
+"""A task's read pipeline (``scan.py``): batches in offset order, errors passed on, threads stopped."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from durastream_spark.errors import RequestContext, StreamGone
+from durastream_spark.protocol.extensions import Extensions
+from durastream_spark.protocol.frames import encode_frames, offset_token
+from durastream_spark.protocol.models import ReadChunk
+from durastream_spark.source import scan
+from durastream_spark.source.arrow import DEFAULT_SCHEMA, OutputLayout
+from durastream_spark.source.data_loss import DataLossReporter
+from durastream_spark.source.scan import FRAMES_ROUTE, RangePartition, RangeScanner
+
+CHUNKS, PER_CHUNK = 20, 5
+END = offset_token(CHUNKS * PER_CHUNK)
+
+
+class FakeClient:
+    """Serves ``[-1, END)`` as CHUNKS frames responses of PER_CHUNK messages ``{"id": n}``."""
+
+    def __init__(self, fail_at: int | None = None, delay: float = 0.0) -> None:
+        self.fail_at = fail_at
+        self.delay = delay
+        self.reads: list[str] = []
+
+    def read(self, path: str, offset: str, end: str | None, format: str) -> ReadChunk:
+        self.reads.append(offset)
+        first = 0 if offset == "-1" else int(offset.rsplit("_", 1)[1])
+        index = first // PER_CHUNK
+        if index == self.fail_at:
+            raise StreamGone(
+                f"stream '{path}' is gone",
+                context=RequestContext("GET", "http://server/v1/stream/s", stream=path),
+                status=410,
+                code=None,
+                headers={},
+                server_message=None,
+            )
+        time.sleep(self.delay)
+        ids = range(first, first + PER_CHUNK)
+        body = encode_frames(
+            list(ids), [0] * PER_CHUNK, [b'{"id": %d}' % n for n in ids], lines=True
+        )
+        following = offset_token(first + PER_CHUNK)
+        return ReadChunk(
+            path=path,
+            offset=offset,
+            end=end,
+            format=format,
+            body=body,
+            next_offset=following,
+            up_to_date=False,
+            closed=False,
+            end_reached=following == end,
+            content_type="application/vnd.durastream.frames",
+            etag=None,
+        )
+
+
+def partition() -> RangePartition:
+    return RangePartition(
+        stream="s",
+        start="-1",
+        end=END,
+        content_type="application/json",
+        route=FRAMES_ROUTE,
+        extensions=Extensions(),
+    )
+
+
+def scanner(schema, fail_on_data_loss: bool = True) -> RangeScanner:
+    return RangeScanner(None, OutputLayout.for_schema(schema), DataLossReporter(fail_on_data_loss))  # type: ignore[arg-type]
+
+
+def typed_schema():
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    return StructType([StructField("id", LongType())])
+
+
+def pipeline_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("durastream-")]
+
+
+def test_batches_come_out_in_offset_order_while_conversions_overlap(monkeypatch) -> None:
+    layout = OutputLayout.for_schema(typed_schema())
+    convert = layout.batch
+
+    def slow_convert(stream, block):  # conversions finish out of order
+        time.sleep(random.random() / 200)
+        return convert(stream, block)
+
+    monkeypatch.setattr(
+        OutputLayout, "batch", lambda self, stream, block: slow_convert(stream, block)
+    )
+    reader = RangeScanner(None, layout, DataLossReporter(True))  # type: ignore[arg-type]
+    client = FakeClient()
+    ids = [
+        n
+        for batch in reader._bounded_batches(client, partition())
+        for n in batch.column(0).to_pylist()
+    ]
+    assert ids == list(range(CHUNKS * PER_CHUNK))
+    assert len(client.reads) == CHUNKS
+    assert not pipeline_threads()
+
+
+def test_default_schema_rows_keep_their_own_offsets() -> None:
+    batches = list(scanner(DEFAULT_SCHEMA)._bounded_batches(FakeClient(), partition()))
+    offsets = [o for batch in batches for o in batch.column(1).to_pylist()]
+    assert offsets == [offset_token(n) for n in range(CHUNKS * PER_CHUNK)]
+
+
+def test_a_read_error_reaches_the_consumer_after_the_earlier_batches() -> None:
+    rows = []
+    with pytest.raises(StreamGone):
+        for batch in scanner(typed_schema())._bounded_batches(FakeClient(fail_at=3), partition()):
+            rows += batch.column(0).to_pylist()
+    assert rows == list(range(3 * PER_CHUNK))
+    assert not pipeline_threads()
+
+
+def test_closing_the_iterator_early_stops_the_reading_thread() -> None:
+    client = FakeClient(delay=0.01)
+    batches = scanner(typed_schema())._bounded_batches(client, partition())
+    next(batches)
+    batches.close()
+    assert not pipeline_threads()
+    assert len(client.reads) <= 1 + scan.READ_AHEAD + scan.CONVERT_THREADS + 1
+
+
+def test_read_reports_gone_data_through_the_choke_point(monkeypatch) -> None:
+    monkeypatch.setattr(scan, "StreamClient", lambda *args, **kwargs: FakeClient(fail_at=2))
+    rows = [
+        n
+        for batch in scanner(typed_schema(), fail_on_data_loss=False).read(partition())
+        for n in batch.column(0).to_pylist()
+    ]
+    assert rows == list(range(2 * PER_CHUNK))  # then logged as data loss, and the task ends
