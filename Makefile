@@ -1,5 +1,6 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
-# Each target installs what it needs: a venv with both distributions, and the npm test tools.
+# Each target installs what it needs: a venv with both distributions, and the npm test tools. `make test`
+# also runs `test-compat`: the connector's tests on the oldest supported pyspark (4.0) in .venv-compat.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -34,6 +35,7 @@ lint: venv
 
 test: venv npm lint
 	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/pytest
+	$(MAKE) --no-print-directory test-compat
 
 demo: venv
 	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m durastream_spark.demo
@@ -43,5 +45,30 @@ demo: venv
 bench-server: venv $(BENCH_NPM_DIR)/node_modules/.installed
 	$(BIN)/python bench/server_bench.py --quiet-wait 120
 
+# Regenerate docs/options.md from the option parsers (tests/docs fails while it is out of date).
+.PHONY: docs
+docs: venv
+	$(BIN)/python -m durastream_spark.docs --output docs/options.md
+
+# The oldest supported dependencies (constraints/minimum.txt: pyspark 4.0, which has no admission control
+# for Python sources; the pyarrow and requests minimums of pyproject.toml) in a second venv, running the
+# connector's tests: the protocol client, the Spark source and sink end to end, and the tests against the
+# Node reference server. Tests that need Spark >= 4.2 skip there, naming the missing API.
+COMPAT_VENV ?= .venv-compat
+COMPAT_BIN := $(COMPAT_VENV)/bin
+
+$(COMPAT_BIN)/.installed: pyproject.toml server/pyproject.toml constraints/minimum.txt
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_BIN)/pip install --quiet --upgrade pip
+	$(COMPAT_BIN)/pip install --quiet -c constraints/minimum.txt -e ".[test]" -e ./server
+	touch $@
+
+.PHONY: test-compat
+test-compat: $(COMPAT_BIN)/.installed $(BENCH_NPM_DIR)/node_modules/.installed
+	$(COMPAT_BIN)/python -c "import pyspark, pyarrow, requests; print('test-compat: pyspark', \
+	pyspark.__version__, 'pyarrow', pyarrow.__version__, 'requests', requests.__version__)"
+	PYSPARK_PYTHON=$(abspath $(COMPAT_BIN)/python) $(COMPAT_BIN)/pytest -p no:cacheprovider \
+	tests/connector tests/spark tests/compat
+
 clean:
-	rm -rf $(VENV) $(NPM_DIR)/node_modules
+	rm -rf $(VENV) $(COMPAT_VENV) $(NPM_DIR)/node_modules

@@ -1,0 +1,3 @@
+from durastream_spark.demo.cli import main
+
+raise SystemExit(main())
