@@ -13,7 +13,7 @@ BENCH_NPM_DIR := bench
 $(BIN)/.installed: pyproject.toml server/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]" -e ./server
+	$(BIN)/pip install --quiet -e ".[test,bench]" -e ./server
 	touch $@
 
 $(NPM_DIR)/node_modules/.installed: $(NPM_DIR)/package.json $(NPM_DIR)/package-lock.json

@@ -397,9 +397,13 @@ class TxnManager:
                 group.size,
                 next_offset,
             )
-        # The commit record names the handles, so a crash before these unlinks is repaired at
-        # start-up (a staging file of a committed handle is removed, never re-committed).
-        await self._io(txnfile.remove_files, [h.path for h in handles])
+            # The commit record names the handles, so a crash before these unlinks is repaired at
+            # start-up (a staging file of a committed handle is removed, never re-committed). A
+            # moved file keeps its staging name until here (it is also a segment now: only the name
+            # goes), so a crash before the commit was durable leaves every handle staged
+            # (storage/group.py). Still under the handles' locks: a stage that creates a handle of
+            # the same name (once the committed name is forgotten) cannot lose its file to this.
+            await self._io(txnfile.remove_files, [h.path for h in handles])
         return CommitResult(
             next_offset=next_offset,
             closed=request.close,

@@ -8,15 +8,23 @@ touched file.
 Commit by reference: a staging file is, from its first byte, a run of valid log records (its header is an
 APPEND record without messages). So the group's leading staging files of at least ``MOVE_MIN_BYTES`` are
 *moved* into the log: each record's position, timestamp, flags and checksum are rewritten in place (the
-payload stays where it is), the file is fdatasynced and renamed to the next segment name. Smaller or
-legacy staging files are copied after them: their staged records are read sequentially (page-cache hot,
-checksums verified) and moved whole into APPEND records of at least ``RECORD_TARGET`` payload bytes,
-written in ``WRITE_CHUNK`` pieces, so memory stays bounded by one read block or one stage request.
+payload stays where it is), the file is fdatasynced and hard-linked as the next segment name. Smaller or
+legacy staging files are copied after them, into a new segment (a moved file is never written to once it
+is linked): their staged records are read sequentially (page-cache hot, checksums verified) and moved
+whole into APPEND records of at least ``RECORD_TARGET`` payload bytes, written in ``WRITE_CHUNK`` pieces,
+so memory stays bounded by one read block or one stage request.
 
 Every record but the last carries FLAG_GROUP_CONTINUES; the last, written after everything else is in
 place, carries the producer tuple, ``Stream-Seq``, closure, digest and the committed handle names, so
 recovery can apply the group whole or truncate it (``recovery.py``, moved segments included), and readers
 never see part of it: ``durable_tail`` moves only when ``write_group`` has returned.
+
+A moved file keeps its staging name until the commit is durable (the engine unlinks it then, like a
+copied one). So whenever the server dies, every handle is either in a durable commit record (its staging
+file is removed at start-up) or still staged, its file whole: recovery truncates an incomplete group by
+unlinking the moved segments' log names and never changes their content, and the staging reader reads
+the rewritten positions back as staged ones (``txnfile.staged_position``). A commit retried after the
+restart therefore succeeds, or is a duplicate if the first one had become durable.
 """
 
 from __future__ import annotations
@@ -80,14 +88,15 @@ def write_group(
     once everything is in place.
 
     On any failure (I/O, or a staging file that fails its checksums) everything written is cut away and
-    moved files are moved back (best effort; recovery truncates an incomplete group anyway) and the
-    error propagates: the caller poisons the log, since the accepted state already includes the group.
+    the moved files' log names are unlinked (best effort; recovery truncates an incomplete group anyway;
+    their staging names were never removed) and the error propagates: the caller poisons the log, since
+    the accepted state already includes the group.
     """
     (group,) = items
     # A moved file takes the next segment name; if the last segment is empty (a group truncated at
     # recovery can leave one), that name is taken: copy this time.
     count = _movable_prefix(group) if end > seg_base else 0
-    moved: list[tuple[str, str, int]] = []  # (segment, staging file, base): moved back on failure
+    moved: list[tuple[str, str, int]] = []  # (segment, staging file, base): unlinked on failure
     records: list[tuple[int, int, int]] = []
     new_segments: list[int] = []
     position = group.position
@@ -99,12 +108,12 @@ def write_group(
             )
             seg_base = new_segments[-1]
         out = _SegmentAppender(target, seg_base, end)
+        if count:
+            # The last moved file is still its handle's staging file: the rest goes to a new segment.
+            out.roll()
         for parts, record_position, n_messages in group_records(group, count, position):
             out.add(parts, record_position, n_messages)
-        out.finish()
-        if moved and target.sync:
-            fsync_dir(target.directory)  # the renames (also done by finish() when it rolled)
-            fsync_dir(os.path.dirname(moved[0][1]))  # and their removal from txn/
+        out.finish()  # fsyncs the directory (the links and the new segment) before returning
     except BaseException:
         if out is not None:
             out.release()
@@ -142,11 +151,15 @@ def _move_sources(
     and fixed fields are rewritten); the file is fdatasynced and renamed to the next segment name. The
     stage's producer tuple and digest stay in each record's meta, which readers and recovery ignore
     for a record that continues a group. Returns the position and global file offset after them.
+
+    The file is *linked*, not renamed: its staging name stays until the commit is durable, so that a
+    crash before then leaves the handle staged (recovery unlinks the log name of a segment of an
+    incomplete group without touching its content).
     """
     position = group.position
     bases = []
     # Rewrite every file first; their fdatasyncs (each through the fd that wrote, hazard 30) run on
-    # a few threads meanwhile, so the disk flushes of many small files overlap. Renames come after all
+    # a few threads meanwhile, so the disk flushes of many small files overlap. Links come after all
     # of them: a moved file is always a durable run of valid log records.
     with ThreadPoolExecutor(max_workers=SYNC_THREADS, thread_name_prefix="group-sync") as pool:
         syncs = []
@@ -162,9 +175,11 @@ def _move_sources(
         segment = os.path.join(target.directory, segment_name(base))
         if os.path.exists(segment):
             raise FileExistsError(errno.EEXIST, "segment already exists", segment)
-        os.rename(source.path, segment)
+        os.link(source.path, segment)
         moved.append((segment, source.path, base))
         new_segments.append(base)
+    if target.sync:
+        fsync_dir(target.directory)  # every link is durable before anything after them is written
     return position, end
 
 
@@ -188,10 +203,11 @@ def _rewrite_positions(
     of each record to ``records``."""
     fd = os.open(source.path, os.O_RDWR | _O_CLOEXEC)
     try:
+        txnfile.check_not_linked(fd, source.path)
         reader = txnfile._SequentialReader(fd, source.end)
         patches: list[tuple[int, bytes]] = []
         frame, body = reader.record(0)
-        _, header_position, movable = txnfile.decode_header_record(frame, body)
+        _, _, movable = txnfile.decode_header_record(frame, body)
         if not movable or frame.record_len != source.start:
             raise codec.CorruptRecord(f"staging file {source.path} has no header record")
         offset = 0
@@ -202,13 +218,18 @@ def _rewrite_positions(
             if frame.kind != codec.Kind.APPEND:
                 raise codec.CorruptRecord(f"unexpected record kind {frame.kind} in {source.path}")
             meta = codec.decode_append_meta(body, 0, frame.body_len)
-            if offset and meta.position - header_position != staged_at:
-                raise codec.CorruptRecord(
-                    f"staging file {source.path}: record at staged position "
-                    f"{meta.position - header_position}, expected {staged_at}"
-                )
+            stored_flags = txnfile.record_flags(body)
+            if offset:
+                # Records may already be rewritten, some or all (a commit interrupted by a crash or
+                # an error).
+                staged = txnfile.staged_position(meta.position, stored_flags, staged_at)
+                if staged != staged_at:
+                    raise codec.CorruptRecord(
+                        f"staging file {source.path}: record at staged position {staged}, "
+                        f"expected {staged_at}"
+                    )
             n = len(meta.lengths)
-            flags = codec.APPEND_FIXED.unpack_from(body, 0)[4] | codec.FLAG_GROUP_CONTINUES
+            flags = stored_flags | codec.FLAG_GROUP_CONTINUES
             meta_len = meta.payload_off - codec.APPEND_FIXED_SIZE
             record_position = position + staged_at
             fixed = codec.APPEND_FIXED.pack(record_position, timestamp_ms, n, meta_len, flags)
@@ -237,14 +258,15 @@ def _rewrite_positions(
 
 
 def _move_back(target: WriteTarget, moved: list[tuple[str, str, int]]) -> None:
-    """Best effort, after a failure: staging files moved into the log go back to ``txn/`` (their
-    rewritten positions are read back as staged ones, so the handles stay committable)."""
-    for segment, staging, base in reversed(moved):
+    """Best effort, after a failure: unlink the log names of the staging files linked into the log
+    (their staging names were kept; their rewritten positions are read back as staged ones, so the
+    handles stay committable). What is left is cut away by recovery, the same way."""
+    for segment, _staging, base in reversed(moved):
         try:
             target.cache.discard(lambda key, b=base: key == (target.log_id, b))
-            os.rename(segment, staging)
+            os.unlink(segment)
         except OSError as exc:
-            log.warning("stream %s: could not move %s back: %s", target.log_id, segment, exc)
+            log.warning("stream %s: could not unlink %s: %s", target.log_id, segment, exc)
 
 
 Frame = list[bytes | bytearray | memoryview]
@@ -402,6 +424,11 @@ class _SegmentAppender:
             os.fdatasync(self._handle.fd)
         self.release()
         self._touched = False
+
+    def roll(self) -> None:
+        """Start a new segment at the current end (nothing may be pending)."""
+        assert not self._pending and self._handle is None
+        self._roll()
 
     def _roll(self) -> None:
         self._base += self._size

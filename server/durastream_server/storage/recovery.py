@@ -10,7 +10,9 @@ Rules (hazards 18, 19, 32):
   - A record group (a staged-append commit, FLAG_GROUP_CONTINUES on all but its last record) is folded
     only once its last record is read. An incomplete group at the end of the log (a crash mid-commit)
     is truncated back to its first record, so none of it is ever visible; a damaged record inside it
-    followed by valid data is mid-file corruption as above.
+    followed by valid data is mid-file corruption as above. Segments of such a group that are staging
+    files linked into the log (a commit by reference) are unlinked, never truncated: their staging
+    names keep the handles staged.
   - A snapshot only shortens the replay. Any doubt about it (checksum, bounds, a replay that does not
     line up) falls back to a full replay, which alone decides about truncation and quarantine.
 
@@ -463,15 +465,28 @@ def _repair_tail(segs: _Segments, bad: _Bad, log_id: str, key: str, sync: bool) 
         dropped,
     )
     segs.close()
-    fd = os.open(segs.path(bad.seg), os.O_RDWR | _O_CLOEXEC)
-    try:
-        os.ftruncate(fd, bad.off)
-        if sync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    for j in range(len(segs.bases) - 1, bad.seg, -1):
+    # Later segments first, so that a crash in the middle leaves a prefix of the log, with the torn
+    # part still at its end, for the next start-up to repair the same way.
+    later = range(len(segs.bases) - 1, bad.seg, -1)
+    for j in later:
         os.unlink(segs.path(j))
+    if sync and later:
+        fsync_dir(segs.directory)
+    path = segs.path(bad.seg)
+    if bad.off == 0 and os.stat(path).st_nlink > 1:
+        # A staging file that a commit by reference linked into the log (group.py), whose group is
+        # incomplete: its staging name keeps the data, staged again. Unlink the log's name and start
+        # an empty segment in its place; the file's content is never changed.
+        os.unlink(path)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644))
+    else:
+        fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+        try:
+            os.ftruncate(fd, bad.off)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
     del segs.bases[bad.seg + 1 :]
     del segs.sizes[bad.seg + 1 :]
     segs.sizes[bad.seg] = bad.off

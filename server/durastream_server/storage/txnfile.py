@@ -19,11 +19,18 @@ is another incarnation, never sees it)::
 A staging file is created whole (tmp file, fsync, rename), so it either exists with its header and first
 record or not at all. A torn record at its end (a crash during a later stage) is truncated at start-up; a
 bad record followed by valid data marks the handle corrupt (it is never committed).
+
+A commit by reference rewrites a staging file's records in place for their log positions and then
+hard-links it into the log as a segment; the staging name is unlinked only once the commit is durable
+(``group.py``). So a staging file may have some or all of its records rewritten (``staged_position``
+reads both forms), and, until that unlink, may be a segment of the log too (``st_nlink > 1``): such a
+file is only ever read here, never truncated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import logging
@@ -106,8 +113,8 @@ def decode_header_record(
     """The first record of a staging file: ``(header, base position, movable)``.
 
     ``base`` is the position the header record carries: 0, unless a commit that moved the file into
-    the log had already rewritten its positions when the server stopped (staged positions are then
-    relative to it). ``movable`` is False for a legacy TXN_HEADER file, which a commit copies.
+    the log had already rewritten its positions (``staged_position`` reads the records back).
+    ``movable`` is False for a legacy TXN_HEADER file, which a commit copies.
     """
     if frame.kind == Kind.TXN_HEADER:
         return decode_handle_header(body), 0, False
@@ -117,6 +124,27 @@ def decode_header_record(
     if meta.lengths or not meta.digest.startswith(HEADER_TAG):
         raise CorruptRecord("first record is not a staging file header")
     return decode_handle_header(meta.digest[len(HEADER_TAG) :]), meta.position, True
+
+
+def staged_position(position: int, flags: int, expected: int) -> int:
+    """The staged position (payload bytes of the handle before it) of a staging file's record that
+    stores ``position`` with ``flags``; ``expected`` is the staged position it should have.
+
+    A staged record is written without FLAG_GROUP_CONTINUES. A commit by reference rewrites it in
+    place with that flag and the log position ``P + staged position`` (``P``: where the group put the
+    file), so a rewritten record is at its staged position whatever ``P`` was. A crash in the middle
+    of a rewrite (the pages of which a power loss may keep in any order), commits at different
+    positions that each failed part-way, or a stage after a failed commit leave a file with records of
+    either form. A record without the flag must store exactly ``expected``.
+    """
+    if flags & codec.FLAG_GROUP_CONTINUES and position >= expected:
+        return expected
+    return position
+
+
+def record_flags(body: bytes | memoryview) -> int:
+    """The flags of an APPEND record's body."""
+    return codec.APPEND_FIXED.unpack_from(body, 0)[4]
 
 
 # --------------------------------------------------------------------------------------- writing
@@ -152,6 +180,7 @@ def append_staging_record(path: str, frame: bytes | bytearray, offset: int, *, s
     """
     fd = os.open(path, os.O_WRONLY | _O_CLOEXEC)
     try:
+        check_not_linked(fd, path)
         try:
             pwrite_all(fd, [frame], offset)
             if sync:
@@ -165,6 +194,18 @@ def append_staging_record(path: str, frame: bytes | bytearray, offset: int, *, s
     finally:
         os.close(fd)
     return offset + len(frame)
+
+
+def check_not_linked(fd: int, path: str) -> None:
+    """A staging file is never written while it is also a segment of the log: after a failed commit
+    whose cleanup could not unlink the log's name (``group._move_back``), the restart's recovery
+    does that first."""
+    if os.fstat(fd).st_nlink > 1:
+        raise OSError(
+            errno.EBUSY,
+            "staging file is still linked into the stream's log; restart to recover",
+            path,
+        )
 
 
 def make_txn_dir(stream_dir: str, *, sync: bool) -> str:
@@ -272,10 +313,8 @@ def read_staged_records(source: StagedSource) -> Iterator[StagedRecord]:
     fd = os.open(source.path, os.O_RDONLY | _O_CLOEXEC)
     try:
         reader = _SequentialReader(fd, source.end)
-        base = 0
-        if source.movable:  # positions may have been rewritten by an interrupted move (group.py)
-            base = decode_header_record(*reader.record(0))[1]
         offset = source.start
+        staged_at = 0
         while offset < source.end:
             frame, body = reader.record(offset)
             if frame.kind != Kind.APPEND:
@@ -283,9 +322,11 @@ def read_staged_records(source: StagedSource) -> Iterator[StagedRecord]:
             meta = codec.decode_append_meta(body, 0, frame.body_len)
             n = len(meta.lengths)
             p = meta.payload_off
-            yield StagedRecord(
-                meta.position - base, n, body[p - 4 * n : p], body[p:], frame.body_len - p
-            )
+            # positions may have been rewritten by an interrupted move (group.py)
+            position = staged_position(meta.position, record_flags(body), staged_at)
+            size = frame.body_len - p
+            yield StagedRecord(position, n, body[p - 4 * n : p], body[p:], size)
+            staged_at = position + size
             offset += frame.record_len
     finally:
         os.close(fd)
@@ -310,11 +351,15 @@ def recover_staging_file(path: str, *, sync: bool) -> RecoveredHandle | None:
     such a file was never acknowledged, since creation is atomic)."""
     fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
     try:
-        size = os.fstat(fd).st_size
+        stat = os.fstat(fd)
+        size = stat.st_size
+        # Also a segment of the log: a commit by reference that became durable before the staging
+        # name was unlinked (the caller removes the file). Read it, never change it.
+        shared = stat.st_nlink > 1
         reader = _SequentialReader(fd, size)
         try:
             frame, body = reader.record(0)
-            header, base, movable = decode_header_record(frame, body)
+            header, _, movable = decode_header_record(frame, body)
         except CorruptRecord as exc:
             log.warning("staging file %s has no valid header (%s)", path, exc)
             return None
@@ -329,12 +374,15 @@ def recover_staging_file(path: str, *, sync: bool) -> RecoveredHandle | None:
                 if frame.kind != Kind.APPEND:
                     raise CorruptRecord(f"unexpected record kind {frame.kind}")
                 entry = codec.decode_append(body, 0, frame.body_len, copy=False)
-                if base:  # positions rewritten by an interrupted commit: make them staged again
-                    entry = dataclasses.replace(entry, position=entry.position - base)
+                # Positions rewritten by an interrupted commit: make them staged again.
+                position = staged_position(entry.position, record_flags(body), handle.state.tail)
+                if position != entry.position:
+                    entry = dataclasses.replace(entry, position=position)
                 apply_entry(handle.state, entry)
             except (CorruptRecord, ValueError) as exc:
-                if reader.valid_record_after(offset) is not None:
-                    handle.corrupt = f"bad record at {offset} followed by valid data ({exc})"
+                if shared or reader.valid_record_after(offset) is not None:
+                    what = "in a file shared with the log" if shared else "followed by valid data"
+                    handle.corrupt = f"bad record at {offset} {what} ({exc})"
                     log.error(
                         "staging file %s (handle %r): %s", path, header.handle, handle.corrupt
                     )
