@@ -1,6 +1,7 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Each target installs what it needs: a venv with both distributions, and the npm test tools. `make test`
-# also runs `test-compat`: the connector's tests on the oldest supported pyspark (4.0) in .venv-compat.
+# also runs `test-compat`: the connector's and the server's tests on the oldest supported dependencies
+# (pyspark 4.0, uvicorn 0.30, ...: constraints/minimum.txt) in .venv-compat.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -51,9 +52,9 @@ docs: venv
 	$(BIN)/python -m durastream_spark.docs --output docs/options.md
 
 # The oldest supported dependencies (constraints/minimum.txt: pyspark 4.0, which has no admission control
-# for Python sources; the pyarrow and requests minimums of pyproject.toml) in a second venv, running the
-# connector's tests: the protocol client, the Spark source and sink end to end, and the tests against the
-# Node reference server. Tests that need Spark >= 4.2 skip there, naming the missing API.
+# for Python sources; the other minimums of pyproject.toml and server/pyproject.toml) in a second venv,
+# running the connector's tests (the protocol client, the Spark source and sink end to end, the tests
+# against the Node reference server) and the server's. Tests that need Spark >= 4.2 skip there, naming the missing API.
 COMPAT_VENV ?= .venv-compat
 COMPAT_BIN := $(COMPAT_VENV)/bin
 
@@ -68,7 +69,7 @@ test-compat: $(COMPAT_BIN)/.installed $(BENCH_NPM_DIR)/node_modules/.installed
 	$(COMPAT_BIN)/python -c "import pyspark, pyarrow, requests; print('test-compat: pyspark', \
 	pyspark.__version__, 'pyarrow', pyarrow.__version__, 'requests', requests.__version__)"
 	PYSPARK_PYTHON=$(abspath $(COMPAT_BIN)/python) $(COMPAT_BIN)/pytest -p no:cacheprovider \
-	tests/connector tests/spark tests/compat
+	tests/connector tests/spark tests/compat tests/server
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(NPM_DIR)/node_modules

@@ -197,6 +197,12 @@ class FastPathMixin:
         super().on_headers_complete()  # type: ignore[misc]
         cycle = self.cycle
         # A new cycle is made for every request that is not an upgrade (an upgrade returns early).
+        # A request whose connection closes after it (HTTP/1.0, ``Connection: close``) is answered the
+        # ordinary way. Asked of the parser, not ``cycle.keep_alive``: in older uvicorn versions (0.30 to
+        # 0.45 at least) that flag only reflects the HTTP version.
+        parser = getattr(self, "parser", None)
+        if parser is None or not parser.should_keep_alive():
+            return
         if cycle is not None and cycle.scope is self.scope and _cycle_supported(cycle):
             self.scope.setdefault("extensions", {})[EXTENSION] = RawResponder(cycle)
 

@@ -312,7 +312,8 @@ def test_closing_connections_and_http_1_0_take_the_ordinary_path(tmp_path: Path)
             for conn in (closing, old):
                 answer = await conn.response()
                 assert status(answer) == 200
-                assert header(answer, b"connection") == b"close"
+                # Whether uvicorn also sends "Connection: close" depends on its version (0.30 does
+                # not); what matters is that the server closes the connection after the answer.
                 assert await conn.closed_by_server()
             assert status(await fast.response()) == 200
             assert fast_answers(app) == 1
