@@ -31,6 +31,7 @@ from durastream_spark.sink.plan import SinkPlan
 from durastream_spark.sink.producer import RequestPool
 from durastream_spark.sink.targets import TargetStreams
 from durastream_spark.sink.transactional import TransactionalPartitionWriter
+from durastream_spark.worker_heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class PartitionWrite:
     """Writes one task attempt's input. Use once."""
 
     def __init__(self, plan: SinkPlan, identity: TaskIdentity) -> None:
+        freeze_startup_heap()
         self._plan = plan
         self._identity = identity
         self._targets = TargetStreams(plan.client, plan.options)

@@ -42,6 +42,7 @@ from durastream_spark.protocol.models import (
 from durastream_spark.source.arrow import FramesBlock, MessageBlock, OutputLayout, ValuesBlock
 from durastream_spark.source.data_loss import DataLossReporter
 from durastream_spark.source.fallback import pinned_blocks
+from durastream_spark.worker_heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class RangeScanner:
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, RangePartition):
             return  # Spark's placeholder when a batch read has nothing to read
+        freeze_startup_heap()
         client = StreamClient(self.connection, extensions=partition.extensions)
         rows = 0
         try:

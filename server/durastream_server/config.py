@@ -17,7 +17,10 @@ DEFAULT_PORT = 4437  # section 13.1: the protocol's registered default port
 DEFAULT_DATA_DIR = Path("durastream-data")
 DEFAULT_LONG_POLL_TIMEOUT = 30.0
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-DEFAULT_CHUNK_BYTES = 1024 * 1024
+# 4 MiB: a catch-up reader's per-request costs (HTTP exchange, headers, one pass of the client's
+# parser) are paid once per chunk, and at 1 MiB they were about a third of a Spark task's CPU
+# (docs/benchmarks.md, Source); larger chunks gained nothing more. It bounds the memory one read holds.
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 DEFAULT_SSE_RECONNECT_SECONDS = (
     60.0  # section 10.2: close SSE roughly every 60 s for CDN collapsing
 )

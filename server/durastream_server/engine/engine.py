@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -400,20 +400,23 @@ class Engine:
                 )
         producer = request.producer
         digest = b""
+        pending_digest: Awaitable[bytes] | None = None
         if producer is not None:
             producers.check_tuple_syntax(producer)
-            digest = producers.request_digest(
+            pending_digest = producers.request_digest_soon(
                 request_type.essence if request_type else None, body, request.close
             )
 
         parsed: tuple[bytes, ...] | BadRequest | None = None
-        if inc.json and len(body) >= jsonmode.OFFLOAD_BYTES:
-            # Parse a large JSON body off the loop *before* the validation section; its error (if
-            # any) is reported at its place in the precedence below.
+        if inc.json and body:
+            # Parse the JSON body (a large one off the loop) *before* the validation section, while
+            # the digest is computed; a parse error is reported at its place in the precedence below.
             parsed = await jsonmode.split_messages_offloaded(body, allow_empty_array=False)
-            current = self._lookup(request.path)  # the stream may have changed meanwhile
-            if current is not inc:
-                inc, log, parsed = current, current.log, None
+        if pending_digest is not None:
+            digest = await pending_digest
+        current = self._lookup(request.path)  # the stream may have changed during the awaits
+        if current is not inc:
+            inc, log, parsed = current, current.log, None
 
         # From here to log.stage(): no await (hazard 17).
         state = log.state

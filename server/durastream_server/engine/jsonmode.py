@@ -5,6 +5,14 @@ re-serialization: Python's float conversion would change numbers the client sent
 decimals, ``1e400`` would even become ``Infinity``), and the protocol promises to keep what was written.
 Validation still parses every value, so only RFC 8259 JSON is stored: ``NaN``/``Infinity`` (which
 Python's parser accepts by default) and raw control characters in strings are rejected.
+
+Two validators, one verdict. The hot path (every JSON append and stage, about 1,000 elements per MiB) is
+msgspec's compiled parser, decoding a top-level array into ``msgspec.Raw`` spans: it checks the grammar
+of every byte without building Python objects for the values, about 4x faster than the stdlib scanner
+(docs/decisions/0004). It is *stricter* than the stdlib in corners (a lone ``\ud800`` escape, a BOM,
+a top-level scalar), so it only ever says "valid": anything it rejects, and every body that does not
+start with ``[``, goes to the stdlib path below, which is the authority and writes the error messages.
+msgspec does not check UTF-8 inside strings, so non-ASCII bodies are decoded once to check it.
 """
 
 from __future__ import annotations
@@ -13,11 +21,14 @@ import asyncio
 import json
 from typing import Final
 
+import msgspec
+
 from durastream_server.errors import BadRequest, EmptyJsonArray, InvalidJson
 
 # Bodies at least this large are parsed in a worker thread, so a big JSON batch does not stall the
-# event loop (and every other stream's requests) while it is validated.
-OFFLOAD_BYTES: Final = 1 << 20
+# event loop (and every other stream's requests) while it is validated: at about 0.4 ms per MiB on the
+# fast path, a body just under the threshold holds the loop for about 2 ms.
+OFFLOAD_BYTES: Final = 4 << 20
 
 _WHITESPACE: Final = " \t\n\r"
 _BOM: Final = "\ufeff"
@@ -30,6 +41,30 @@ def _reject_constant(name: str) -> object:
 _DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
 # The C scanner behind ``_DECODER.raw_decode``, called directly (one Python frame less per element).
 _SCAN: Final = _DECODER.scan_once
+
+
+# A top-level array into the raw bytes of its elements (surrounding whitespace trimmed).
+_ARRAY_OF_RAW: Final = msgspec.json.Decoder(list[msgspec.Raw])
+_FAST_REJECTS: Final = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
+def fast_split(body: bytes) -> tuple[bytes, ...] | None:
+    """The elements of ``body`` if it is a valid JSON array (msgspec's parser), else None.
+
+    None means "not decided here": the stdlib path then gives the verdict, and the error message.
+    """
+    if body[:1] != b"[":
+        return None
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    try:
+        elements = _ARRAY_OF_RAW.decode(body)
+    except _FAST_REJECTS:
+        return None
+    return tuple(map(bytes, elements))
 
 
 def _skip_ws(text: str, index: int) -> int:
@@ -58,6 +93,19 @@ def split_messages(body: bytes, *, allow_empty_array: bool) -> tuple[bytes, ...]
     where ``[]`` is a client bug (400, section 9.1.3). An empty body yields no messages; the caller
     decides whether that is allowed.
     """
+    if not body:
+        return ()
+    fast = fast_split(body)
+    if fast is None:
+        return split_with_stdlib(body, allow_empty_array=allow_empty_array)
+    if not fast and not allow_empty_array:
+        raise EmptyJsonArray("an empty JSON array appends nothing")
+    return fast
+
+
+def split_with_stdlib(body: bytes, *, allow_empty_array: bool) -> tuple[bytes, ...]:
+    """``split_messages`` with the stdlib scanner alone: the authority on what is valid, and on the
+    error message. Every body ``fast_split`` leaves undecided comes here."""
     if not body:
         return ()
     try:

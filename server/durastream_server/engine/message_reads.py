@@ -9,7 +9,6 @@ least one message so a reader never stalls on a message larger than a chunk.
 from __future__ import annotations
 
 from bisect import bisect_right
-from itertools import accumulate
 
 from durastream_server.engine.view import StreamView
 from durastream_server.storage.records import MessageSlice
@@ -21,9 +20,17 @@ async def read_whole_messages(
     """Whole messages of ``view`` in ``[start, end)`` costing at most ``max_bytes`` (at least one);
     returns them and the position after the last one."""
     slices, next_position = await view.read(start, max_bytes, end, whole_messages=True)
-    if overhead and len(slices) > 1:
-        costs = list(accumulate(len(s.data) + overhead for s in slices))
-        keep = max(1, bisect_right(costs, max_bytes))
+    count = len(slices)
+    if overhead and count > 1 and next_position - start + count * overhead > max_bytes:
+
+        def cost(i: int) -> int:
+            """What the first ``i + 1`` messages cost: their bytes (positions are contiguous from
+            ``start``) plus ``i + 1`` overheads. It grows with ``i``, so a binary search finds the cut
+            in O(log n) calls, where summing every message's cost was a tenth of a frames read."""
+            last = slices[i]
+            return last.position + len(last.data) - start + (i + 1) * overhead
+
+        keep = max(1, bisect_right(range(count), max_bytes, key=cost))
         if keep < len(slices):
             next_position = slices[keep].position
             del slices[keep:]

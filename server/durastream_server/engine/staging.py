@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from durastream_server.engine import contenttype, jsonmode, producers, txnspace
@@ -157,13 +158,17 @@ class TxnManager:
             )
         producer = request.producer
         digest = b""
+        pending_digest: Awaitable[bytes] | None = None
         if producer is not None:
             producers.check_tuple_syntax(producer)
-            digest = producers.request_digest(request_type.essence, body, False)
+            # Hashed on another core (large bodies) while the loop validates the JSON below.
+            pending_digest = producers.request_digest_soon(request_type.essence, body, False)
         parsed: tuple[bytes, ...] | BadRequest | None = None
-        if inc.json and len(body) >= jsonmode.OFFLOAD_BYTES:
+        if inc.json:
             parsed = await jsonmode.split_messages_offloaded(body, allow_empty_array=False)
-            inc = self._current(request.path, inc)
+        if pending_digest is not None:
+            digest = await pending_digest
+        inc = self._current(request.path, inc)
         if inc.log.state.closed:
             raise self._closed_error(inc)
         messages = request_messages(inc, request_type, parsed, body)

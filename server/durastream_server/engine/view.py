@@ -140,7 +140,8 @@ class StreamView:
             if chunk.next_position <= position:
                 break
             slices.extend(chunk.slices)
-            budget -= sum(len(s.data) for s in chunk.slices)
+            # The slices are contiguous from ``position``: their bytes are the distance moved.
+            budget -= chunk.next_position - position
             position = chunk.next_position
             if position < stop:
                 # The budget ran out inside this level. Reading on would admit one more "first"

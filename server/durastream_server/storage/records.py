@@ -130,9 +130,14 @@ class SoftDelete:
     timestamp_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessageSlice:
-    """A message (or, for byte streams, part of one) returned by a read."""
+    """A message (or, for byte streams, part of one) returned by a read.
+
+    Not frozen, unlike the records around it: reads build one per message on their hot path, and a
+    frozen dataclass's ``__init__`` (``object.__setattr__`` per field) cost 3x as much (516 against
+    153 ns, a tenth of a frames read's server time). Treat it as read-only all the same.
+    """
 
     position: int  # logical position of ``data[0]``
     data: bytes
