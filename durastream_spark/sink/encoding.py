@@ -32,6 +32,7 @@ import itertools
 import json
 import math
 import struct
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -429,8 +430,25 @@ def _needs_escape(array: pa.Array) -> bool:
     low = pc.min(pa.Array.from_buffers(pa.uint8(), end - start, [None, region])).as_py()
     if low < 0x20:
         return True
-    raw = region.to_pybytes()
-    return b'"' in raw or b"\\" in raw
+    return _holds_quote_or_backslash(region)
+
+
+_scratch = threading.local()
+
+
+def _holds_quote_or_backslash(region: pa.Buffer) -> bool:
+    """``b'"' in region or b"\\" in region``, searched at memchr speed in a reused per-thread buffer.
+
+    ``region.to_pybytes()`` allocated a fresh batch-sized ``bytes`` every batch, and faulting in its
+    pages made that copy a sixth of the sink's Python CPU; copying into memory that stays mapped costs
+    a tenth of that.
+    """
+    size = region.size
+    scratch: bytearray | None = getattr(_scratch, "buffer", None)
+    if scratch is None or len(scratch) < size:
+        scratch = _scratch.buffer = bytearray(size)
+    memoryview(scratch)[:size] = memoryview(region).cast("B")
+    return scratch.find(b'"', 0, size) >= 0 or scratch.find(b"\\", 0, size) >= 0
 
 
 def _arrow_floats(array: pa.Array) -> pa.Array:

@@ -48,10 +48,13 @@ _ARRAY_OF_RAW: Final = msgspec.json.Decoder(list[msgspec.Raw])
 _FAST_REJECTS: Final = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
-def fast_split(body: bytes) -> tuple[bytes, ...] | None:
+def fast_split(body: bytes, *, views: bool = False) -> tuple[bytes, ...] | None:
     """The elements of ``body`` if it is a valid JSON array (msgspec's parser), else None.
 
     None means "not decided here": the stdlib path then gives the verdict, and the error message.
+    ``views``: return the ``msgspec.Raw`` spans themselves (bytes-like views into ``body``) instead of
+    copying each into ``bytes``, for callers that only write the messages out (staging); the copies
+    were a third of the split's cost.
     """
     if body[:1] != b"[":
         return None
@@ -64,6 +67,8 @@ def fast_split(body: bytes) -> tuple[bytes, ...] | None:
         elements = _ARRAY_OF_RAW.decode(body)
     except _FAST_REJECTS:
         return None
+    if views:
+        return tuple(elements)  # type: ignore[arg-type]  # bytes-like: buffer protocol and len()
     return tuple(map(bytes, elements))
 
 
@@ -86,7 +91,9 @@ def _value_end(text: str, index: int) -> int:
     return end
 
 
-def split_messages(body: bytes, *, allow_empty_array: bool) -> tuple[bytes, ...]:
+def split_messages(
+    body: bytes, *, allow_empty_array: bool, views: bool = False
+) -> tuple[bytes, ...]:
     """Validate ``body`` and return its messages: the elements of a top-level array, else the value.
 
     ``allow_empty_array`` is True for PUT (an empty array creates an empty stream) and False for POST,
@@ -95,7 +102,7 @@ def split_messages(body: bytes, *, allow_empty_array: bool) -> tuple[bytes, ...]
     """
     if not body:
         return ()
-    fast = fast_split(body)
+    fast = fast_split(body, views=views)
     if fast is None:
         return split_with_stdlib(body, allow_empty_array=allow_empty_array)
     if not fast and not allow_empty_array:
@@ -173,13 +180,15 @@ def split_with_stdlib(body: bytes, *, allow_empty_array: bool) -> tuple[bytes, .
 
 
 async def split_messages_offloaded(
-    body: bytes, *, allow_empty_array: bool
+    body: bytes, *, allow_empty_array: bool, views: bool = False
 ) -> tuple[bytes, ...] | BadRequest:
     """``split_messages``, in a worker thread for large bodies. Returns the validation error instead
     of raising it, so the caller can report it at its place in the error precedence."""
     try:
         if len(body) < OFFLOAD_BYTES:
-            return split_messages(body, allow_empty_array=allow_empty_array)
-        return await asyncio.to_thread(split_messages, body, allow_empty_array=allow_empty_array)
+            return split_messages(body, allow_empty_array=allow_empty_array, views=views)
+        return await asyncio.to_thread(
+            split_messages, body, allow_empty_array=allow_empty_array, views=views
+        )
     except (InvalidJson, EmptyJsonArray) as exc:
         return exc

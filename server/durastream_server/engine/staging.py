@@ -165,7 +165,10 @@ class TxnManager:
             pending_digest = producers.request_digest_soon(request_type.essence, body, False)
         parsed: tuple[bytes, ...] | BadRequest | None = None
         if inc.json:
-            parsed = await jsonmode.split_messages_offloaded(body, allow_empty_array=False)
+            # Views, not copies: staged messages are only written to the staging file, never kept.
+            parsed = await jsonmode.split_messages_offloaded(
+                body, allow_empty_array=False, views=True
+            )
         if pending_digest is not None:
             digest = await pending_digest
         inc = self._current(request.path, inc)
@@ -217,7 +220,7 @@ class TxnManager:
                 if isinstance(decision, producers.Duplicate):
                     assert handle is not None  # an unknown producer is never a duplicate
                     return self._stage_result(inc, handle, producer, decision, duplicate=True)
-            size = sum(len(m) for m in messages)
+            size = sum(map(len, messages))
             limit = self.limits.max_handle_bytes
             if state.tail + size > limit:
                 raise TxnTooLarge(

@@ -58,6 +58,7 @@ class AppendEntry:
     """
 
     position: int
+    # bytes; for staged entries, which are only written out, bytes-like views into the request body.
     messages: tuple[bytes, ...]
     timestamp_ms: int
     closes: bool = False
@@ -75,7 +76,7 @@ class AppendEntry:
     @property
     def size(self) -> int:
         """Logical bytes this entry adds to the stream."""
-        return sum(len(m) for m in self.messages)
+        return sum(map(len, self.messages))
 
     @property
     def end(self) -> int:

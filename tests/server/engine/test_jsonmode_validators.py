@@ -99,3 +99,12 @@ def test_invalid_utf8_inside_a_string_is_rejected() -> None:
     assert jsonmode.fast_split(body) is None
     with pytest.raises(BadRequest):
         jsonmode.split_messages(body, allow_empty_array=False)
+
+
+def test_views_hold_the_same_bytes_without_copying() -> None:
+    body = b'[{"a": 1}, [2, 3], "four"]'
+    views = jsonmode.split_messages(body, allow_empty_array=False, views=True)
+    assert not any(isinstance(view, bytes) for view in views)
+    assert [bytes(view) for view in views] == [b'{"a": 1}', b"[2, 3]", b'"four"']
+    assert list(map(len, views)) == [8, 6, 6]
+    assert b"".join(views) == b'{"a": 1}[2, 3]"four"'
