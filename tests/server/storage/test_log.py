@@ -54,6 +54,18 @@ def test_json_messages_across_segments_and_index_points(tmp_path: Path) -> None:
             assert [s.position for s in got.slices] == boundaries[k : k + n]
             assert got.next_position == boundaries[k + n]
             assert all(s.whole for s in got.slices)
+        for _ in range(300):  # ... and with an end: never past it, whole records or single messages
+            k = rnd.randrange(len(messages))
+            e = rnd.randrange(k + 1, len(messages) + 1)
+            budget = rnd.choice([1, 500, 3000, 1 << 20])
+            got = await log.read(boundaries[k], budget, boundaries[e], whole_messages=True)
+            n = len(got.slices)
+            assert 1 <= n <= e - k
+            assert [s.data for s in got.slices] == messages[k : k + n]
+            assert [s.position for s in got.slices] == boundaries[k : k + n]
+            assert got.next_position == boundaries[k + n]
+            assert n == 1 or boundaries[k + n] - boundaries[k] <= budget
+            assert n == e - k or boundaries[k + n + 1] - boundaries[k] > budget
         await dd.close()
 
     run(go)
