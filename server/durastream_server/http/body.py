@@ -43,4 +43,6 @@ async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> by
             chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    if len(chunks) == 1 and type(chunks[0]) is bytes:
+        return chunks[0]
+    return b"".join(chunks)  # also turns a bytearray piece (see guard.py) into bytes
