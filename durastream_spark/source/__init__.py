@@ -90,8 +90,8 @@ batch: Python sources get no checkpoint directory, so the first batch is what re
 Tasks
 =====
 Each stream's range is at least one task. Every Python task costs Spark a fixed ~50-100 ms (scheduling,
-the Python worker round trip), so tasks should be large: the default ``maxBytesPerPartition`` matches
-Spark's file source (128 MiB), and ``minPartitions`` (for example the executor core count) spreads a
+the Python worker round trip), so tasks should be large: the default ``maxBytesPerPartition`` is 256 MiB,
+twice Spark's file source's, and ``minPartitions`` (for example the executor core count) spreads a
 smaller backlog over every core. Splits are found with the server's limit lookups, at message boundaries.
 
 Spark versions
