@@ -170,9 +170,12 @@ class FramesBlock(MessageBlock):
         return pc.cast(self.frames.values_without_newline(), pa.binary())
 
     def ndjson(self) -> pa.Buffer:
-        if self.frames.lines:
-            return self.frames.ndjson
-        return pa.py_buffer(b"".join(_one_line(self.raw_value(i)) for i in range(self.count)))
+        # The values section, zero-copy: NDJSON in frames-lines mode, and in frames mode the messages
+        # back to back, which pyarrow's JSON reader parses the same way (it is whitespace-insensitive
+        # between values, and every message of a typed read must be an object, so no two run together;
+        # one that is not an object fails the parse or the row count, as it does as a line). The server
+        # then sends each stored record's messages as one buffer, instead of cutting them into lines.
+        return self.frames.ndjson
 
     def raw_value(self, index: int) -> bytes:
         value = self.frames.values[index].as_py()

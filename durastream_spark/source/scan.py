@@ -2,8 +2,9 @@
 
 Three routes, chosen on the driver from what the server advertises and carried by the partition:
 
-- ``frames`` (durastream-server): bounded reads (``end=``) in ``format=frames`` (or ``frames-lines`` when
-  JSON columns are parsed): each message with its own offset and append time, never past ``end``.
+- ``frames`` (durastream-server): bounded reads (``end=``) in ``format=frames``: each message with its own
+  offset and append time, never past ``end``. JSON columns are parsed from the values section as it is
+  (``arrow.py``), so the server sends each stored record's messages as one buffer.
 - ``bounded``: bounded reads without frames (a server with only the bounded-read extension); messages are
   cut out of the JSON array body.
 - ``pinned``: servers without bounded reads; the range is read through a fork pinned at ``end``
@@ -34,7 +35,6 @@ from durastream_spark.protocol.frames import decode_frames
 from durastream_spark.protocol.jsonarray import split_json_array
 from durastream_spark.protocol.models import (
     FRAMES,
-    FRAMES_LINES,
     RAW,
     ReadChunk,
     is_json_content_type,
@@ -139,11 +139,7 @@ class RangeScanner:
         parses and wraps without the GIL), and this thread hands the batches to Spark in order. At most
         ``READ_AHEAD`` responses are in flight, so memory stays a few chunks per task.
         """
-        if partition.route == FRAMES_ROUTE:
-            lines = self.layout.needs_json and partition.is_json
-            read_format = FRAMES_LINES if lines else FRAMES
-        else:
-            read_format = RAW
+        read_format = FRAMES if partition.route == FRAMES_ROUTE else RAW
         pipeline = _Pipeline(READ_AHEAD)
 
         def convert(chunk: ReadChunk) -> pa.RecordBatch | None:

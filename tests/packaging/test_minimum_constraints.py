@@ -34,7 +34,15 @@ def test_every_declared_minimum_is_pinned_for_test_compat() -> None:
     server = declared_minimums(ROOT / "server" / "pyproject.toml")
     pinned = pins()
     assert set(connector) == {"pyspark", "pyarrow", "requests"}
-    assert set(server) == {"uvicorn", "httptools", "uvloop", "cryptography", "httpx", "zlib-ng"}
+    assert set(server) == {
+        "uvicorn",
+        "httptools",
+        "uvloop",
+        "cryptography",
+        "httpx",
+        "zlib-ng",
+        "msgspec",
+    }
     assert set(pinned) == set(connector) | set(server)
     for name, minimum in {**connector, **server}.items():
         if name == "pyspark":

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from durastream_server.storage.records import MessageSlice, ProducerTuple
+from durastream_server.storage.records import MessageRun, MessageSlice, ProducerTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ class MessagesResult:
 
     info: StreamInfo
     start_offset: str
-    slices: Sequence[MessageSlice]
+    slices: Sequence[MessageSlice | MessageRun]  # a run: several whole messages of one record
     next_offset: str
     up_to_date: bool
     closed: bool

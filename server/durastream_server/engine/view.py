@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from durastream_server.errors import BadRequest, CorruptStream, InvalidReadOffset
 from durastream_server.storage.log import InvalidPosition, StreamLog
-from durastream_server.storage.records import MessageSlice
+from durastream_server.storage.records import MessageRun, MessageSlice
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +106,14 @@ class StreamView:
         return result
 
     async def read(
-        self, start: int, max_bytes: int, end: int, *, whole_messages: bool | None = None
-    ) -> tuple[list[MessageSlice], int]:
+        self,
+        start: int,
+        max_bytes: int,
+        end: int,
+        *,
+        whole_messages: bool | None = None,
+        runs: bool = False,
+    ) -> tuple[list[MessageSlice | MessageRun], int]:
         """Read ``[start, end)`` across the chain, about ``max_bytes`` of payload. Returns the slices
         and the position after the last one.
 
@@ -116,7 +122,7 @@ class StreamView:
         fork point, so a whole-message read returns it as that prefix rather than stalling before it.
         """
         whole = self.json if whole_messages is None else whole_messages
-        slices: list[MessageSlice] = []
+        slices: list[MessageSlice | MessageRun] = []
         position = start
         budget = max_bytes
         while position < end and (budget > 0 or not slices):
@@ -125,7 +131,9 @@ class StreamView:
             if position >= stop:
                 break
             try:
-                chunk = await level.log.read(position, max(budget, 1), stop, whole_messages=whole)
+                chunk = await level.log.read(
+                    position, max(budget, 1), stop, whole_messages=whole, runs=runs and whole
+                )
                 if (
                     chunk.next_position <= position
                     and whole

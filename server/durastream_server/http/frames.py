@@ -23,12 +23,12 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
-from itertools import accumulate, repeat
+from collections.abc import Iterable, Sequence
+from itertools import accumulate, chain, islice, repeat
 from operator import add, attrgetter, contains
 from typing import Final
 
-from durastream_server.storage.records import MessageSlice
+from durastream_server.storage.records import MessageRun, MessageSlice
 
 CONTENT_TYPE: Final = "application/vnd.durastream.frames"
 MAGIC: Final = b"DSF1"
@@ -56,8 +56,57 @@ def _le(values: array) -> bytes:
     return values.tobytes()
 
 
-def encode(slices: Sequence[MessageSlice], *, lines: bool) -> bytes:
-    """The frames body for ``slices`` (whole messages, in stream order)."""
+def encode(items: Sequence[MessageSlice | MessageRun], *, lines: bool) -> bytes:
+    """The frames body for ``items`` (whole messages, one per slice or several per run, in stream
+    order)."""
+    if MessageRun in set(map(type, items)):
+        return _encode_runs(items, lines=lines)
+    return _encode_slices(items, lines=lines)  # type: ignore[arg-type]
+
+
+def _encode_runs(items: Sequence[MessageSlice | MessageRun], *, lines: bool) -> bytes:
+    """``encode`` for reads that returned runs: the per-message work is C-level iteration over each
+    run's lengths, and a plain frames body carries each run's buffer as it is."""
+    lengths = [item.lengths if type(item) is MessageRun else (len(item.data),) for item in items]
+    flat = list(chain.from_iterable(lengths))
+    n = len(flat)
+    positions = array(
+        "Q",
+        chain.from_iterable(
+            accumulate(sizes[:-1], initial=item.position)
+            for item, sizes in zip(items, lengths, strict=True)
+        ),
+    )
+    timestamps = array(
+        "q",
+        chain.from_iterable(
+            repeat(item.timestamp_ms, len(sizes))
+            for item, sizes in zip(items, lengths, strict=True)
+        ),
+    )
+    head = HEADER.pack(MAGIC, n, FLAG_LINES if lines else 0, 0)
+    if not lines:
+        boundaries = array("Q", accumulate(flat, initial=0))
+        return b"".join(
+            [head, _le(positions), _le(timestamps), _le(boundaries), *map(_DATA, items)]
+        )
+    boundaries = array("Q", map(add, accumulate(flat, initial=0), range(n + 1)))
+    parts: list[bytes] = [head, _le(positions), _le(timestamps), _le(boundaries)]
+    for item, sizes in zip(items, lengths, strict=True):
+        data = item.data
+        if len(sizes) == 1:
+            values: Iterable[bytes] = (data,)
+        else:
+            cuts = list(accumulate(sizes, initial=0))
+            values = map(data.__getitem__, map(slice, cuts, islice(cuts, 1, None)))
+        if b"\n" in data or b"\r" in data:  # pretty-printed JSON (rare): line breaks become spaces
+            values = [value.translate(_CRLF_TO_SPACE) for value in values]
+        parts.extend(chain.from_iterable(zip(values, repeat(b"\n"))))
+    return b"".join(parts)
+
+
+def _encode_slices(slices: Sequence[MessageSlice], *, lines: bool) -> bytes:
+    """``encode`` for a read of single messages (the in-memory tail, the edges of a range)."""
     n = len(slices)
     values = list(map(_DATA, slices))
     positions = array("Q", map(_POSITION, slices))

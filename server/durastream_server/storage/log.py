@@ -51,6 +51,7 @@ from durastream_server.storage.reader import NotABoundary, read_entries, read_ra
 from durastream_server.storage.records import (
     AppendEntry,
     GroupCommit,
+    MessageRun,
     MessageSlice,
     SoftDelete,
     StreamHeader,
@@ -80,7 +81,7 @@ HEAL_MAX_DELAY = 2.0
 class ReadChunk:
     """Result of ``StreamLog.read``: whole messages (JSON) or byte slices, plus where the read stopped."""
 
-    slices: tuple[MessageSlice, ...]
+    slices: tuple[MessageSlice | MessageRun, ...]  # runs only when the caller asked for them
     next_position: int  # position after the last returned byte; == start when nothing was returned
 
 
@@ -499,7 +500,13 @@ class StreamLog:
     # ------------------------------------------------------------------------------------------ reads
 
     async def read(
-        self, start: int, max_bytes: int, end: int | None = None, *, whole_messages: bool
+        self,
+        start: int,
+        max_bytes: int,
+        end: int | None = None,
+        *,
+        whole_messages: bool,
+        runs: bool = False,
     ) -> ReadChunk:
         """Read from logical ``start`` up to ``min(end, durable_tail)``, about ``max_bytes`` of payload.
 
@@ -510,6 +517,8 @@ class StreamLog:
         - ``start`` outside ``[base, durable_tail]`` raises ``InvalidPosition``.
         - A read of a deleted log raises ``errors.NotFound``; checksum failure ``errors.CorruptStream``;
           an I/O error ``errors.StorageFailure``.
+        - ``runs`` (whole-message reads): records read from disk and returned whole may come back as
+          one ``MessageRun`` each (reads served from memory return slices).
         Uses the index to find the start and ``pread`` from disk in a worker thread; never loads a segment
         whole.
         """
@@ -546,6 +555,7 @@ class StreamLog:
                 cap,
                 max_bytes,
                 whole_messages,
+                runs,
             )
         except NotABoundary as exc:
             raise InvalidPosition(str(exc)) from None

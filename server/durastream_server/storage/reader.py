@@ -14,7 +14,7 @@ from durastream_server.storage import codec
 from durastream_server.storage.codec import APPEND_FIXED_SIZE, FRAME, CorruptRecord, Kind
 from durastream_server.storage.crc import crc32
 from durastream_server.storage.files import FdCache
-from durastream_server.storage.records import AppendEntry, MessageSlice
+from durastream_server.storage.records import AppendEntry, MessageRun, MessageSlice
 from durastream_server.storage.segments import (
     FRAME_SIZE,
     READ_BLOCK,
@@ -44,14 +44,18 @@ def read_range(
     cap: int,
     max_bytes: int,
     whole_messages: bool,
-) -> tuple[list[MessageSlice], int]:
+    runs: bool = False,
+) -> tuple[list[MessageSlice | MessageRun], int]:
     """Read payload in ``[start, cap)`` (about ``max_bytes``), scanning records from ``scan_from``.
 
     Returns the slices and the position after the last returned byte. Raises ``NotABoundary`` for a
     whole-message read that starts inside a message and ``codec.CorruptRecord`` on checksum failure.
     This is the read hot path, so it parses headers inline rather than through ``iter_appends``.
+
+    With ``runs`` (whole-message reads only), a record whose messages are all returned comes back as one
+    ``MessageRun`` instead of a ``MessageSlice`` per message.
     """
-    out: list[MessageSlice] = []
+    out: list[MessageSlice | MessageRun] = []
     got = 0
     next_pos = start
     budget = max(1, max_bytes)
@@ -167,7 +171,9 @@ def read_range(
                     # A part of a large record: read just that part (no whole-record checksum).
                     rbuf, rrel = ensure(off + _HEAD_SIZE + meta_len + first, last - first)
                     p = rrel - first
-                if whole_record:
+                if whole_record and runs:
+                    out.append(MessageRun(position, rbuf[p : p + payload_len], all_lengths, ts))
+                elif whole_record:
                     bounds = list(accumulate(all_lengths, initial=p))
                     out.extend(
                         map(

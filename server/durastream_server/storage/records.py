@@ -144,3 +144,33 @@ class MessageSlice:
     data: bytes
     timestamp_ms: int
     whole: bool = True  # False when a byte-stream read starts or ends inside a stored message
+
+    @property
+    def end(self) -> int:
+        return self.position + len(self.data)
+
+
+@dataclass(slots=True)
+class MessageRun:
+    """Consecutive whole messages of one stored record, as one buffer: what a whole-message read returns
+    for a record it returns entirely, when its caller asked for runs (message frames, the hot path of
+    the Spark source). Building a ``MessageSlice`` per message was most of a frames read's server time;
+    a run costs one slice per record, and a frames body can carry its buffer as it is.
+
+    Message ``i`` is ``data[sum(lengths[:i]) : sum(lengths[:i + 1])]`` at ``position + sum(lengths[:i])``;
+    all share ``timestamp_ms``.
+    """
+
+    position: int
+    data: bytes
+    lengths: tuple[int, ...]
+    timestamp_ms: int
+
+    @property
+    def end(self) -> int:
+        return self.position + len(self.data)
+
+    def head(self, count: int) -> MessageRun:
+        """The first ``count`` messages (0 < count <= len(lengths))."""
+        lengths = self.lengths[:count]
+        return MessageRun(self.position, self.data[: sum(lengths)], lengths, self.timestamp_ms)

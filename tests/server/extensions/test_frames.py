@@ -6,13 +6,14 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.json as pa_json
 import pytest
 import requests
 
-from tests.server.extensions.conftest import SMALL_CHUNK
+from tests.server.extensions.conftest import SMALL_CHUNK, chunk_server
 from tests.server.extensions.support import (
     FRAMES_TYPE,
     JSON,
@@ -255,3 +256,51 @@ def test_bounded_frames_replay_identically(small_chunk_server: ServerProcess) ->
     assert [r.headers["Stream-Next-Offset"] for r in again] == [
         r.headers["Stream-Next-Offset"] for r in first
     ]
+
+
+RUN_CHUNK = 16 * 1024
+
+
+@pytest.fixture(scope="module")
+def run_chunk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Chunks smaller than one stored record, so frames reads cut records (runs) inside."""
+    yield from chunk_server(tmp_path_factory, RUN_CHUNK)
+
+
+@pytest.mark.parametrize("fmt", ["frames", "frames-lines"])
+def test_records_read_from_disk_as_runs(run_chunk_server: ServerProcess, fmt: str) -> None:
+    """Records of many messages, most read back from disk, where the server hands whole records to the
+    encoder as runs and cuts them at the chunk budget: every message once, in order, at its position,
+    with its record's timestamp, every response within the budget; pretty-printed values keep working."""
+    server = run_chunk_server
+    path = unique(f"runs-{fmt}")
+    create(server, path)
+    stored: list[bytes] = []
+    for record in range(40):  # ~300 KiB: far more than the in-memory tail
+        messages = [
+            json.dumps({"r": record, "i": i, "pad": "p" * ((record * 7 + i) % 50)}).encode()
+            for i in range(100)
+        ]
+        if record % 9 == 4:  # raw CR/LF inside values: insignificant JSON whitespace
+            messages[3] = b'{"r": %d, "i": 3,\r\n "pretty": [1,\n 2]}' % record
+        stored.extend(messages)
+        append(server, path, b"[" + b",".join(messages) + b"]")
+    frames, responses = frames_range(server, path, "-1", fmt=fmt)
+    assert len(responses) > 15
+    for response in responses:
+        assert len(response.content) <= RUN_CHUNK
+    expected = (
+        [m.replace(b"\r", b" ").replace(b"\n", b" ") for m in stored]
+        if fmt == "frames-lines"
+        else stored
+    )
+    assert frames.values == expected
+    assert frames.positions == message_positions(stored)
+    assert [len(set(frames.timestamps[r * 100 : r * 100 + 100])) for r in range(40)] == [1] * 40
+    # A bounded read that starts and ends inside records returns exactly that range.
+    start, end = 1234, 2345
+    bounded, _ = frames_range(
+        server, path, token(frames.positions[start]), token(frames.positions[end]), fmt=fmt
+    )
+    assert bounded.values == expected[start:end]
+    assert bounded.positions == frames.positions[start:end]
