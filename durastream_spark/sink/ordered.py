@@ -28,9 +28,7 @@ from durastream_spark.errors import DuplicatePayloadMismatch
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import AppendResult
 from durastream_spark.sink.batcher import Request, RequestBatcher
-from durastream_spark.sink.encoding import EncodedRows
 from durastream_spark.sink.errors import ReorderedRetryError
-from durastream_spark.sink.identity import TaskIdentity, producer_id
 from durastream_spark.sink.messages import (
     COMMITTED,
     DUPLICATE,
@@ -39,8 +37,9 @@ from durastream_spark.sink.messages import (
     SinkCommitMessage,
     StreamPart,
 )
+from durastream_spark.sink.mode_writer import ModeWriter
 from durastream_spark.sink.options import SinkOptions
-from durastream_spark.sink.producer import PipelinedProducer, RequestPool
+from durastream_spark.sink.producer import PipelinedProducer
 
 log = logging.getLogger(__name__)
 
@@ -60,35 +59,8 @@ class _StreamState:
     results: list[AppendResult] = field(default_factory=list)
 
 
-class OrderedPartitionWriter:
+class OrderedPartitionWriter(ModeWriter[_StreamState]):
     """One task attempt's ordered writes to its target streams."""
-
-    def __init__(
-        self,
-        client: StreamClient,
-        options: SinkOptions,
-        identity: TaskIdentity,
-        pool: RequestPool,
-        *,
-        json_framing: bool,
-    ) -> None:
-        self._client = client
-        self._options = options
-        self._identity = identity
-        self._pool = pool
-        self._json_framing = json_framing
-        self.producer_id = producer_id(
-            options.producer_prefix, identity.writer_key, identity.partition
-        )
-        self._streams: dict[str, _StreamState] = {}
-
-    def add(self, stream: str, rows: EncodedRows) -> None:
-        state = self._streams.get(stream)
-        if state is None:
-            state = self._streams[stream] = self._open(stream)
-        state.rows += len(rows)
-        for request in state.batcher.add(rows):
-            self._send(state, request)
 
     def finish(self) -> tuple[StreamPart, ...]:
         """Wait for every full request; return the parts, remainders included (unsent)."""
@@ -138,17 +110,13 @@ class OrderedPartitionWriter:
                 ) from error
 
         return _StreamState(
-            batcher=RequestBatcher(
-                options.max_messages_per_request,
-                options.max_bytes_per_request,
-                json_framing=self._json_framing,
-            ),
+            batcher=self._batcher(),
             producer=PipelinedProducer(
                 send, self._pool, label=f"producer '{pid}' epoch {epoch} on stream '{stream}'"
             ),
         )
 
-    def _send(self, state: _StreamState, request: Request) -> None:
+    def _submit(self, stream: str, state: _StreamState, request: Request) -> None:
         if not request.body:  # only empty values of a byte stream: nothing to append, no seq used
             return
         state.bytes += len(request.body)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,7 +24,8 @@ from durastream_spark.sink.encoding import (
 )
 from durastream_spark.sink.errors import InvalidPayload, UnsupportedWrite
 from durastream_spark.sink.identity import TaskIdentity
-from durastream_spark.sink.messages import SinkCommitMessage, StreamPart
+from durastream_spark.sink.messages import SinkCommitMessage
+from durastream_spark.sink.mode_writer import ModeWriter
 from durastream_spark.sink.options import TRANSACTIONAL
 from durastream_spark.sink.ordered import OrderedPartitionWriter
 from durastream_spark.sink.plan import SinkPlan
@@ -36,14 +37,6 @@ from durastream_spark.worker_heap import freeze_startup_heap
 log = logging.getLogger(__name__)
 
 ROW_CHUNK = 4096  # rows encoded together on the row path
-
-
-class ModeWriter(Protocol):
-    producer_id: str
-
-    def add(self, stream: str, rows: EncodedRows) -> None: ...
-    def finish(self) -> tuple[StreamPart, ...]: ...
-    def discard(self) -> None: ...
 
 
 class PartitionWrite:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from durastream_spark.errors import (
     DuplicatePayloadMismatch,
@@ -40,8 +41,7 @@ from durastream_spark.errors import (
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import StageResult
 from durastream_spark.sink.batcher import Request, RequestBatcher
-from durastream_spark.sink.encoding import EncodedRows
-from durastream_spark.sink.identity import TaskIdentity, handle_name, new_nonce, producer_id
+from durastream_spark.sink.identity import handle_name, new_nonce
 from durastream_spark.sink.messages import (
     COMMITTED,
     DUPLICATE,
@@ -50,8 +50,9 @@ from durastream_spark.sink.messages import (
     SinkCommitMessage,
     StreamPart,
 )
+from durastream_spark.sink.mode_writer import ModeWriter
 from durastream_spark.sink.options import SinkOptions
-from durastream_spark.sink.producer import IndependentRequests, PipelinedProducer, RequestPool
+from durastream_spark.sink.producer import IndependentRequests, PipelinedProducer
 
 log = logging.getLogger(__name__)
 
@@ -77,51 +78,20 @@ class _StreamState:
     requests: int = 0
 
 
-class TransactionalPartitionWriter:
+class TransactionalPartitionWriter(ModeWriter[_StreamState]):
     """One task attempt's staged writes to its target streams."""
 
-    def __init__(
-        self,
-        client: StreamClient,
-        options: SinkOptions,
-        identity: TaskIdentity,
-        pool: RequestPool,
-        *,
-        json_framing: bool,
-    ) -> None:
-        self._client = client
-        self._options = options
-        self._identity = identity
-        self._pool = pool
-        self._json_framing = json_framing
-        self._nonce = new_nonce()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # ModeWriter's arguments
+        super().__init__(*args, **kwargs)
+        self._nonce = new_nonce()  # in every handle name: unique per attempt and per run
         self._handle_count = 0
-        self.producer_id = producer_id(
-            options.producer_prefix, identity.writer_key, identity.partition
-        )
-        self._streams: dict[str, _StreamState] = {}
-
-    def add(self, stream: str, rows: EncodedRows) -> None:
-        state = self._streams.get(stream)
-        if state is None:
-            state = self._streams[stream] = _StreamState(
-                RequestBatcher(
-                    self._options.max_messages_per_request,
-                    self._options.max_bytes_per_request,
-                    json_framing=self._json_framing,
-                ),
-                IndependentRequests(self._pool),
-            )
-        state.rows += len(rows)
-        for request in state.batcher.add(rows):
-            self._stage(stream, state, request)
 
     def finish(self) -> tuple[StreamPart, ...]:
         """Stage the remainders, wait for every stage request, and return the parts with their handles."""
         for stream, state in self._streams.items():
             remainder = state.batcher.remainder()
             if remainder is not None:
-                self._stage(stream, state, remainder)
+                self._submit(stream, state, remainder)
         parts = []
         for stream, state in self._streams.items():
             state.parallel.drain()
@@ -146,7 +116,10 @@ class TransactionalPartitionWriter:
 
     # ---- internals ---------------------------------------------------------------------------------------
 
-    def _stage(self, stream: str, state: _StreamState, request: Request) -> None:
+    def _open(self, stream: str) -> _StreamState:
+        return _StreamState(self._batcher(), IndependentRequests(self._pool))
+
+    def _submit(self, stream: str, state: _StreamState, request: Request) -> None:
         if not request.body:  # only empty values of a byte stream: nothing to stage
             return
         size = len(request.body)
