@@ -60,8 +60,9 @@ class Frames:
 
     @property
     def ndjson(self) -> pa.Buffer:
-        """The values section as one buffer (zero-copy): NDJSON in ``frames-lines`` mode, ready for
-        ``pyarrow.json.read_json(pa.BufferReader(frames.ndjson), ...)``."""
+        """The values section as one buffer (zero-copy): NDJSON in ``frames-lines`` mode, the values back
+        to back in ``frames`` mode; ``pyarrow.json.read_json(pa.BufferReader(frames.ndjson), ...)`` parses
+        either (it is whitespace-insensitive between values)."""
         return self.values.buffers()[2] or pa.py_buffer(b"")
 
     def offsets(self) -> pa.StringArray:

@@ -143,7 +143,8 @@ class MessageBlock:
     def values(self) -> pa.Array:
         raise NotImplementedError
 
-    def ndjson(self) -> pa.Buffer:
+    def json_text(self) -> pa.Buffer:
+        """The messages as one JSON text for ``pyarrow.json``: one value after another."""
         raise NotImplementedError
 
     def raw_value(self, index: int) -> bytes:
@@ -169,7 +170,7 @@ class FramesBlock(MessageBlock):
     def values(self) -> pa.Array:
         return pc.cast(self.frames.values_without_newline(), pa.binary())
 
-    def ndjson(self) -> pa.Buffer:
+    def json_text(self) -> pa.Buffer:
         # The values section, zero-copy: NDJSON in frames-lines mode, and in frames mode the messages
         # back to back, which pyarrow's JSON reader parses the same way (it is whitespace-insensitive
         # between values, and every message of a typed read must be an object, so no two run together;
@@ -206,7 +207,7 @@ class ValuesBlock(MessageBlock):
     def values(self) -> pa.Array:
         return pa.array(self._values, pa.binary())
 
-    def ndjson(self) -> pa.Buffer:
+    def json_text(self) -> pa.Buffer:
         return pa.py_buffer(b"".join(_one_line(value) for value in self._values))
 
     def raw_value(self, index: int) -> bytes:
@@ -310,7 +311,7 @@ class OutputLayout:
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
     def _parse_json(self, stream: str, block: MessageBlock) -> pa.Table:
-        buffer = block.ndjson()
+        buffer = block.json_text()
         try:
             table = pajson.read_json(
                 pa.BufferReader(buffer),

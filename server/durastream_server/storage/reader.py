@@ -90,7 +90,6 @@ def read_range(
             else:
                 lbuf, lrel = ensure(off + _HEAD_SIZE + meta_len - 4 * n, 4 * n)
                 lengths = struct.unpack_from(f"<{n}I", lbuf, lrel)
-            all_lengths = lengths
             # Pick the messages (or byte ranges of them) of this record: (pos, from, to, whole),
             # with from/to relative to the record's payload.
             picks: list[tuple[int, int, int, bool]] = []
@@ -112,8 +111,7 @@ def read_range(
                 picks.append((position, 0, payload_len, True))
                 got += payload_len
                 next_pos = position + payload_len
-                lengths = ()  # nothing left for the per-message loop
-            for length in lengths:
+            for length in () if whole_record else lengths:
                 m_end = m_pos + length
                 if m_end > next_pos:
                     if whole_messages:
@@ -172,13 +170,13 @@ def read_range(
                     rbuf, rrel = ensure(off + _HEAD_SIZE + meta_len + first, last - first)
                     p = rrel - first
                 if whole_record and runs:
-                    out.append(MessageRun(position, rbuf[p : p + payload_len], all_lengths, ts))
+                    out.append(MessageRun(position, rbuf[p : p + payload_len], lengths, ts))
                 elif whole_record:
-                    bounds = list(accumulate(all_lengths, initial=p))
+                    bounds = list(accumulate(lengths, initial=p))
                     out.extend(
                         map(
                             MessageSlice,
-                            accumulate(all_lengths[:-1], initial=position),
+                            accumulate(lengths[:-1], initial=position),
                             map(rbuf.__getitem__, map(slice, bounds, islice(bounds, 1, None))),
                             repeat(ts),
                         )

@@ -181,6 +181,13 @@ def _dying_pwrite_all(monkeypatch: pytest.MonkeyPatch, die_at: int, header_lost:
     monkeypatch.setattr(group, "pwrite_all", dying_pwrite_all)
 
 
+async def _base_and_three_staged(engine) -> None:
+    """Stream ``s`` holding ``base;``, and handle ``a`` with three staged records."""
+    await create(engine, "s", b"base;")
+    for i, body in enumerate([b"one;", b"two;", b"three;"]):
+        await stage(engine, "s", "a", body, producer=("a", 0, i))
+
+
 @pytest.mark.parametrize("header_lost", [False, True])
 def test_a_crash_in_the_middle_of_the_rewrite_leaves_the_handle_committable(
     tmp_path: Path, move_small: None, monkeypatch: pytest.MonkeyPatch, header_lost: bool
@@ -190,9 +197,7 @@ def test_a_crash_in_the_middle_of_the_rewrite_leaves_the_handle_committable(
     recovered whole from the mixed file and the retried commit succeeds exactly once."""
 
     async def first(engine) -> None:
-        await create(engine, "s", b"base;")
-        for i, body in enumerate([b"one;", b"two;", b"three;"]):
-            await stage(engine, "s", "a", body, producer=("a", 0, i))
+        await _base_and_three_staged(engine)
         _dying_pwrite_all(monkeypatch, 3, header_lost)
         with pytest.raises(errors.StorageFailure):
             await commit(engine, "s", "a", producer=("c", 0, 0))
@@ -224,9 +229,7 @@ def test_two_interrupted_rewrites_at_different_positions_leave_the_handle_commit
     two positions and original ones: the third commit succeeds, exactly once."""
 
     async def first(engine) -> None:
-        await create(engine, "s", b"base;")
-        for i, body in enumerate([b"one;", b"two;", b"three;"]):
-            await stage(engine, "s", "a", body, producer=("a", 0, i))
+        await _base_and_three_staged(engine)
         _dying_pwrite_all(monkeypatch, 4, False)
         with pytest.raises(errors.StorageFailure):
             await commit(engine, "s", "a", producer=("c", 0, 0))
