@@ -33,7 +33,7 @@ from typing import Any
 
 from durastream_spark.errors import OptionError
 from durastream_spark.options import HEADER_PREFIX
-from durastream_spark.sink.options import SinkOptions
+from durastream_spark.sink.options import ORDERED, TRANSACTIONAL, SinkOptions
 from durastream_spark.source.options import SourceOptions
 
 CONNECTION = "connection"
@@ -439,12 +439,16 @@ OPTIONS: tuple[OptionDoc, ...] = (
         SINK,
         "integer (bytes)",
         "Request body bytes at most; a larger row goes alone.",
-        "4194304",
+        "2097152",
         "4m",
-        lambda o: _bytes(o.max_bytes_per_request),
-        details="In ordered mode each partition's last partial request travels to the driver, so the "
-        "driver holds up to this much per partition and target stream; keep it unchanged across "
-        "restarts.",
+        lambda o: (
+            f"{_bytes(o.request_bytes(TRANSACTIONAL))} transactional, "
+            f"{_bytes(o.request_bytes(ORDERED))} ordered"
+        ),
+        details="Staged requests default to 4 MiB: each is a staging file on the server and an HTTP "
+        "request from the task, and larger ones cost both sides less CPU per row. In ordered mode each "
+        "partition's last partial request travels to the driver, so the driver holds up to this much "
+        "per partition and target stream; keep it unchanged across restarts.",
     ),
     OptionDoc(
         "maxInFlight",

@@ -37,8 +37,9 @@ option                     default               meaning
 ``producerId``             ``spark``             Prefix of the producer ids: ``<prefix>-<query id>-<part>``
                                                  (``df.write``: a job id instead of the query id).
 ``maxMessagesPerRequest``  ``10000``             Rows per request at most.
-``maxBytesPerRequest``     ``1048576``           Request body bytes at most (a larger row goes alone). In
-                                                 ordered mode each partition's last partial request
+``maxBytesPerRequest``     ``4194304``           Request body bytes at most (a larger row goes alone);
+                           transactional,        default 4 MiB for staged requests, 1 MiB in ordered
+                           ``1048576`` ordered   mode, where each partition's last partial request
                                                  travels to the driver: it holds up to this much per
                                                  partition and target stream.
 ``maxInFlight``            ``4``                 Requests per task in flight or queued, 1..64: the

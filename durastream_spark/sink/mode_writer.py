@@ -30,6 +30,8 @@ State = TypeVar("State", bound=StreamState)
 class ModeWriter(Generic[State]):
     """One task attempt's writes to its target streams, in one exactly-once mode."""
 
+    mode: str  # TRANSACTIONAL or ORDERED (sink/options.py)
+
     def __init__(
         self,
         client: StreamClient,
@@ -72,7 +74,7 @@ class ModeWriter(Generic[State]):
         options = self._options
         return RequestBatcher(
             options.max_messages_per_request,
-            options.max_bytes_per_request,
+            options.request_bytes(self.mode),
             json_framing=self._json_framing,
         )
 

@@ -38,7 +38,7 @@ from durastream_spark.sink.messages import (
     StreamPart,
 )
 from durastream_spark.sink.mode_writer import ModeWriter
-from durastream_spark.sink.options import SinkOptions
+from durastream_spark.sink.options import ORDERED, SinkOptions
 from durastream_spark.sink.producer import PipelinedProducer
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,8 @@ class _StreamState:
 
 class OrderedPartitionWriter(ModeWriter[_StreamState]):
     """One task attempt's ordered writes to its target streams."""
+
+    mode = ORDERED
 
     def finish(self) -> tuple[StreamPart, ...]:
         """Wait for every full request; return the parts, remainders included (unsent)."""

@@ -51,7 +51,7 @@ from durastream_spark.sink.messages import (
     StreamPart,
 )
 from durastream_spark.sink.mode_writer import ModeWriter
-from durastream_spark.sink.options import SinkOptions
+from durastream_spark.sink.options import TRANSACTIONAL, SinkOptions
 from durastream_spark.sink.producer import IndependentRequests, PipelinedProducer
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,8 @@ class _StreamState:
 
 class TransactionalPartitionWriter(ModeWriter[_StreamState]):
     """One task attempt's staged writes to its target streams."""
+
+    mode = TRANSACTIONAL
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # ModeWriter's arguments
         super().__init__(*args, **kwargs)

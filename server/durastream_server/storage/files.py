@@ -19,6 +19,8 @@ from collections.abc import Callable, Hashable, Sequence
 log = logging.getLogger(__name__)
 
 _IOV_MAX = 1024
+# The most one write call carries (see pwrite_all).
+WRITE_CALL_BYTES = 1 << 20
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -117,24 +119,52 @@ class FdCache:
 
 
 def pwrite_all(fd: int, buffers: Sequence[bytes | bytearray], offset: int) -> int:
-    """Write every buffer at ``offset`` (pwritev in IOV_MAX chunks, resuming after short writes)."""
+    """Write every buffer at ``offset`` (pwritev of at most ``WRITE_CALL_BYTES`` and IOV_MAX buffers per
+    call, resuming after short writes); returns the bytes written.
+
+    Why at most 1 MiB per call: the kernel sizes the page-cache folios of a buffered write by the
+    call's length, and on the virtual machines we measured, one call of 2 MiB or more ran at about
+    0.45 GB/s instead of 5 GB/s, intermittently (large folios come from memory the host has not
+    backed yet). A 4 MiB staged request took 13.6 ms to write in one call, 0.8 ms in four.
+    """
     total = 0
-    i = 0
-    while i < len(buffers):
-        chunk = buffers[i : i + _IOV_MAX]
-        want = sum(len(b) for b in chunk)
-        done = os.pwritev(fd, chunk, offset)
-        if done < want:
-            rest = b"".join(chunk)
-            while done < want:
-                n = os.pwrite(fd, memoryview(rest)[done:], offset + done)
-                if n <= 0:
-                    raise OSError(errno.EIO, "short write")
-                done += n
-        offset += want
-        total += want
-        i += _IOV_MAX
+    batch: list[bytes | bytearray | memoryview] = []
+    batch_bytes = 0
+    for buffer in buffers:
+        size = len(buffer)
+        if size > WRITE_CALL_BYTES:
+            view = memoryview(buffer).cast("B")
+            pieces: Sequence[bytes | bytearray | memoryview] = [
+                view[start : start + WRITE_CALL_BYTES] for start in range(0, size, WRITE_CALL_BYTES)
+            ]
+        else:
+            pieces = (buffer,)
+        for piece in pieces:
+            length = len(piece)
+            if batch and (batch_bytes + length > WRITE_CALL_BYTES or len(batch) == _IOV_MAX):
+                _pwritev_exact(fd, batch, batch_bytes, offset + total)
+                total += batch_bytes
+                batch = []
+                batch_bytes = 0
+            batch.append(piece)
+            batch_bytes += length
+    if batch:
+        _pwritev_exact(fd, batch, batch_bytes, offset + total)
+        total += batch_bytes
     return total
+
+
+def _pwritev_exact(
+    fd: int, batch: list[bytes | bytearray | memoryview], want: int, offset: int
+) -> None:
+    done = os.pwritev(fd, batch, offset)
+    if done < want:
+        rest = b"".join(batch)
+        while done < want:
+            n = os.pwrite(fd, memoryview(rest)[done:], offset + done)
+            if n <= 0:
+                raise OSError(errno.EIO, "short write")
+            done += n
 
 
 def pread_exact(fd: int, length: int, offset: int) -> bytes:

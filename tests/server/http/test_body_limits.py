@@ -5,6 +5,7 @@ Raw sockets, because an HTTP client library would insist on sending the whole bo
 
 from __future__ import annotations
 
+import http.client
 import socket
 import time
 
@@ -114,3 +115,30 @@ def test_bodies_larger_than_the_receive_buffer_arrive_whole(server_factory) -> N
         if response.headers.get("Stream-Up-To-Date") == "true":
             break
     assert body == declared + chunked
+
+
+def test_a_body_answered_without_being_read_does_not_leak_into_the_next_request(
+    server_factory,
+) -> None:
+    """The guard gathers body pieces before handing them over; an answer that comes before the body is
+    read (here a 409 for the wrong content type) must not leave them for the next request on the
+    connection."""
+    server = server_factory()
+    requests.put(server.stream_url("kept"), headers={"Content-Type": OCTETS})
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    try:
+        refused_body = b"r" * (3 * 1024 * 1024)
+        connection.request(
+            "POST", "/v1/stream/kept", body=refused_body, headers={"Content-Type": "text/plain"}
+        )
+        refused = connection.getresponse()
+        refused.read()
+        connection.request(
+            "POST", "/v1/stream/kept", body=b"accepted", headers={"Content-Type": OCTETS}
+        )
+        accepted = connection.getresponse()
+        accepted.read()
+    finally:
+        connection.close()
+    assert (refused.status, accepted.status) == (409, 204)
+    assert requests.get(server.stream_url("kept"), params={"offset": "-1"}).content == b"accepted"

@@ -296,6 +296,16 @@ def test_options_defaults_and_errors() -> None:
         4,
         "application/json",
     )
+    # Staged requests default to 4 MiB, ordered ones to 1 MiB (their last one travels to the driver);
+    # a value the user gives holds in both modes.
+    assert (options.request_bytes("transactional"), options.request_bytes("ordered")) == (
+        4 * 1024 * 1024,
+        1024 * 1024,
+    )
+    chosen = SinkOptions.parse({"url": "http://h:1/v1/stream", "maxBytesPerRequest": "65536"})
+    assert (chosen.request_bytes("transactional"), chosen.request_bytes("ordered")) == (65536, 65536)
+    with pytest.raises(OptionError, match="maxBytesPerRequest"):
+        SinkOptions.parse({"url": "http://h:1/v1/stream", "maxBytesPerRequest": "1023"})
     with pytest.raises(OptionError, match="option\\('stream'"):
         SinkOptions.parse({"url": "http://h:1/v1/stream", "path": "events"})
     with pytest.raises(OptionError, match="producerId"):

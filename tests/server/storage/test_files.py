@@ -1,0 +1,72 @@
+"""``pwrite_all``: every byte lands in order, whatever the buffers, in calls of at most 1 MiB."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from durastream_server.storage import files
+from durastream_server.storage.files import WRITE_CALL_BYTES, pwrite_all
+
+
+def _buffers(rng: random.Random) -> list[bytes | bytearray | memoryview]:
+    sizes = [rng.choice([0, 1, 7, 1000, 70_000]) for _ in range(2500)]  # > IOV_MAX buffers
+    sizes += [WRITE_CALL_BYTES, WRITE_CALL_BYTES + 1, 3 * WRITE_CALL_BYTES + 12345]
+    rng.shuffle(sizes)
+    out: list[bytes | bytearray | memoryview] = []
+    for index, size in enumerate(sizes):
+        data = rng.randbytes(size)
+        out.append((bytes, bytearray, memoryview)[index % 3](data))
+    return out
+
+
+def test_buffers_land_in_order_in_calls_of_at_most_one_mebibyte(tmp_path, monkeypatch) -> None:
+    rng = random.Random(4)
+    buffers = _buffers(rng)
+    calls: list[int] = []
+    real_pwritev = os.pwritev
+
+    def counting_pwritev(fd: int, batch: list, offset: int) -> int:
+        calls.append(sum(len(b) for b in batch))
+        assert len(batch) <= 1024
+        return real_pwritev(fd, batch, offset)
+
+    monkeypatch.setattr(files.os, "pwritev", counting_pwritev)
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, b"head", 0)
+        written = pwrite_all(fd, buffers, 4)
+    finally:
+        os.close(fd)
+    expected = b"".join(bytes(b) for b in buffers)
+    assert written == len(expected)
+    assert path.read_bytes() == b"head" + expected
+    assert max(calls) <= WRITE_CALL_BYTES
+    assert sum(calls) == len(expected)
+
+
+@pytest.mark.parametrize("short_by", [1, 4096, 700_000])
+def test_short_writes_are_resumed(tmp_path, monkeypatch, short_by: int) -> None:
+    """A pwritev that writes less than asked (a signal, a full disk's last blocks) is finished by pwrite."""
+    buffers = _buffers(random.Random(short_by))
+    real_pwritev = os.pwritev
+
+    def short_pwritev(fd: int, batch: list, offset: int) -> int:
+        want = sum(len(b) for b in batch)
+        keep = max(0, want - short_by)
+        data = b"".join(bytes(b) for b in batch)[:keep]
+        return real_pwritev(fd, [data], offset) if data else 0
+
+    monkeypatch.setattr(files.os, "pwritev", short_pwritev)
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        written = pwrite_all(fd, buffers, 0)
+    finally:
+        os.close(fd)
+    expected = b"".join(bytes(b) for b in buffers)
+    assert written == len(expected)
+    assert path.read_bytes() == expected
