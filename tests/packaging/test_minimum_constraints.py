@@ -42,6 +42,7 @@ def test_every_declared_minimum_is_pinned_for_test_compat() -> None:
         "httpx",
         "zlib-ng",
         "msgspec",
+        "blake3",
     }
     assert set(pinned) == set(connector) | set(server)
     for name, minimum in {**connector, **server}.items():

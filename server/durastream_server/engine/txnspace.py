@@ -7,7 +7,6 @@ this module holds the plain state and the decisions that only depend on it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -40,9 +39,9 @@ CORRUPT = "corrupt"
 def commit_digest(handles: tuple[str, ...], closes: bool) -> bytes:
     """What a commit asks for, to tell its retry (204) from a reused tuple (409, hazard 4). Prefixed
     with ``T`` so it can never equal an append's digest; same hash and size as ``request_digest``."""
-    digest = hashlib.sha256(b"TC" if closes else b"TA")
+    digest = producers.new_hasher(b"TC" if closes else b"TA")
     digest.update("\n".join(handles).encode())
-    return digest.digest()[: producers.DIGEST_SIZE]
+    return digest.digest(producers.DIGEST_SIZE)
 
 
 def check_handle_names(handles: tuple[str, ...], header: str) -> None:

@@ -199,12 +199,13 @@ def test_duplicate_with_forgotten_digest_is_still_a_duplicate() -> None:
     assert decision == producers.Duplicate(epoch=0, highest_seq=99)
 
 
-def test_digest_of_an_earlier_version_counts_as_forgotten() -> None:
-    """Digests written before the switch to SHA-256 (16-byte BLAKE2b) cannot be compared: a retry
-    that spans the upgrade is a duplicate, as when the digest is no longer remembered."""
-    assert len(_digest(b"x")) == producers.DIGEST_SIZE != 16
+@pytest.mark.parametrize("legacy_size", [16, 20])
+def test_digest_of_an_earlier_version_counts_as_forgotten(legacy_size: int) -> None:
+    """Digests written by earlier versions (16-byte BLAKE2b, then 20-byte SHA-256) cannot be compared:
+    a retry that spans the upgrade is a duplicate, as when the digest is no longer remembered."""
+    assert len(_digest(b"x")) == producers.DIGEST_SIZE not in (16, 20)
     state = StreamState(tail=0)
-    legacy = bytes(16)
+    legacy = bytes(legacy_size)
     apply_entry(
         state,
         AppendEntry(

@@ -303,7 +303,10 @@ def test_options_defaults_and_errors() -> None:
         1024 * 1024,
     )
     chosen = SinkOptions.parse({"url": "http://h:1/v1/stream", "maxBytesPerRequest": "65536"})
-    assert (chosen.request_bytes("transactional"), chosen.request_bytes("ordered")) == (65536, 65536)
+    assert (chosen.request_bytes("transactional"), chosen.request_bytes("ordered")) == (
+        65536,
+        65536,
+    )
     with pytest.raises(OptionError, match="maxBytesPerRequest"):
         SinkOptions.parse({"url": "http://h:1/v1/stream", "maxBytesPerRequest": "1023"})
     with pytest.raises(OptionError, match="option\\('stream'"):
