@@ -47,6 +47,7 @@ from durastream_spark.errors import (
 from durastream_spark.options import ConnectionOptions
 from durastream_spark.protocol import extensions as ext
 from durastream_spark.protocol.auth import request_headers
+from durastream_spark.protocol.body import RequestBody, wire_body
 from durastream_spark.protocol.extensions import NO_EXTENSIONS, Extensions
 from durastream_spark.protocol.models import (
     FRAMES,
@@ -342,7 +343,7 @@ class StreamClient:
     def append(
         self,
         path: str,
-        body: bytes,
+        body: bytes | RequestBody,
         content_type: str,
         *,
         producer: ProducerLike | None = None,
@@ -355,7 +356,7 @@ class StreamClient:
         For JSON streams ``body`` is what the protocol expects: one JSON value, or an array whose elements
         become messages (the caller frames it).
         """
-        body = bytes(body)
+        body = wire_body(body)
         if not body and not close:
             raise ValueError(
                 "an append needs a non-empty body (an empty body is only valid with close=True)"
@@ -405,7 +406,7 @@ class StreamClient:
         self,
         path: str,
         handle: str,
-        body: bytes,
+        body: bytes | RequestBody,
         content_type: str,
         *,
         producer: ProducerLike | None = None,
@@ -414,7 +415,7 @@ class StreamClient:
         """Stage ``body`` under ``handle``: invisible to readers until ``commit``. With a producer (whose
         sequence is the handle's own) the request is retried safely; without, it is sent once."""
         self._require(ext.STAGED_APPEND, "stage data invisibly before a commit")
-        body = bytes(body)
+        body = wire_body(body)
         if not body:
             raise ValueError("a stage request needs a non-empty body")
         (handle,) = _handles(handle)
@@ -630,7 +631,7 @@ class StreamClient:
     # ---- plumbing ---------------------------------------------------------------------------------------
 
     def _exchange(
-        self, method: str, url: str, headers: dict[str, str], body: bytes | None
+        self, method: str, url: str, headers: dict[str, str], body: bytes | RequestBody | None
     ) -> Reply:
         session = get_session(self.connection)
         timeout = self.connection.request_timeout_s
@@ -666,7 +667,7 @@ class StreamClient:
         url: str,
         context: RequestContext,
         headers: dict[str, str],
-        body: bytes | None = None,
+        body: bytes | RequestBody | None = None,
     ) -> tuple[Reply, int, bool]:
         """One logical request under the retry policy: ``(reply, attempts, idempotent)``, any status."""
         all_headers = request_headers(self.connection)
@@ -692,7 +693,7 @@ class StreamClient:
         headers: dict[str, str],
         *,
         ok: tuple[int, ...],
-        body: bytes | None = None,
+        body: bytes | RequestBody | None = None,
     ) -> Reply:
         """``_send``, raising the typed error unless the status is one of ``ok``."""
         reply, attempts, idempotent = self._send(method, url, context, headers, body)

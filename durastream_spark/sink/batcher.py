@@ -26,14 +26,16 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
+from durastream_spark.protocol.body import RequestBody
 from durastream_spark.sink.encoding import EncodedRows
 
 
 @dataclass(frozen=True)
 class Request:
-    """One request body and how many rows (messages) it carries."""
+    """One request body and how many rows (messages) it carries. The body is views of the encoded
+    rows, never joined (``RequestBody``); ``bytes(body)`` where plain bytes are needed."""
 
-    body: bytes
+    body: RequestBody
     rows: int
 
 
@@ -102,7 +104,5 @@ class RequestBatcher:
         self._pieces, self._count, self._payload_bytes = [], 0, 0
         if self.json_framing:
             last = pieces[-1]
-            body = b"".join([b"[", *pieces[:-1], last[:-1], b"]"])
-        else:
-            body = b"".join(pieces)
-        return Request(body, count)
+            return Request(RequestBody([b"[", *pieces[:-1], last[:-1], b"]"]), count)
+        return Request(RequestBody(pieces), count)

@@ -25,6 +25,7 @@ import logging
 from dataclasses import dataclass, field
 
 from durastream_spark.errors import DuplicatePayloadMismatch
+from durastream_spark.protocol.body import RequestBody
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import AppendResult
 from durastream_spark.sink.batcher import Request, RequestBatcher
@@ -79,7 +80,7 @@ class OrderedPartitionWriter(ModeWriter[_StreamState]):
                     rows=state.rows,
                     bytes=state.bytes + (len(remainder.body) if remainder else 0),
                     requests=state.producer.submitted,
-                    remainder=remainder.body if remainder else None,
+                    remainder=bytes(remainder.body) if remainder else None,
                     remainder_rows=remainder.rows if remainder else 0,
                     last_offset=max(offsets) if offsets else None,
                 )
@@ -99,7 +100,7 @@ class OrderedPartitionWriter(ModeWriter[_StreamState]):
         identity = self._identity
         client = self._client
 
-        def send(seq: int, body: bytes) -> AppendResult:
+        def send(seq: int, body: bytes | RequestBody) -> AppendResult:
             try:
                 return client.append(stream, body, options.content_type, producer=(pid, epoch, seq))
             except DuplicatePayloadMismatch as error:

@@ -40,6 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
 
 from durastream_spark.errors import SequenceGapError
+from durastream_spark.protocol.body import RequestBody
 from durastream_spark.sink.errors import ProducerStateLost
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ class PipelinedProducer(Generic[R]):
     def submitted(self) -> int:
         return self._next_seq - self.first_seq
 
-    def submit(self, body: bytes) -> int:
+    def submit(self, body: bytes | RequestBody) -> int:
         """Queue ``body`` under the next seq and return that seq. Raises an earlier failure instead."""
         self.raise_failure()
         seq = self._next_seq
@@ -154,7 +155,7 @@ class PipelinedProducer(Generic[R]):
 
     # ---- one request -------------------------------------------------------------------------------------
 
-    def _run(self, seq: int, body: bytes) -> R:
+    def _run(self, seq: int, body: bytes | RequestBody) -> R:
         try:
             # The first seq goes alone; after it, at most ``window`` of this producer's seqs are on the wire.
             if seq != self.first_seq:

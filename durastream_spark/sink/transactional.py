@@ -38,6 +38,7 @@ from durastream_spark.errors import (
     DurastreamError,
     TxnAlreadyCommitted,
 )
+from durastream_spark.protocol.body import RequestBody
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import StageResult
 from durastream_spark.sink.batcher import Request, RequestBatcher
@@ -157,7 +158,7 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         state.handles.append(handle)
         return handle
 
-    def _send(self, stream: str, handle: str, seq: int, body: bytes) -> StageResult:
+    def _send(self, stream: str, handle: str, seq: int, body: RequestBody) -> StageResult:
         return self._client.stage(
             stream,
             handle,

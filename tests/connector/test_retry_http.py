@@ -20,6 +20,7 @@ from durastream_spark.errors import (
     TransportError,
 )
 from durastream_spark.options import ConnectionOptions
+from durastream_spark.protocol.body import RequestBody
 from durastream_spark.protocol.client import StreamClient
 from tests.connector.fault_server import Drop, FaultServer, Respond
 from tests.support.server_process import free_port
@@ -157,15 +158,22 @@ def test_append_and_close_without_producer_is_not_retried(
     assert len(server.requests) == 1
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'[{"a":1},{"b":2}]',
+        # The sink's bodies: views of its encoded rows, sent piece by piece, never joined.
+        RequestBody([b"[", memoryview(b'{"a":1},{"b":2},')[:-1], b"", b"]"]),
+    ],
+    ids=["bytes", "pieces"],
+)
 def test_producer_append_is_retried_with_identical_tuple_and_bytes(
-    server: FaultServer, fake_time: FakeTime
+    server: FaultServer, fake_time: FakeTime, body: bytes | RequestBody
 ) -> None:
     server.script(
         Drop(), Respond(503), Respond(204, {"Stream-Next-Offset": OFFSET, "Producer-Seq": "4"})
     )
-    result = make_client(server.root, fake_time).append(
-        "s", b'[{"a":1},{"b":2}]', JSON, producer=("p-1", 3, 4)
-    )
+    result = make_client(server.root, fake_time).append("s", body, JSON, producer=("p-1", 3, 4))
     assert result.duplicate is True and result.delivered is True
     assert len(server.requests) == 3
     sent = {

@@ -93,7 +93,7 @@ def test_request_boundaries_do_not_depend_on_how_the_input_arrives(
     assert (rest.rows if rest else 0) == len(reference_rest)
     # Every request is a valid JSON array of the rows, in order, within the limits (a lone big row aside).
     requests = whole + ([rest] if rest else [])
-    rows = [item for r in requests for item in json.loads(r.body)]
+    rows = [item for r in requests for item in json.loads(bytes(r.body))]
     assert rows == [json.loads(p[:-1]) for p in payloads] if payloads else rows == []
     for request in requests:
         assert request.rows <= max_messages
