@@ -45,4 +45,4 @@ async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> by
             break
     if len(chunks) == 1 and type(chunks[0]) is bytes:
         return chunks[0]
-    return b"".join(chunks)  # also turns a bytearray piece (see guard.py) into bytes
+    return b"".join(chunks)  # also makes bytes of a bytearray piece (ASGI allows either)
