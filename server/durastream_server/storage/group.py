@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from durastream_server.storage import codec, txnfile
-from durastream_server.storage.crc import crc32
+from durastream_server.storage.crc import crc32, replace_prefix
 from durastream_server.storage.files import Handle, fsync_dir, pwrite_all
 from durastream_server.storage.records import GroupCommit, StagedSource
 from durastream_server.storage.segments import segment_name
@@ -146,9 +146,9 @@ def _move_sources(
     """Make whole staging files segments of the log: commit by reference, no payload is copied.
 
     Each file is a run of APPEND records (its header record has no messages). In place, every record
-    gets its log position, the group's timestamp and FLAG_GROUP_CONTINUES, and a new checksum (the
-    payload is read once to verify the old one and compute the new one; only the 37 bytes of frame
-    and fixed fields are rewritten); the file is fdatasynced and renamed to the next segment name. The
+    gets its log position, the group's timestamp and FLAG_GROUP_CONTINUES, and a new checksum derived
+    from the stored one (the payload is not read; only the 37 bytes of frame and fixed fields are
+    rewritten); the file is fdatasynced and renamed to the next segment name. The
     stage's producer tuple and digest stay in each record's meta, which readers and recovery ignore
     for a record that continues a group. Returns the position and global file offset after them.
 
@@ -200,23 +200,29 @@ def _rewrite_positions(
 ) -> int:
     """Rewrite the records of ``source`` in place for log position ``position`` (not synced); returns
     the open fd, for the caller to fdatasync and close. Appends ``(position, global offset, messages)``
-    of each record to ``records``."""
+    of each record to ``records``.
+
+    Reads only each record's frame and meta, never its payload: the new checksum is the stored one
+    with the fixed part swapped (``crc.replace_prefix``), so a payload damaged since it was staged still
+    fails its checksum when read, as it would have before the move. (Reading the payload back here
+    would mostly re-read the page cache the stage had just filled, at the end of every batch; staging
+    files are verified whole when recovered from disk at start-up.)
+    """
     fd = os.open(source.path, os.O_RDWR | _O_CLOEXEC)
     try:
         txnfile.check_not_linked(fd, source.path)
-        reader = txnfile._SequentialReader(fd, source.end)
+        frame, body = txnfile.read_record_head(fd, 0, source.end)
+        # The header record has no payload: its head is all of it, so it is verified whole.
+        if not codec.body_crc_ok(frame, body) or frame.record_len != source.start:
+            raise codec.CorruptRecord(f"staging file {source.path} has no valid header record")
+        txnfile.decode_header_record(frame, memoryview(body))
         patches: list[tuple[int, bytes]] = []
-        frame, body = reader.record(0)
-        _, _, movable = txnfile.decode_header_record(frame, body)
-        if not movable or frame.record_len != source.start:
-            raise codec.CorruptRecord(f"staging file {source.path} has no header record")
         offset = 0
         staged_at = 0
         messages = 0
         while offset < source.end:
-            frame, body = reader.record(offset)  # checksum verified
-            if frame.kind != codec.Kind.APPEND:
-                raise codec.CorruptRecord(f"unexpected record kind {frame.kind} in {source.path}")
+            if offset:
+                frame, body = txnfile.read_record_head(fd, offset, source.end)
             meta = codec.decode_append_meta(body, 0, frame.body_len)
             stored_flags = txnfile.record_flags(body)
             if offset:
@@ -233,7 +239,12 @@ def _rewrite_positions(
             meta_len = meta.payload_off - codec.APPEND_FIXED_SIZE
             record_position = position + staged_at
             fixed = codec.APPEND_FIXED.pack(record_position, timestamp_ms, n, meta_len, flags)
-            crc = crc32(body[codec.APPEND_FIXED_SIZE :], crc32(fixed, _APPEND_SEED))
+            crc = replace_prefix(
+                frame.crc,
+                crc32(body[: codec.APPEND_FIXED_SIZE], _APPEND_SEED),
+                crc32(fixed, _APPEND_SEED),
+                frame.body_len - codec.APPEND_FIXED_SIZE,
+            )
             head = codec.FRAME.pack(
                 codec.MAGIC, codec.FORMAT_VERSION, codec.Kind.APPEND, frame.body_len, crc
             )

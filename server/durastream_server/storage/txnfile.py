@@ -294,6 +294,30 @@ class _SequentialReader:
         return None
 
 
+def read_record_head(fd: int, offset: int, end: int) -> tuple[codec.FrameInfo, bytes]:
+    """The frame of the APPEND record at ``offset`` and its body up to the payload (fixed part and
+    meta, lengths included), checked for shape but not checksummed: the payload is not read.
+
+    For the commit by reference, which rewrites only the fixed part and derives the new checksum from
+    the stored one (``crc.replace_prefix``), so a damaged payload still fails its checksum when read.
+    """
+    head = os.pread(fd, FRAME_SIZE + codec.APPEND_FIXED_SIZE, offset)
+    if len(head) < FRAME_SIZE + codec.APPEND_FIXED_SIZE:
+        raise CorruptRecord(f"record at {offset} is cut short")
+    frame = codec.parse_frame(head)
+    if frame.kind != Kind.APPEND:
+        raise CorruptRecord(f"unexpected record kind {frame.kind} at {offset}")
+    if offset + frame.record_len > end or frame.body_len < codec.APPEND_FIXED_SIZE:
+        raise CorruptRecord(f"record at {offset} runs past the end of the file")
+    meta_len = codec.APPEND_FIXED.unpack_from(head, FRAME_SIZE)[3]
+    if codec.APPEND_FIXED_SIZE + meta_len > frame.body_len:
+        raise CorruptRecord(f"append meta past end of record at {offset}")
+    meta = os.pread(fd, meta_len, offset + len(head)) if meta_len else b""
+    if len(meta) != meta_len:
+        raise CorruptRecord(f"record at {offset} is cut short")
+    return frame, head[FRAME_SIZE:] + meta
+
+
 class StagedRecord(NamedTuple):
     """One staged APPEND record, as the commit moves it: its messages stay laid out as stored."""
 

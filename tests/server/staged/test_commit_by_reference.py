@@ -21,8 +21,9 @@ import requests
 from durastream_server import errors
 from durastream_server.storage import group
 from durastream_server.storage.segments import SEGMENT_RE
+from durastream_server.storage.txnfile import staging_file_name
 
-from ..engine.support import append, create, read_all, run
+from ..engine.support import append, create, read, read_all, run
 from .support import commit, stage, staging_files
 
 
@@ -503,3 +504,42 @@ def test_a_staging_file_of_the_earlier_layout_is_recovered_and_committed_by_copy
 
     run(tmp_path, first)
     run(tmp_path, second)
+
+
+def test_a_move_reads_only_record_heads_and_damage_since_staging_still_fails_on_read(
+    tmp_path: Path, move_small: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit derives each moved record's new checksum from the stored one instead of reading the
+    payload back (crc.replace_prefix): it reads a few hundred bytes, not the megabyte staged. A payload
+    byte damaged after the stage is therefore not caught by the commit, as for a plain append, but it is
+    not laundered either: a read of the whole record fails its checksum (500 CORRUPT_STREAM), and the
+    undamaged record before it, whose checksum was derived the same way, reads back intact."""
+    good = b"g" * (512 * 1024) + b";"
+    damaged = b"d" * (512 * 1024) + b";"
+    read_in_commit = {"bytes": 0}
+    real_pread = os.pread
+
+    def counting_pread(fd: int, length: int, offset: int) -> bytes:
+        data = real_pread(fd, length, offset)
+        read_in_commit["bytes"] += len(data)
+        return data
+
+    async def scenario(engine) -> None:
+        await create(engine, "s", b"")
+        await stage(engine, "s", "ok", good)
+        await stage(engine, "s", "bad", damaged)
+        (bad_file,) = [p for p in staging_files(tmp_path) if p.name == staging_file_name("bad")]
+        with open(bad_file, "r+b") as f:  # one payload byte, near the end of the staged record
+            f.seek(-100, os.SEEK_END)
+            f.write(b"X")
+        monkeypatch.setattr(os, "pread", counting_pread)
+        done = await commit(engine, "s", "ok", "bad", producer=("c", 0, 0))
+        monkeypatch.setattr(os, "pread", real_pread)
+        assert done.messages == 2
+        assert 0 < read_in_commit["bytes"] < 4096
+        first = await read(engine, "s", "-1", len(good))
+        assert b"".join(first.messages) == good
+        with pytest.raises(errors.CorruptStream):  # a read that covers the damaged record whole
+            await read_all(engine, "s", max_bytes=4 << 20)
+
+    run(tmp_path, scenario)
