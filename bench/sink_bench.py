@@ -19,7 +19,8 @@ rotates by round). Before every run dirty pages are written back (``_settle``), 
 the file sink's deferred writeback. This machine is shared and
 noisy, so the headline ratios are the *median of the per-round ratios* (writers of one round
 ran within seconds of each other), and the best round of each writer is shown beside them. The durastream
-rounds are checked: the stream must hold exactly ``--rows`` messages afterwards.
+rounds are checked: the stream must hold exactly ``--rows`` messages afterwards. Every writer's output is
+deleted after its run (the file sink's directory, the streams), so each run starts from the same state.
 
 Run: ``python bench/sink_bench.py [--rows 200000] [--rounds 2] [--json FILE]``. Targets (issue 4): at least 3x
 the naive writer, and at least 50% of the file sink.
@@ -178,7 +179,21 @@ def run_durastream(spark, server: Server, work: Path, rows: int, mode: str) -> f
     written = client.lookup_limit(stream, "-1").messages
     if written != rows:
         raise RuntimeError(f"durastream ({mode}) wrote {written} messages, expected {rows}")
+    _remove_stream(f"{server.stream_root}/{stream}")
     return elapsed
+
+
+def _remove_stream(url: str) -> None:
+    """Delete a writer's output after its run, as the file sink's directory is deleted after its run.
+
+    Every writer's run then starts from the same memory state. Kept streams made the runs unequal on
+    virtual machines: the file sink's 300 MB of page cache were freed after each of its runs, and the
+    next run's writes got those pages back, while the server's kept streams took fresh memory from the
+    host for every run (writing into it ran at about 0.45 GB/s instead of 4-5 GB/s here).
+    """
+    import requests
+
+    requests.delete(url, timeout=60).raise_for_status()
 
 
 def run_file_sink(spark, work: Path, rows: int) -> float:
@@ -221,7 +236,7 @@ def run_naive(spark, server: Server, rows: int) -> float:
 
     work = Path(tempfile.mkdtemp(prefix="naive-cp-"))
     try:
-        return _timed(
+        elapsed = _timed(
             lambda: (
                 _input(spark, rows)
                 .writeStream.foreachBatch(write_batch)
@@ -232,6 +247,8 @@ def run_naive(spark, server: Server, rows: int) -> float:
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    _remove_stream(stream_url)
+    return elapsed
 
 
 def main(argv: list[str] | None = None) -> int:
