@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from durastream_server import __version__
+from durastream_server.allocator import keep_freed_memory
 from durastream_server.auth import (
     MODES,
     AuthToken,
@@ -358,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"durastream-server: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     _configure_logging(config.log_level)
+    keep_freed_memory()
     tls_error = _check_tls(config)
     if tls_error is not None:
         print(f"durastream-server: error: {tls_error}", file=sys.stderr)
