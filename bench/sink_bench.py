@@ -179,21 +179,12 @@ def run_durastream(spark, server: Server, work: Path, rows: int, mode: str) -> f
     written = client.lookup_limit(stream, "-1").messages
     if written != rows:
         raise RuntimeError(f"durastream ({mode}) wrote {written} messages, expected {rows}")
-    _remove_stream(f"{server.stream_root}/{stream}")
+    # Deleted after the run, as the file sink's directory is, so every run starts from the same memory
+    # state. Kept streams made the runs unequal on virtual machines: the file sink's next run got back
+    # the 300 MB of page cache its directory freed, while the server took fresh memory from the host for
+    # every batch (writing into it ran at about 0.45 GB/s instead of 4-5 GB/s here).
+    client.delete(stream)
     return elapsed
-
-
-def _remove_stream(url: str) -> None:
-    """Delete a writer's output after its run, as the file sink's directory is deleted after its run.
-
-    Every writer's run then starts from the same memory state. Kept streams made the runs unequal on
-    virtual machines: the file sink's 300 MB of page cache were freed after each of its runs, and the
-    next run's writes got those pages back, while the server's kept streams took fresh memory from the
-    host for every run (writing into it ran at about 0.45 GB/s instead of 4-5 GB/s here).
-    """
-    import requests
-
-    requests.delete(url, timeout=60).raise_for_status()
 
 
 def run_file_sink(spark, work: Path, rows: int) -> float:
@@ -247,7 +238,7 @@ def run_naive(spark, server: Server, rows: int) -> float:
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    _remove_stream(stream_url)
+    session.delete(stream_url).raise_for_status()  # as run_durastream deletes its stream
     return elapsed
 
 

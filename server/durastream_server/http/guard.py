@@ -152,7 +152,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             if self.cycle is not None:
                 held = self.cycle.body
                 if held:
-                    pieces.insert(0, bytes(held))
+                    pieces.insert(0, held)  # joined below: bytes either way
                 self.cycle.body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             self._body_pieces = []
             self._body_size = 0

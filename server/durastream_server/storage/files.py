@@ -123,9 +123,11 @@ def pwrite_all(fd: int, buffers: Sequence[bytes | bytearray], offset: int) -> in
     call, resuming after short writes); returns the bytes written.
 
     Why at most 1 MiB per call: the kernel sizes the page-cache folios of a buffered write by the
-    call's length, and on the virtual machines we measured, one call of 2 MiB or more ran at about
-    0.45 GB/s instead of 5 GB/s, intermittently (large folios come from memory the host has not
-    backed yet). A 4 MiB staged request took 13.6 ms to write in one call, 0.8 ms in four.
+    call's length, and on the virtual machines we measured, one call of 2 MiB or more intermittently
+    ran at about 0.45 GB/s instead of 5 GB/s. A 4 MiB staged request took 13.6 ms to write in one
+    call, 0.8 ms in four. (Once a few hundred MB of memory the guest has not used recently are being
+    written, calls of any size run at that speed, and calls smaller than 1 MiB did not help:
+    docs/decisions/0004, section 7.)
     """
     total = 0
     batch: list[bytes | bytearray | memoryview] = []
