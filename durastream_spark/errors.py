@@ -101,14 +101,19 @@ class ExtensionNotSupported(DurastreamError):
     otherwise answer with more data than asked for, silently.
     """
 
-    def __init__(self, extension: str, url: str, purpose: str) -> None:
+    def __init__(self, extension: str, url: str, purpose: str, *, version: int = 1) -> None:
+        wanted = f"'{extension}' protocol extension" + (
+            f" at version {version} or later" if version > 1 else ""
+        )
         super().__init__(
-            f"The server at {url} does not advertise the '{extension}' protocol extension "
-            f"(Durastream-Extensions header / discovery endpoint), which is needed to {purpose}. "
-            "Use durastream-server, or an operation of the base protocol."
+            f"The server at {url} does not advertise the {wanted} (Durastream-Extensions header / "
+            f"discovery endpoint), which is needed to {purpose}. Use durastream-server"
+            + (" (an up-to-date one)" if version > 1 else "")
+            + ", or an operation of the base protocol."
         )
         self.extension = extension
         self.url = url
+        self.version = version
 
 
 class DataLossError(DurastreamError):

@@ -27,6 +27,7 @@ import logging
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,12 +37,15 @@ import requests
 import urllib3
 
 from durastream_spark.errors import (
+    BadRequest,
     ConflictError,
     ContentTypeMismatch,
+    DuplicatePayloadMismatch,
     DurastreamError,
     ExtensionNotSupported,
     MalformedResponse,
     RequestContext,
+    TxnNotFound,
     error_from_response,
 )
 from durastream_spark.options import ConnectionOptions
@@ -70,6 +74,8 @@ from durastream_spark.protocol.session import get_session
 log = logging.getLogger(__name__)
 
 FRAMES_CONTENT_TYPE = "application/vnd.durastream.frames"
+# staged-append version 2: handle lists in the body (``Durastream-Commit: @body``) and commit keys
+LISTS_IN_BODY = 2
 MAX_PRODUCER_INT = 2**53 - 1
 _HANDLE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -241,9 +247,9 @@ class StreamClient:
         self._extensions = found
         return found
 
-    def _require(self, name: str, purpose: str) -> None:
-        if not self.extensions().supports(name):
-            raise ExtensionNotSupported(name, self.connection.url, purpose)
+    def _require(self, name: str, purpose: str, *, version: int = 1) -> None:
+        if not self.extensions().supports(name, version):
+            raise ExtensionNotSupported(name, self.connection.url, purpose, version=version)
 
     # ---- metadata ---------------------------------------------------------------------------------------
 
@@ -450,33 +456,81 @@ class StreamClient:
         *,
         close: bool = False,
         stream_seq: str | None = None,
+        key: str | None = None,
     ) -> AppendResult:
         """Make the handles' staged data part of the stream, atomically, in the listed order. A producer
-        request like any append: a repeat is a 204 duplicate, a stale epoch 403, a gap 409."""
+        request like any append: a repeat is a 204 duplicate, a stale epoch 403, a gap 409.
+
+        ``key`` (``Durastream-Commit-Key``, staged-append version 2): the tuple is deduplicated by the
+        key instead of the handle list, so a commit re-made with other handles is a 204, and a tuple
+        used by anything else is 409 ``DuplicatePayloadMismatch``.
+        """
         self._require(ext.STAGED_APPEND, "commit staged data")
         listed = _handles(handles)
         checked = _producer(producer)
         if checked is None:
             raise ValueError("commit needs producer=(id, epoch, seq)")
-        headers = {"Durastream-Commit": ", ".join(listed)}
+        headers, body = self._handle_list("Durastream-Commit", listed)
         headers.update(_producer_headers(checked))
+        if key is not None:
+            (key,) = _handles(key)  # the same syntax as a handle name
+            self._require(ext.STAGED_APPEND, "commit under a key", version=LISTS_IN_BODY)
+            headers["Durastream-Commit-Key"] = key
         if close:
             headers["Stream-Closed"] = "true"
         if stream_seq is not None:
             headers["Stream-Seq"] = stream_seq
         url = self.stream_url(path)
         context = RequestContext("POST", url, stream=path, producer=tuple(checked))  # type: ignore[arg-type]
-        reply = self._checked("POST", url, context, headers, body=b"", ok=(200, 204))
+        reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
         return self._append_result(reply, checked)
+
+    def committed_under_key(self, path: str, producer: ProducerLike, key: str) -> bool:
+        """Whether ``producer``'s tuple was used by a commit with ``key`` (True) or by anything else, or
+        by nothing (False). Changes nothing: a keyed commit naming a handle nobody staged is sent, and
+        the server checks the tuple before the handles (204: that commit; 409: something else; 404
+        ``TxnNotFound``: the tuple is unused). A server without commit keys does not answer 204.
+
+        It does not require the extension advertisement: it is asked after a 409
+        ``DUPLICATE_PAYLOAD_MISMATCH``, which only a server with payload digests sends, even where a
+        proxy hides the advertisement.
+        """
+        checked = _producer(producer)
+        if checked is None:
+            raise ValueError("committed_under_key needs producer=(id, epoch, seq)")
+        (key,) = _handles(key)
+        headers = {
+            "Durastream-Commit": f"probe-{uuid.uuid4().hex}",  # never staged by anyone
+            "Durastream-Commit-Key": key,
+            **_producer_headers(checked),
+        }
+        url = self.stream_url(path)
+        context = RequestContext("POST", url, stream=path, producer=tuple(checked))  # type: ignore[arg-type]
+        reply, attempts, idempotent = self._send("POST", url, context, headers, b"")
+        if reply.status == 204:
+            return True
+        error = self._error(context, reply, attempts, idempotent)
+        if isinstance(error, DuplicatePayloadMismatch | TxnNotFound | BadRequest):
+            return False  # another request has the tuple; nobody has it; commits unknown here
+        raise error
 
     def abort(self, path: str, handles: str | Sequence[str]) -> None:
         """Discard staged handles (idempotent)."""
         self._require(ext.STAGED_APPEND, "abort staged data")
         listed = _handles(handles)
         url = self.stream_url(path)
-        headers = {"Durastream-Abort": ", ".join(listed)}
+        headers, body = self._handle_list("Durastream-Abort", listed)
         context = RequestContext("POST", url, stream=path)
-        self._checked("POST", url, context, headers, body=b"", ok=(200, 204))
+        self._checked("POST", url, context, headers, body=body, ok=(200, 204))
+
+    def _handle_list(self, header: str, handles: list[str]) -> tuple[dict[str, str], bytes]:
+        """The handles in the body (``<header>: @body``) where the server takes that, which has no size
+        limit short of 10,000 handles; else in the header, which the server's header limit caps (32
+        KiB by default: about 1,000 handles)."""
+        listed = ",".join(handles)
+        if self.extensions().supports(ext.STAGED_APPEND, LISTS_IN_BODY):
+            return {header: "@body"}, listed.encode("ascii")
+        return {header: listed}, b""
 
     # ---- reads ------------------------------------------------------------------------------------------
 

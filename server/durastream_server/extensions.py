@@ -20,7 +20,7 @@ EXTENSIONS: Final = MappingProxyType(
         "message-frames": 1,
         "limit-lookup": 1,
         "listing": 1,
-        "staged-append": 1,
+        "staged-append": 2,
         "payload-digest": 1,
     }
 )

@@ -341,3 +341,27 @@ def test_payload_digest_detects_a_reused_tuple(client: StreamClient, path: str) 
     with pytest.raises(DuplicatePayloadMismatch):
         client.append(path, b'{"v":"B"}', JSON, producer=("p", 0, 0))
     assert json.loads(client.read(path, "-1").body) == [{"v": "A"}]
+
+
+def test_many_handles_and_commit_keys(client: StreamClient, path: str) -> None:
+    """Issue 15: a commit of 2,000 handles (its header form would pass the server's 32 KiB header
+    limit), and keyed commits, which recognise a commit re-made with other handles."""
+    require(client, ext.STAGED_APPEND)
+    client.create(path, JSON)
+    handles = [f"many-handles-handle-{i:05d}" for i in range(2000)]
+    for index, handle in enumerate(handles):
+        client.stage(path, handle, b'{"i":%d}' % index, JSON)
+    assert len(", ".join(handles)) > 32 * 1024
+    first = client.commit(path, handles, ("txn", 0, 0), key="sink")
+    assert first.txn_messages == 2000
+    client.stage(path, "replayed", b'{"i":-1}', JSON)
+    assert client.commit(path, ["replayed"], ("txn", 0, 0), key="sink").duplicate is True
+    with pytest.raises(DuplicatePayloadMismatch):
+        client.commit(path, ["replayed"], ("txn", 0, 0), key="other")
+    client.abort(path, ["replayed", *[f"never-{i:05d}" for i in range(2000)]])
+    assert client.committed_under_key(path, ("txn", 0, 0), "sink") is True
+    assert client.committed_under_key(path, ("txn", 0, 0), "other") is False
+    assert client.committed_under_key(path, ("unused", 0, 0), "sink") is False
+    client.append(path, b'{"i":-2}', JSON, producer=("appender", 3, 0))
+    assert client.committed_under_key(path, ("appender", 3, 0), "sink") is False
+    assert [m["i"] for m in json.loads(client.read(path, "-1").body)] == [*range(2000), -2]

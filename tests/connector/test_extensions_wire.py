@@ -146,3 +146,37 @@ def test_bad_stream_paths(bad: str) -> None:
     client = StreamClient(ConnectionOptions.parse({"url": "http://127.0.0.1:1/v1/stream"}))
     with pytest.raises(ValueError):
         client.stream_url(bad)
+
+
+@pytest.mark.parametrize(
+    ("version", "form"), [(1, "header"), (2, "body")], ids=["staged-append=1", "staged-append=2"]
+)
+def test_handle_lists_go_in_the_body_where_the_server_takes_them(
+    server: FaultServer, version: int, form: str
+) -> None:
+    """Issue 15, item 2: a header caps a commit at about 1,000 handles (431 past the server's header
+    limit); version 2 of the extension takes the list as the body."""
+    client = StreamClient(
+        ConnectionOptions.parse({"url": server.root, "retry.maxAttempts": "1"}),
+        extensions=Extensions(((ext.STAGED_APPEND, version),)),
+    )
+    handles = [f"h-{i}" for i in range(3)]
+    server.script(Respond(200, {"Stream-Next-Offset": START}), Respond(204))
+    client.commit("s", handles, ("p", 4, 0))
+    client.abort("s", handles)
+    commit, abort = server.requests[-2:]
+    if form == "body":
+        assert commit.headers["Durastream-Commit"] == abort.headers["Durastream-Abort"] == "@body"
+        assert commit.body == abort.body == b"h-0,h-1,h-2"
+    else:
+        assert (
+            commit.headers["Durastream-Commit"]
+            == abort.headers["Durastream-Abort"]
+            == ("h-0,h-1,h-2")
+        )
+        assert commit.body == abort.body == b""
+    assert commit.headers["Producer-Epoch"] == "4"
+    if version == 1:
+        with pytest.raises(ExtensionNotSupported, match="at version 2 or later"):
+            client.commit("s", handles, ("p", 4, 1), key="k")
+        assert len(server.requests) == 2  # refused before sending

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
@@ -166,16 +166,46 @@ class KeyedLocks:
 
     @asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key, (None, 0))
-        if lock is None:
-            lock = asyncio.Lock()
-        self._locks[key] = (lock, users + 1)
+        lock = self._enter(key)
         try:
             async with lock:
                 yield
         finally:
-            lock, users = self._locks[key]
-            if users <= 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
+            self._leave(key)
+
+    @asynccontextmanager
+    async def hold_all(self, keys: Iterable[str], *, yield_every: int = 0) -> AsyncIterator[None]:
+        """``hold`` every key at once, taken in sorted order (so holders of overlapping sets cannot
+        deadlock). One context for thousands of keys (a staged commit names up to 10,000 handles):
+        an uncontended lock is taken without yielding, and ``yield_every`` > 0 lets the event loop run
+        after that many keys, so a long list does not hold the loop for its whole length."""
+        entered: list[str] = []
+        acquired: list[asyncio.Lock] = []
+        try:
+            for count, key in enumerate(sorted(set(keys)), 1):
+                lock = self._enter(key)
+                entered.append(key)
+                await lock.acquire()
+                acquired.append(lock)
+                if yield_every and count % yield_every == 0:
+                    await asyncio.sleep(0)
+            yield
+        finally:
+            for lock in acquired:
+                lock.release()
+            for key in entered:
+                self._leave(key)
+
+    def _enter(self, key: str) -> asyncio.Lock:
+        lock, users = self._locks.get(key, (None, 0))
+        if lock is None:
+            lock = asyncio.Lock()
+        self._locks[key] = (lock, users + 1)
+        return lock
+
+    def _leave(self, key: str) -> None:
+        lock, users = self._locks[key]
+        if users <= 1:
+            del self._locks[key]
+        else:
+            self._locks[key] = (lock, users - 1)

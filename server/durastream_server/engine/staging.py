@@ -21,10 +21,10 @@ several handles take their locks in sorted order.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from durastream_server.engine import contenttype, jsonmode, producers, txnspace
@@ -67,6 +67,7 @@ from durastream_server.storage.records import (
     CommittedHandle,
     GroupCommit,
     ProducerTuple,
+    StagedSource,
 )
 from durastream_server.storage.state import StreamState, apply_entry
 from durastream_server.storage.txnfile import HandleHeader, Tombstone
@@ -75,6 +76,10 @@ if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
 
 logger = logging.getLogger(__name__)
+
+# A commit or abort of many handles (up to 10,000) lets the event loop run after this many names while
+# it takes their locks and looks them up, so other requests are not held for its whole list.
+YIELD_EVERY = 500
 
 
 class TxnManager:
@@ -126,12 +131,9 @@ class TxnManager:
             return InsufficientStorage(f"{what}: no space left ({exc})")
         return StorageFailure(f"{what}: {exc}")
 
-    @contextlib.asynccontextmanager
-    async def _hold(self, space: StreamTxns, names: tuple[str, ...]):  # noqa: ANN202
-        async with contextlib.AsyncExitStack() as stack:
-            for name in sorted(names):
-                await stack.enter_async_context(space.locks.hold(name))
-            yield
+    def _hold(self, space: StreamTxns, names: tuple[str, ...]):  # noqa: ANN202
+        """The locks of ``names``, letting the loop run every ``YIELD_EVERY`` names."""
+        return space.locks.hold_all(names, yield_every=YIELD_EVERY)
 
     # ------------------------------------------------------------------------------ stage
 
@@ -328,11 +330,16 @@ class TxnManager:
     async def _commit_locked(self, request: CommitRequest, inc: Incarnation) -> CommitResult:
         engine = self._engine
         space = self._space(inc)
-        digest = commit_digest(request.handles, request.close)
+        digest = commit_digest(request.handles, request.close, request.key)
         producer = request.producer
         async with self._hold(space, request.handles):
-            # The locks wait out stages in flight on these handles. From here to stage_group(): no
-            # await, so the validation below is what the group is appended under (hazard 17).
+            # The locks wait out stages in flight on these handles, and keep every other request off
+            # them until the commit is done: what is looked up here cannot change before the group is
+            # staged. The lookups yield to the loop (a commit may name 10,000 handles), so they come
+            # before the validation; a missing handle is only reported after it (see below).
+            found, missing = await self._lookup_handles(space, request.handles)
+            # From here to stage_group(): no await, so the validation below is what the group is
+            # appended under (hazard 17).
             inc = self._current(request.path, inc)
             log = inc.log
             state = log.state
@@ -359,25 +366,23 @@ class TxnManager:
                     f"Stream-Seq {request.stream_seq!r} is not greater than the last "
                     f"({state.last_stream_seq!r})"
                 )
+            if missing is not None:
+                raise space.dead_error(state, missing)
             now_ms = self._now_ms()
-            handles = []
-            for name in request.handles:
-                handle = space.handles.get(name)
-                if handle is None:
-                    raise space.dead_error(state, name)
+            handles = found.handles
+            for handle in handles:
                 handle.check_open(now_ms)
-                handles.append(handle)
             group = GroupCommit(
                 position=state.tail,
-                size=sum(h.size for h in handles),
-                n_messages=sum(h.n_messages for h in handles),
+                size=found.size,
+                n_messages=found.n_messages,
                 timestamp_ms=max(now_ms, state.last_timestamp_ms),
-                sources=tuple(h.source() for h in handles),
+                sources=found.sources,
                 closes=request.close,
                 producer=producer,
                 stream_seq=request.stream_seq,
                 digest=digest,
-                txn_handles=tuple(CommittedHandle(h.name, h.expires_at_ms) for h in handles),
+                txn_handles=found.committed,
             )
             durable = log.stage_group(group)
             for handle in handles:
@@ -420,6 +425,22 @@ class TxnManager:
             messages=group.n_messages,
             bytes=group.size,
         )
+
+    async def _lookup_handles(
+        self, space: StreamTxns, names: tuple[str, ...]
+    ) -> tuple[_CommitSources, str | None]:
+        """The handles of ``names`` (whose locks the caller holds), in order, and the first name
+        without one. Nothing is raised here: the caller reports a missing or unusable handle only once
+        it knows the commit is not a duplicate (a retried commit is a 204 whatever its handles)."""
+        found = _CommitSources()
+        for count, name in enumerate(names, 1):
+            handle = space.handles.get(name)
+            if handle is None:
+                return found, name
+            found.add(handle)
+            if count % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        return found, None
 
     # ------------------------------------------------------------------------------ abort
 
@@ -586,6 +607,32 @@ class TxnManager:
     async def close(self) -> None:
         if self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+
+
+@dataclass(slots=True)
+class _CommitSources:
+    """What a commit gathers from its handles, built as they are looked up."""
+
+    handles: list[StagedHandle] = field(default_factory=list)
+    sources_list: list[StagedSource] = field(default_factory=list)
+    committed_list: list[CommittedHandle] = field(default_factory=list)
+    size: int = 0
+    n_messages: int = 0
+
+    def add(self, handle: StagedHandle) -> None:
+        self.handles.append(handle)
+        self.sources_list.append(handle.source())
+        self.committed_list.append(CommittedHandle(handle.name, handle.expires_at_ms))
+        self.size += handle.size
+        self.n_messages += handle.n_messages
+
+    @property
+    def sources(self) -> tuple[StagedSource, ...]:
+        return tuple(self.sources_list)
+
+    @property
+    def committed(self) -> tuple[CommittedHandle, ...]:
+        return tuple(self.committed_list)
 
 
 def _as_commit(result: AppendResult) -> CommitResult:

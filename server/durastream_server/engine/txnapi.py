@@ -7,6 +7,8 @@ these (syntax only); ``staging.TxnManager`` applies the semantics.
 from __future__ import annotations
 
 import re
+import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -14,8 +16,31 @@ from durastream_server.storage.records import ProducerTuple
 
 HANDLE_RE: Final = re.compile(r"\A[A-Za-z0-9._:-]{1,200}\Z")
 HANDLE_SYNTAX: Final = "1-200 characters of [A-Za-z0-9._:-]"
+_NOT_HANDLE_CHARS: Final = str.maketrans("", "", string.ascii_letters + string.digits + "._:-")
+
+
+def first_invalid_handle(names: Sequence[str]) -> str | None:
+    """The first of ``names`` that is not a valid handle name, or None if all are.
+
+    Checked for the whole list at once (a character set and two lengths: a millisecond or two for the
+    10,000 names a commit may list, on the event loop); the per-name regex only runs to find the
+    culprit of an invalid list.
+    """
+    if not names:
+        return None
+    lengths = list(map(len, names))
+    if (
+        min(lengths) >= 1
+        and max(lengths) <= 200
+        and not "".join(names).translate(_NOT_HANDLE_CHARS)
+    ):
+        return None
+    return next(name for name in names if not HANDLE_RE.match(name))
+
 
 GIB: Final = 1024 * 1024 * 1024
+# A commit or abort names at most this many handles (in its body: docs/extensions.md section 5).
+MAX_HANDLES_PER_COMMIT: Final = 10000
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +50,7 @@ class TxnLimits:
     max_handle_bytes: int = GIB  # payload one handle may hold
     default_ttl_seconds: int = 3600
     max_ttl_seconds: int = 604800  # 7 days
-    max_handles_per_commit: int = 10000
+    max_handles_per_commit: int = MAX_HANDLES_PER_COMMIT
     # Aborted/expired handle names stay unusable this long (the longest a handle can live).
     tombstone_seconds: int = 604800
 
@@ -65,6 +90,8 @@ class CommitRequest:
     producer: ProducerTuple
     close: bool = False
     stream_seq: str | None = None
+    # Durastream-Commit-Key: deduplicate by this key instead of the handle list (txnspace.commit_digest)
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

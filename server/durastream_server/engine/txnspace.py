@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from durastream_server.engine import producers
 from durastream_server.engine.registry import KeyedLocks
-from durastream_server.engine.txnapi import HANDLE_RE, HANDLE_SYNTAX
+from durastream_server.engine.txnapi import HANDLE_SYNTAX, first_invalid_handle
 from durastream_server.errors import (
     BadRequest,
     ProtocolError,
@@ -36,9 +36,20 @@ EXPIRED = "expired"
 CORRUPT = "corrupt"
 
 
-def commit_digest(handles: tuple[str, ...], closes: bool) -> bytes:
+def commit_digest(handles: tuple[str, ...], closes: bool, key: str | None = None) -> bytes:
     """What a commit asks for, to tell its retry (204) from a reused tuple (409, hazard 4). Prefixed
-    with ``T`` so it can never equal an append's digest; same hash and size as ``request_digest``."""
+    with ``T`` so it can never equal an append's digest; same hash and size as ``request_digest``.
+
+    With a commit key (``Durastream-Commit-Key``) the digest covers the key and the close flag instead
+    of the handle list, prefixed with ``K``: a writer that re-stages its data under new handles (a Spark
+    batch replayed after its driver died) then gets a 204 for a commit that an earlier run of it made,
+    and a 409 when the tuple was used by anything else: an append, a commit without the key, or a
+    commit with another key (the sink tells its two exactly-once modes apart this way, decision 0006).
+    """
+    if key is not None:
+        digest = producers.new_hasher(b"KC" if closes else b"KA")
+        digest.update(key.encode())
+        return digest.digest(producers.DIGEST_SIZE)
     digest = producers.new_hasher(b"TC" if closes else b"TA")
     digest.update("\n".join(handles).encode())
     return digest.digest(producers.DIGEST_SIZE)
@@ -46,9 +57,9 @@ def commit_digest(handles: tuple[str, ...], closes: bool) -> bytes:
 
 def check_handle_names(handles: tuple[str, ...], header: str) -> None:
     """Defence in depth (the HTTP layer checks first): valid and distinct names."""
-    for name in handles:
-        if not HANDLE_RE.match(name):
-            raise BadRequest(f"{header}: invalid handle {name!r}; expected {HANDLE_SYNTAX}")
+    bad = first_invalid_handle(handles)
+    if bad is not None:
+        raise BadRequest(f"{header}: invalid handle {bad!r}; expected {HANDLE_SYNTAX}")
     if len(set(handles)) != len(handles):
         raise BadRequest(f"{header} lists a handle more than once")
 

@@ -64,6 +64,7 @@ ALLOWED_REQUEST_HEADERS: Final = (
     "Durastream-Txn",  # staged appends
     "Durastream-Txn-TTL",
     "Durastream-Commit",
+    "Durastream-Commit-Key",
     "Durastream-Abort",
 )
 

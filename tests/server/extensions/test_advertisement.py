@@ -17,7 +17,7 @@ EXPECTED = {
     "message-frames": 1,
     "limit-lookup": 1,
     "listing": 1,
-    "staged-append": 1,
+    "staged-append": 2,
     "payload-digest": 1,
 }
 

@@ -66,7 +66,7 @@ def test_wire_format(durastream_server: ServerProcess) -> None:
         **producer("w", 0, 0),
     )
     assert first.status_code == 200, first.text
-    assert "staged-append=1" in first.headers["Durastream-Extensions"]
+    assert "staged-append=2" in first.headers["Durastream-Extensions"]
     assert first.headers["Durastream-Txn-Messages"] == "2"
     assert first.headers["Durastream-Txn-Bytes"] == "14"
     assert first.headers["Stream-Next-Offset"] == tail
