@@ -74,8 +74,6 @@ from durastream_spark.protocol.session import get_session
 log = logging.getLogger(__name__)
 
 FRAMES_CONTENT_TYPE = "application/vnd.durastream.frames"
-# staged-append version 2: handle lists in the body (``Durastream-Commit: @body``) and commit keys
-LISTS_IN_BODY = 2
 MAX_PRODUCER_INT = 2**53 - 1
 _HANDLE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -474,7 +472,9 @@ class StreamClient:
         headers.update(_producer_headers(checked))
         if key is not None:
             (key,) = _handles(key)  # the same syntax as a handle name
-            self._require(ext.STAGED_APPEND, "commit under a key", version=LISTS_IN_BODY)
+            self._require(
+                ext.STAGED_APPEND, "commit under a key", version=ext.STAGED_APPEND_LISTS_AND_KEYS
+            )
             headers["Durastream-Commit-Key"] = key
         if close:
             headers["Stream-Closed"] = "true"
@@ -528,7 +528,7 @@ class StreamClient:
         limit short of 10,000 handles; else in the header, which the server's header limit caps (32
         KiB by default: about 1,000 handles)."""
         listed = ",".join(handles)
-        if self.extensions().supports(ext.STAGED_APPEND, LISTS_IN_BODY):
+        if self.extensions().supports(ext.STAGED_APPEND, ext.STAGED_APPEND_LISTS_AND_KEYS):
             return {header: "@body"}, listed.encode("ascii")
         return {header: listed}, b""
 

@@ -25,6 +25,10 @@ LISTING = "listing"
 STAGED_APPEND = "staged-append"
 PAYLOAD_DIGEST = "payload-digest"
 
+# Versions that add to an extension (a server advertising a version has every earlier one too).
+# staged-append 2: handle lists in the request body (``Durastream-Commit: @body``) and commit keys.
+STAGED_APPEND_LISTS_AND_KEYS = 2
+
 
 @dataclass(frozen=True)
 class Extensions:

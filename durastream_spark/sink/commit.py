@@ -28,7 +28,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink import ordered, transactional
-from durastream_spark.sink.errors import CommitError
+from durastream_spark.sink.errors import BatchModeConflict, CommitError
 from durastream_spark.sink.messages import (
     COMMITTED,
     DUPLICATE,
@@ -36,7 +36,7 @@ from durastream_spark.sink.messages import (
     SinkCommitMessage,
     StreamPart,
 )
-from durastream_spark.sink.options import TRANSACTIONAL, SinkOptions
+from durastream_spark.sink.options import EXACTLY_ONCE, ORDERED, TRANSACTIONAL, SinkOptions
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +94,19 @@ def commit_batch(
             f"stream '{part.stream}' partition {message.partition}: {error}"
             for message, part, error in failures
         )
+        if any(isinstance(error, BatchModeConflict) for _, _, error in failures):
+            advice = (
+                f"An earlier run of this batch wrote in ordered mode: restart the query from its "
+                f"checkpoint with {EXACTLY_ONCE}={ORDERED} to finish it exactly once (details below)."
+            )
+        else:
+            advice = (
+                "Replaying the batch (restart the query from its checkpoint) completes it without "
+                "duplicates."
+            )
         raise CommitError(
             f"Committing batch {_batch_text(batch_id, chosen)} failed for {len(failures)} of "
-            f"{len(jobs)} (stream, partition) parts; the others are committed. Replaying the batch "
-            f"(restart the query from its checkpoint) completes it without duplicates. {listed}"
+            f"{len(jobs)} (stream, partition) parts; the others are committed. {advice} {listed}"
         ) from failures[0][2]
     summaries = summarize(results)
     _log_summary(batch_id, chosen, summaries)

@@ -74,6 +74,25 @@ class ReorderedRetryError(SinkError):
     """
 
 
+class BatchModeConflict(SinkError):
+    """A transactional run of a batch met a (stream, partition) that an earlier run of the same batch
+    started in ordered mode, which a transactional commit cannot complete (see ``batch_mode.py``).
+
+    Nothing of this run became visible for that part and nothing is lost or duplicated; the batch is
+    finished by restarting the query with ``exactlyOnce=ordered``. Attributes: ``batch``, ``partition``,
+    ``stream``, ``visible_requests`` (how many of the ordered run's requests the server holds).
+    """
+
+    def __init__(
+        self, message: str, *, batch: int, partition: int, stream: str, visible_requests: int
+    ) -> None:
+        super().__init__(message)
+        self.batch = batch
+        self.partition = partition
+        self.stream = stream
+        self.visible_requests = visible_requests
+
+
 class CommitError(SinkError):
     """The driver could not commit a batch; the message lists every (stream, partition) that failed."""
 

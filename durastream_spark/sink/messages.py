@@ -22,6 +22,8 @@ class StreamPart:
     - ``handles``: transactional only, the staged handles in order; the commit lists them all.
     - ``remainder``/``remainder_rows``: ordered only, the final partial request that ``commit()`` sends.
     - ``last_offset``: the stream's tail after this task's last visible append (ordered), if any.
+    - ``committed_earlier``: ordered only, an earlier run of this batch committed the part in
+      transactional mode: it is complete, nothing was (or is to be) sent (``batch_mode.py``).
     """
 
     stream: str
@@ -32,6 +34,7 @@ class StreamPart:
     remainder: bytes | None = None
     remainder_rows: int = 0
     last_offset: str | None = None
+    committed_earlier: bool = False
 
 
 @dataclass(frozen=True)

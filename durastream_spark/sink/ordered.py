@@ -17,17 +17,22 @@ digests (durastream-server), a reordered retry reuses a seq for different bytes 
 ``DUPLICATE_PAYLOAD_MISMATCH``: the task fails loudly (``ReorderedRetryError``), nothing is lost or
 duplicated silently. Elsewhere the server would answer 204 and drop the different bytes; see
 docs/guarantees.md for the conditions.
+
+A replay of a batch that an earlier run committed in transactional mode (the mode changed in between)
+meets that commit at seq 0 of a part: such a part is complete, and is skipped (``batch_mode.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 
 from durastream_spark.errors import DuplicatePayloadMismatch
 from durastream_spark.protocol.body import RequestBody
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import AppendResult
+from durastream_spark.sink.batch_mode import COMMIT_SEQ, committed_transactionally
 from durastream_spark.sink.batcher import Request, RequestBatcher
 from durastream_spark.sink.errors import ReorderedRetryError
 from durastream_spark.sink.messages import (
@@ -45,19 +50,25 @@ from durastream_spark.sink.producer import PipelinedProducer
 log = logging.getLogger(__name__)
 
 GUARANTEE_HINT = (
-    "Make the row order of each partition deterministic (e.g. .sortWithinPartitions(<unique key>) after a "
-    "shuffle), or use exactlyOnce=transactional on a server with staged appends. See docs/guarantees.md."
+    "Restart the query from its checkpoint: the replay finishes the batch exactly once if it sees the "
+    "partition's rows in the order of the earlier attempt. Switching exactlyOnce does not finish it (a "
+    "transactional run refuses a batch that ordered mode started). To keep later batches from failing "
+    "so, make each partition's row order deterministic (e.g. .sortWithinPartitions(<unique key>) after "
+    "a shuffle), or write them in transactional mode; both only apply to batches that have not started. "
+    "See docs/guarantees.md."
 )
 
 
 @dataclass
 class _StreamState:
     batcher: RequestBatcher
-    producer: PipelinedProducer[AppendResult]
+    producer: PipelinedProducer[AppendResult | None]
+    # Set by seq 0 when an earlier run of the batch committed this part transactionally: from then
+    # on nothing is sent (None results), the part is complete.
+    committed_earlier: threading.Event
     rows: int = 0
     bytes: int = 0
     last_offset: str | None = None
-    results: list[AppendResult] = field(default_factory=list)
 
 
 class OrderedPartitionWriter(ModeWriter[_StreamState]):
@@ -71,9 +82,9 @@ class OrderedPartitionWriter(ModeWriter[_StreamState]):
         for stream, state in self._streams.items():
             results = state.producer.drain()
             remainder = state.batcher.remainder()
-            if remainder is not None and not remainder.body:
+            if (remainder is not None and not remainder.body) or state.committed_earlier.is_set():
                 remainder = None
-            offsets = [r.next_offset for r in results if r.next_offset]
+            offsets = [r.next_offset for r in results if r is not None and r.next_offset]
             parts.append(
                 StreamPart(
                     stream=stream,
@@ -83,6 +94,7 @@ class OrderedPartitionWriter(ModeWriter[_StreamState]):
                     remainder=bytes(remainder.body) if remainder else None,
                     remainder_rows=remainder.rows if remainder else 0,
                     last_offset=max(offsets) if offsets else None,
+                    committed_earlier=state.committed_earlier.is_set(),
                 )
             )
         return tuple(parts)
@@ -99,11 +111,25 @@ class OrderedPartitionWriter(ModeWriter[_StreamState]):
         pid = self.producer_id
         identity = self._identity
         client = self._client
+        committed_earlier = threading.Event()
 
-        def send(seq: int, body: bytes | RequestBody) -> AppendResult:
+        def send(seq: int, body: bytes | RequestBody) -> AppendResult | None:
+            # Seqs above 0 are sent only after seq 0 was answered (PipelinedProducer), so they see
+            # what seq 0 found.
+            if committed_earlier.is_set():
+                return None
             try:
                 return client.append(stream, body, options.content_type, producer=(pid, epoch, seq))
             except DuplicatePayloadMismatch as error:
+                if seq == COMMIT_SEQ and committed_transactionally(client, stream, pid, epoch):
+                    log.info(
+                        "stream '%s', %s: an earlier run of this batch committed the part in "
+                        "transactional mode; it is complete, nothing more is sent",
+                        stream,
+                        identity.describe(),
+                    )
+                    committed_earlier.set()
+                    return None
                 raise ReorderedRetryError(
                     f"Ordered mode, stream '{stream}', {identity.describe()}: seq {seq} of producer "
                     f"'{pid}' (epoch {epoch}) was already used by an earlier attempt for different bytes: "
@@ -117,12 +143,15 @@ class OrderedPartitionWriter(ModeWriter[_StreamState]):
             producer=PipelinedProducer(
                 send, self._pool, label=f"producer '{pid}' epoch {epoch} on stream '{stream}'"
             ),
+            committed_earlier=committed_earlier,
         )
 
     def _submit(self, stream: str, state: _StreamState, request: Request) -> None:
         if not request.body:  # only empty values of a byte stream: nothing to append, no seq used
             return
         state.bytes += len(request.body)
+        if state.committed_earlier.is_set():  # complete already: no need to queue more
+            return
         state.producer.submit(request.body)
 
 
@@ -130,6 +159,10 @@ def commit_part(
     client: StreamClient, options: SinkOptions, message: SinkCommitMessage, part: StreamPart
 ) -> PartResult:
     """Driver: send the part's remainder under seq ``part.requests``; a 204 means it is already there."""
+    if (
+        part.committed_earlier
+    ):  # an earlier run committed it in transactional mode (see batch_mode.py)
+        return PartResult(part.stream, message.partition, part.rows, part.bytes, DUPLICATE, None)
     if part.remainder is None:
         return PartResult(
             part.stream, message.partition, part.rows, part.bytes, NOTHING, part.last_offset
@@ -138,6 +171,19 @@ def commit_part(
     try:
         result = client.append(part.stream, part.remainder, options.content_type, producer=producer)
     except DuplicatePayloadMismatch as error:
+        if part.requests == COMMIT_SEQ and committed_transactionally(
+            client, part.stream, message.producer_id, message.epoch
+        ):
+            log.info(
+                "stream '%s', batch %d, partition %d: an earlier run of this batch committed the part "
+                "in transactional mode; nothing more is sent",
+                part.stream,
+                message.epoch,
+                message.partition,
+            )
+            return PartResult(
+                part.stream, message.partition, part.rows, part.bytes, DUPLICATE, None
+            )
         raise ReorderedRetryError(
             f"Ordered mode, stream '{part.stream}', batch {message.epoch}, partition {message.partition}: "
             f"the final request (seq {part.requests} of producer '{message.producer_id}') was already "

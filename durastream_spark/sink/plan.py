@@ -86,14 +86,21 @@ def plan_write(
 
 
 def resolve_mode(client: StreamClient, options: SinkOptions) -> str:
-    """``auto``: transactional where the server stages appends, else ordered."""
+    """``auto``: transactional where the server stages appends with commit keys, else ordered.
+
+    Transactional mode needs staged-append version 2: handle lists in the body (no size cliff) and
+    commit keys, by which a replayed batch tells its own earlier commit from an ordered run's requests
+    (``batch_mode.py``). The mode may differ between runs of one batch; ``batch_mode.py`` keeps that safe.
+    """
     extensions = client.extensions()
-    staged = extensions.supports(ext.STAGED_APPEND)
+    staged = extensions.supports(ext.STAGED_APPEND, ext.STAGED_APPEND_LISTS_AND_KEYS)
     if options.exactly_once == TRANSACTIONAL and not staged:
         raise ExtensionNotSupported(
             ext.STAGED_APPEND,
             options.connection.url,
-            f"write with {EXACTLY_ONCE}=transactional (use {EXACTLY_ONCE}=ordered or auto with this server)",
+            f"write with {EXACTLY_ONCE}=transactional (use {EXACTLY_ONCE}=ordered or auto with this "
+            "server)",
+            version=ext.STAGED_APPEND_LISTS_AND_KEYS,
         )
     mode = options.exactly_once
     if mode == AUTO:

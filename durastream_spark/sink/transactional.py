@@ -8,17 +8,22 @@ out of sequence; the order of the rows is kept by the order of the handles in th
 request carries producer headers of its handle, so the client may retry it safely. Everything is staged,
 the final partial request included, because nothing staged can become visible without the driver.
 ``write()`` returns the handles in its commit message. (Past ``PARALLEL_HANDLES`` requests per stream, the
-rest is staged sequentially into tail handles, to keep the commit's header bounded.)
+rest is staged sequentially into tail handles of up to 256 MiB, so that a commit stays far below the
+server's 10,000 handles whatever a partition writes.)
 
 Driver side (``commit_part``): one ``Durastream-Commit`` per (stream, partition), listing the successful
-attempt's handles, under producer ``(<producerId>-<writer key>-<partition>, epoch = batch id, seq 0)``. The
-commit is atomic per request and idempotent:
+attempt's handles (in the request body: no size cliff up to the server's 10,000 handles per commit), under
+producer ``(<producerId>-<writer key>-<partition>, epoch = batch id, seq 0)`` and the sink's commit key
+(``batch_mode.COMMIT_KEY``). The commit is atomic per request and idempotent:
 
 - a retried commit request is a 204 duplicate;
 - a replayed batch (the driver crashed after committing, before Spark recorded the batch as done) commits
-  *new* handles under the same tuple: the server refuses it as 409 ``DUPLICATE_PAYLOAD_MISMATCH`` (or
-  answers 204 when it no longer remembers the digest). Either way this batch's data for that partition is
-  already visible from the earlier run, so the new handles are aborted and the part counts as delivered;
+  *new* handles under the same tuple and key: the server answers 204, since the digest covers the key,
+  not the handles. This batch's data for that partition is already visible from the earlier run, so the
+  new handles are aborted and the part counts as delivered;
+- a tuple that an earlier run of the batch used in *ordered* mode (409 ``DUPLICATE_PAYLOAD_MISMATCH``, or a
+  204 reporting a seq above 0) fails the commit with ``BatchModeConflict``: the part can only be finished
+  in ordered mode (``batch_mode.py``, decision 0006);
 - a commit for an older batch than the producer's current epoch is 403: fenced.
 
 Handles of failed, truncated, speculative-losing or zombie attempts are never committed: the driver only
@@ -41,7 +46,9 @@ from durastream_spark.errors import (
 from durastream_spark.protocol.body import RequestBody
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import StageResult
+from durastream_spark.sink.batch_mode import COMMIT_KEY, COMMIT_SEQ, ordered_run_conflict
 from durastream_spark.sink.batcher import Request, RequestBatcher
+from durastream_spark.sink.errors import BatchModeConflict
 from durastream_spark.sink.identity import handle_name, new_nonce
 from durastream_spark.sink.messages import (
     COMMITTED,
@@ -59,7 +66,8 @@ log = logging.getLogger(__name__)
 
 # Stage requests each get their own handle (no sequence among them: they are staged concurrently, never
 # overtake each other, and the commit lists the handles in order). Past this many handles per stream and
-# task attempt (the commit names them all in one header), the rest is staged sequentially into tail handles.
+# task attempt (the commit names them all, and the server takes at most 10,000 per commit), the rest is
+# staged sequentially into tail handles.
 PARALLEL_HANDLES = 4000
 # A handle holds at most --max-staged-bytes on the server (1 GiB by default); tail handles roll over early.
 MAX_TAIL_HANDLE_BYTES = 256 * 1024 * 1024
@@ -175,29 +183,47 @@ def commit_part(
     """Driver: make the part's handles visible under ``(producer, batch, 0)``, exactly once."""
     if not part.handles:  # rows whose payloads were all empty (byte streams): nothing was staged
         return PartResult(part.stream, message.partition, part.rows, part.bytes, NOTHING, None)
-    producer = (message.producer_id, message.epoch, 0)
+    producer = (message.producer_id, message.epoch, COMMIT_SEQ)
     try:
-        result = client.commit(part.stream, part.handles, producer)
-    except DuplicatePayloadMismatch:
+        result = client.commit(part.stream, part.handles, producer, key=COMMIT_KEY)
+    except DuplicatePayloadMismatch as error:  # the tuple holds an ordered request, not our commit
+        abort_handles(client, part.stream, part.handles)
+        raise _ordered_conflict(
+            options, message, part, error.headers.get("Producer-Seq")
+        ) from error
+    if result.duplicate:
+        if result.producer_seq:  # seqs above 0 exist in this epoch: only ordered mode sends them
+            abort_handles(client, part.stream, part.handles)
+            raise _ordered_conflict(options, message, part, str(result.producer_seq))
+        # This very commit was applied by an earlier try, or an earlier run of the batch committed the
+        # part (same key, other handles). Aborting is a no-op in the first case (409
+        # TXN_ALREADY_COMMITTED, ignored) and discards this run's unneeded copy in the second.
         log.info(
-            "stream '%s', batch %d, partition %d: already committed by an earlier run of this batch; "
-            "discarding this run's staged copy",
+            "stream '%s', batch %d, partition %d: already committed (by an earlier try or run of "
+            "this batch); discarding this run's staged copy",
             part.stream,
             message.epoch,
             message.partition,
         )
-        abort_handles(client, part.stream, part.handles)
-        return PartResult(part.stream, message.partition, part.rows, part.bytes, DUPLICATE, None)
-    if result.duplicate:
-        # Either this very commit was applied by an earlier try, or an earlier run committed the batch and
-        # the server no longer remembers that request's digest. Aborting is a no-op in the first case
-        # (409 TXN_ALREADY_COMMITTED, ignored) and discards the unneeded copy in the second.
         abort_handles(client, part.stream, part.handles)
         outcome = DUPLICATE
     else:
         outcome = COMMITTED
     return PartResult(
         part.stream, message.partition, part.rows, part.bytes, outcome, result.next_offset
+    )
+
+
+def _ordered_conflict(
+    options: SinkOptions, message: SinkCommitMessage, part: StreamPart, highest: str | None
+) -> BatchModeConflict:
+    return ordered_run_conflict(
+        options,
+        stream=part.stream,
+        batch=message.epoch,
+        partition=message.partition,
+        producer_id=message.producer_id,
+        highest_seq=int(highest) if highest and highest.isdigit() else None,
     )
 
 

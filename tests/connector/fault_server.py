@@ -10,8 +10,9 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
+from tests.support.http import BackgroundHTTPServer
 from tests.support.server_process import free_port
 
 
@@ -48,8 +49,7 @@ class FaultServer:
         self.requests: list[Recorded] = []
         self._script: deque[Respond | Drop] = deque()
         self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._httpd: BackgroundHTTPServer | None = None
 
     @property
     def root(self) -> str:
@@ -101,20 +101,13 @@ class FaultServer:
 
             do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = _handle
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True)
-        self._thread.start()
+        self._httpd = BackgroundHTTPServer(self.port, Handler)
         return self
 
     def stop(self) -> None:
         if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+            self._httpd.stop()
             self._httpd = None
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
 
     def __enter__(self) -> FaultServer:
         return self.start()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def poll_until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
@@ -32,3 +34,19 @@ def sse_events(text: str) -> list[tuple[str, str]]:
     if kind:
         events.append((kind, "\n".join(data)))
     return events
+
+
+class BackgroundHTTPServer:
+    """A ``ThreadingHTTPServer`` on ``127.0.0.1:<port>`` serving ``handler`` from a daemon thread, for
+    test doubles that speak HTTP (the scripted fault server, the extension-hiding proxy)."""
+
+    def __init__(self, port: int, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.02,), daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()

@@ -12,6 +12,7 @@ reference.
     driver's ``commit`` of that batch writes ``<markers>/blocked-<batch>`` and then blocks (before or after
     the real commit) until the test kills the driver. Bounded, and ends if the driver dies.
 - ``fail_first_attempt``: a UDF that raises on attempt 0 when it meets one of the given values.
+- ``fail_while``: a UDF that raises on every attempt at the given values while a file exists.
 - ``gate``: a UDF that, on attempt 0 at a given value, announces itself and waits for the test to open
   the gate (to kill a server exactly in the middle of a batch).
 """
@@ -113,6 +114,20 @@ def fail_first_attempt(column: Column, values: Iterable[int], marker_dir: str | 
         if context.attemptNumber() == 0 and value in targets:
             Path(markers, f"failed-{context.stageId()}-{context.partitionId()}").write_text("")
             raise RuntimeError(f"injected failure at value {value} on attempt 0")
+        return value
+
+    return F.udf(check, "long", useArrow=False)(column)
+
+
+def fail_while(column: Column, values: Iterable[int], switch: str | Path) -> Column:
+    """``column`` unchanged, except that every attempt raises at one of ``values`` while the file
+    ``switch`` exists: a batch that fails for good, until the test removes the file."""
+    targets = frozenset(values)
+    path = str(switch)
+
+    def check(value):  # no type hints: Spark would read them as a pandas UDF
+        if value in targets and os.path.exists(path):
+            raise RuntimeError(f"injected failure at value {value} (while {path} exists)")
         return value
 
     return F.udf(check, "long", useArrow=False)(column)

@@ -7,11 +7,11 @@ import itertools
 import json
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.types import StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from durastream_spark.options import ConnectionOptions
 from durastream_spark.protocol.client import StreamClient
@@ -21,6 +21,12 @@ from durastream_spark.sink.partition import PartitionWrite
 from durastream_spark.sink.plan import STREAMING, SinkPlan, plan_write
 
 _names = itertools.count()
+
+# The rows the writer-level tests write: (p: partition, n: unique key, pad), in Spark and Arrow terms.
+ROW_SCHEMA = StructType(
+    [StructField("p", LongType()), StructField("n", LongType()), StructField("pad", StringType())]
+)
+ROW_ARROW_SCHEMA = pa.schema([("p", pa.int64()), ("n", pa.int64()), ("pad", pa.string())])
 
 
 def unique(prefix: str) -> str:
@@ -136,3 +142,25 @@ def record_batches(
         pa.RecordBatch.from_pylist(list(rows[i : i + size]), schema=schema)
         for i in range(0, len(rows), size)
     ]
+
+
+def rate_rows(
+    spark: Any, rows_per_batch: int, n: Callable[[Any], Any] | None = None, pad: str = "x"
+):
+    """Streaming input: ``rate-micro-batch`` batches of ``rows_per_batch`` rows in two partitions, as
+    ``(p: partition id, n: the value, through ``n`` if given, pad: 1 KiB of ``pad``)``. Batches replay
+    identically, and 1 KiB rows reach the writer long before a failure later in the partition."""
+    from pyspark.sql import functions as F
+
+    value = F.col("value")
+    return (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", rows_per_batch)
+        .option("numPartitions", 2)
+        .load()
+        .select(
+            F.spark_partition_id().alias("p"),
+            (n(value) if n is not None else value).alias("n"),
+            F.lit(pad * 1000).alias("pad"),
+        )
+    )

@@ -16,12 +16,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from durastream_spark.errors import StaleEpochError
 from durastream_spark.sink.errors import CommitError, ReorderedRetryError
 from durastream_spark.sink.messages import SinkCommitMessage
 from tests.spark.sink.support import (
+    ROW_ARROW_SCHEMA,
+    ROW_SCHEMA,
     WriterHarness,
     assert_exactly_once,
     read_stream,
@@ -29,14 +30,8 @@ from tests.spark.sink.support import (
     unique,
 )
 
-SCHEMA = StructType(
-    [
-        StructField("p", LongType()),
-        StructField("n", LongType()),
-        StructField("pad", StringType()),
-    ]
-)
-ARROW_SCHEMA = pa.schema([("p", pa.int64()), ("n", pa.int64()), ("pad", pa.string())])
+SCHEMA = ROW_SCHEMA
+ARROW_SCHEMA = ROW_ARROW_SCHEMA
 PAD = "y" * 200
 MODES = ["transactional", "ordered"]
 

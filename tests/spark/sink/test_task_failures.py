@@ -13,19 +13,16 @@ import pytest
 from pyspark.sql import functions as F
 
 from tests.spark.sink.probe import attempts, fail_first_attempt
-from tests.spark.sink.support import assert_exactly_once, read_stream, spark_conf, unique
+from tests.spark.sink.support import (
+    assert_exactly_once,
+    rate_rows,
+    read_stream,
+    spark_conf,
+    unique,
+)
 
 ROWS_PER_BATCH = 2000
 PAD = "x" * 1000  # 1 KiB rows: the JVM flushes rows to the writer long before the failure
-
-
-def _rate_stream(spark, *, rows: int = ROWS_PER_BATCH):
-    return (
-        spark.readStream.format("rate-micro-batch")
-        .option("rowsPerBatch", rows)
-        .option("numPartitions", 2)
-        .load()
-    )
 
 
 @pytest.mark.parametrize("mode", ["transactional", "ordered"])
@@ -42,10 +39,8 @@ def test_truncated_then_retried_attempt_writes_each_row_once(
     failing = {int(ROWS_PER_BATCH * 0.7), int(ROWS_PER_BATCH * 0.7) + 1}
 
     def run_once(checkpoint) -> None:
-        df = _rate_stream(spark).select(
-            F.spark_partition_id().alias("p"),
-            fail_first_attempt(F.col("value"), failing, markers).alias("n"),
-            F.lit(PAD).alias("pad"),
+        df = rate_rows(
+            spark, ROWS_PER_BATCH, lambda value: fail_first_attempt(value, failing, markers)
         )
         query = (
             df.writeStream.format("durastream_probe")

@@ -1,0 +1,100 @@
+"""An HTTP proxy that hides durastream-server's extensions from its clients.
+
+What a gateway that forwards only the protocol's routes does: ``GET {root}/__ds/x-durastream/extensions``
+answers 404 and the ``Durastream-Extensions`` header is removed from every response, so a client sees a
+base-protocol server and falls back (the sink's ``exactlyOnce=auto`` picks ordered mode), while the server
+behind still does everything it does (payload digests, staged appends). Issue 15: a proxy like this, put in
+front of a server or taken away between two runs of a query, flipped ``auto`` in the middle of a batch.
+
+Requests are forwarded one by one over a keep-alive connection per client connection; bodies are
+``Content-Length`` framed (what ``requests`` sends). ``hidden`` counts the discovery requests it refused.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from http.server import BaseHTTPRequestHandler
+
+from tests.support.http import BackgroundHTTPServer
+from tests.support.server_process import free_port
+
+DISCOVERY_SUFFIX = "/__ds/x-durastream/extensions"
+HIDDEN_HEADERS = frozenset({"durastream-extensions"})
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
+
+
+class ExtensionHidingProxy:
+    """``with ExtensionHidingProxy(server.port) as proxy: ... proxy.base_url ...``"""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target_host = target_host
+        self.target_port = target_port
+        self.port = free_port()
+        self.hidden = 0
+        self._httpd: BackgroundHTTPServer | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ExtensionHidingProxy:
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            upstream: http.client.HTTPConnection | None = None
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                if self.path.split("?", 1)[0].endswith(DISCOVERY_SUFFIX):
+                    proxy.hidden += 1
+                    payload = json.dumps({"error": {"code": "NOT_FOUND", "message": "no"}}).encode()
+                    self._answer(404, [("Content-Type", "application/json")], payload)
+                    return
+                if self.upstream is None:
+                    self.upstream = http.client.HTTPConnection(
+                        proxy.target_host, proxy.target_port, timeout=120
+                    )
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+                if body is not None:
+                    headers["Content-Length"] = str(len(body))
+                self.upstream.request(self.command, self.path, body=body, headers=headers)
+                response = self.upstream.getresponse()
+                payload = response.read()
+                kept = [
+                    (name, value)
+                    for name, value in response.getheaders()
+                    if name.lower() not in HIDDEN_HEADERS | HOP_BY_HOP
+                ]
+                self._answer(response.status, kept, payload)
+
+            def _answer(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                if self.command != "HEAD" and status not in (204, 304):
+                    self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if self.command != "HEAD" and status not in (204, 304):
+                    self.wfile.write(payload)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+        self._httpd = BackgroundHTTPServer(self.port, Handler)
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.stop()
+            self._httpd = None
+
+    def __enter__(self) -> ExtensionHidingProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
