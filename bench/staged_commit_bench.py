@@ -11,7 +11,12 @@ Prints MiB/s for the commit (the figure the ADR records), for staging, and for t
 the peak RSS growth during the commit (the copy streams in bounded memory). Alternates rounds, since this
 VM is noisy; reports the median.
 
-Run: ``python bench/staged_commit_bench.py [--mib 64] [--rounds 5] [--dir DIR]``
+``--handles N`` measures what a commit costs per handle instead (issue 15: a commit of up to 10,000
+handles): N handles of one small JSON stage request each (what a Spark partition writing with
+``maxMessagesPerRequest=1`` stages), committed in one request. It prints the commit's wall time per handle
+and the longest the event loop went without running other work during the commit (a ticker task).
+
+Run: ``python bench/staged_commit_bench.py [--mib 64] [--rounds 5] [--dir DIR] [--handles N]``
 """
 
 from __future__ import annotations
@@ -76,11 +81,50 @@ async def _round(engine: Engine, n: int, mib: int) -> tuple[float, float, float,
     return mib / commit_s, mib / stage_s, mib / direct_s, peak - rss_before
 
 
+async def _handles_round(engine: Engine, n: int, count: int) -> tuple[float, float]:
+    """Commit ``count`` one-request handles; returns (µs per handle, longest loop stall in ms)."""
+    path = f"bench/handles-{n}"
+    await engine.create(CreateRequest(path=path, content_type="application/json"))
+    handles = tuple(f"spark-{n}-0-0-0123456789ab-{i}" for i in range(count))
+    slots = asyncio.Semaphore(64)
+
+    async def stage(index: int) -> None:
+        async with slots:
+            body = b'{"id":%d,"payload":"%s"}' % (index, b"p" * 64)
+            await engine.stage(StageRequest(path, handles[index], "application/json", body))
+
+    await asyncio.gather(*(stage(i) for i in range(count)))
+    stalls: list[float] = []
+    done = False
+
+    async def ticker() -> None:
+        while not done:
+            began = time.perf_counter()
+            await asyncio.sleep(0)
+            stalls.append(time.perf_counter() - began)
+
+    ticking = asyncio.create_task(ticker())
+    started = time.perf_counter()
+    result = await engine.commit(CommitRequest(path, handles, ProducerTuple("c", 0, 0)))
+    elapsed = time.perf_counter() - started
+    done = True
+    await ticking
+    assert result.messages == count
+    return elapsed / count * 1e6, max(stalls) * 1000
+
+
 async def main(args: argparse.Namespace) -> None:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="staged-bench-"))
     data = await DataDir.open(StorageConfig(root=root / "data", durability=Durability.FSYNC))
     engine = Engine(data, sweep_interval=0)
     await engine.start()
+    if args.handles:
+        try:
+            await _main_handles(engine, args)
+        finally:
+            await engine.close()
+            await data.close()
+        return
     rows = []
     try:
         for n in range(args.rounds):
@@ -101,9 +145,28 @@ async def main(args: argparse.Namespace) -> None:
     )
 
 
+async def _main_handles(engine: Engine, args: argparse.Namespace) -> None:
+    rows = []
+    for n in range(args.rounds):
+        rows.append(await _handles_round(engine, n, args.handles))
+        per_handle, stall = rows[-1]
+        print(
+            f"round {n}: commit of {args.handles} handles {per_handle * args.handles / 1e6:6.2f} s, "
+            f"{per_handle:6.1f} us per handle, longest loop stall {stall:6.1f} ms"
+        )
+    per_handle, stall = (statistics.median(col) for col in zip(*rows, strict=True))
+    print(
+        f"median of {len(rows)} ({args.handles} handles): {per_handle:.1f} us per handle "
+        f"({per_handle * args.handles / 1e6:.2f} s), longest loop stall {stall:.1f} ms"
+    )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64, help="MiB per commit (default 64)")
+    parser.add_argument(
+        "--handles", type=int, default=0, help="measure a commit of this many one-request handles"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", help="data directory parent (default: a temp dir)")
     asyncio.run(main(parser.parse_args()))
