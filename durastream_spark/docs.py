@@ -371,13 +371,19 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "stream",
         SINK,
         "stream path",
-        "The target stream, relative to `url`.",
+        "The target stream of every row, relative to `url`.",
         "events/clicks",
         "events/../secrets",
         lambda o: "(none: required unless the DataFrame has a `stream` column)",
-        details="A STRING `stream` column routes each row to the stream it names and wins over this "
-        "option, which stays the target of rows whose column is null. `save(path)`/`start(path)` is "
-        "refused: use this option.",
+        details="It overrides a `stream` column, as Kafka's `topic` option overrides a `topic` column: "
+        "a DataFrame read with the durastream source (whose `stream` column says where each row was "
+        "read from) is written to this stream, never back to its sources. Without the option, a "
+        "STRING `stream` column names each row's target (a null is an error), except the source's own "
+        "`stream` column, which is refused (it would write every row back where it came from; derive "
+        "a new column from it to route by it). Leading and trailing `/` and whitespace are not part of "
+        "a path, in the option and the column alike: `s`, `/s`, `s/` and ` s ` are one stream, and "
+        "its rows keep their order. A column named `stream` is never written as payload. "
+        "`save(path)`/`start(path)` is refused: use this option.",
     ),
     OptionDoc(
         "contentType",
@@ -409,8 +415,10 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "ordered",
         "always",
         lambda o: _code(o.exactly_once),
-        details="`transactional` against a server without staged appends fails before any data is sent. "
-        "The conditions of each mode are in docs/guarantees.md.",
+        details="`transactional` against a server without staged appends (version 2: handle lists in "
+        "the body, commit keys) fails before any data is sent. A batch is finished in the mode that "
+        "started it: a transactional run refuses a batch an ordered run started, and says to restart "
+        "with `ordered`. The conditions of each mode are in docs/guarantees.md.",
     ),
     OptionDoc(
         "producerId",

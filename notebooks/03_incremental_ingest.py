@@ -25,13 +25,13 @@
 # COMMAND ----------
 
 # MAGIC %md
-# MAGIC Install the connector. `--no-deps`: the runtime already provides `pyspark`, `pyarrow` and `requests`,
+# MAGIC Install the connector and msgspec. `--no-deps`: the runtime already provides `pyspark`, `pyarrow` and `requests`,
 # MAGIC and pip must not replace the runtime's own `pyspark`. To install a wheel you built yourself, upload it to
 # MAGIC a volume and use `%pip install /Volumes/<catalog>/<schema>/<volume>/durastream_spark-<version>-py3-none-any.whl --no-deps`.
 
 # COMMAND ----------
 
-# MAGIC %pip install durastream-spark --no-deps
+# MAGIC %pip install durastream-spark msgspec --no-deps
 
 # COMMAND ----------
 

@@ -11,12 +11,15 @@ Usage::
     df.write.format("durastream").option("url", ...).option("stream", "events/daily").mode("append").save()
 
 Payload: a ``value`` column (STRING or BINARY) is written as-is, one message per row; for JSON streams each
-value must be one JSON text (a null value is written as JSON ``null``; for other content types it adds
-nothing). Without a ``value`` column every row becomes one JSON object (see
-``encoding.py`` for how each Spark type is rendered). A STRING ``stream`` column routes each row to the
-stream it names and wins over the ``stream`` option (which stays the target of rows whose column is null);
-it is not part of the payload. For non-JSON streams the protocol keeps no message boundaries inside one
-request: values are concatenated, so end each with a delimiter (or set ``maxMessagesPerRequest=1``).
+value must be exactly one JSON text, or the task fails with ``InvalidPayload`` naming the row before it is
+sent (``json_values.py``; a null value is written as JSON ``null``; for other content types it adds
+nothing). Without a ``value`` column every row becomes one JSON object (see ``encoding.py`` for how each
+Spark type is rendered). Targets (``routing.py``): the ``stream`` option, when set, is every row's target,
+as Kafka's ``topic`` option overrides a ``topic`` column; without it a STRING ``stream`` column names each
+row's target, except the durastream source's own ``stream`` column, which would write rows back where they
+were read from. A column named ``stream`` is never payload. For non-JSON streams the protocol keeps no
+message boundaries inside one request: values are concatenated, so end each with a delimiter (or set
+``maxMessagesPerRequest=1``).
 
 Options (besides the connection options of ``durastream_spark.options``: ``url``, ``header.<Name>``,
 ``tokenFile``, ``tls.verify``, ``tls.caBundle``, ``requestTimeoutMs``, ``maxConnections``, ``retry.*``):
@@ -24,7 +27,8 @@ Options (besides the connection options of ``durastream_spark.options``: ``url``
 =========================  ====================  =========================================================
 option                     default               meaning
 =========================  ====================  =========================================================
-``stream``                 (none)                Target stream path relative to ``url``. Required unless
+``stream``                 (none)                Target stream path relative to ``url``, of every row
+                                                 (it overrides a ``stream`` column). Required unless
                                                  the DataFrame has a ``stream`` column.
 ``contentType``            ``application/json``  Content type of streams the sink creates. Writing to an
                                                  existing stream of another type fails before any data is

@@ -492,7 +492,9 @@ class PayloadLayout:
     schema: StructType
     json_stream: bool
     value_index: int | None  # the 'value' column, if the DataFrame has one
-    stream_index: int | None  # the 'stream' routing column, if any
+    stream_index: (
+        int | None
+    )  # the 'stream' column, if any: it routes (routing.py), it is never payload
     data_indexes: tuple[
         int, ...
     ]  # columns rendered into the JSON object (when there is no 'value')
@@ -509,13 +511,6 @@ class PayloadLayout:
                     f"Column 'value' has type {value_type.simpleString()}, but the sink writes a 'value' "
                     "column as-is and accepts only STRING or BINARY. Cast it, or rename it to have every "
                     "row written as a JSON object."
-                )
-        if stream_index is not None:
-            stream_type = schema.fields[stream_index].dataType
-            if not isinstance(stream_type, StringType):
-                raise UnsupportedWrite(
-                    f"Column 'stream' routes rows to streams and must be STRING, got "
-                    f"{stream_type.simpleString()}."
                 )
         data_indexes = tuple(i for i in range(len(names)) if i != stream_index)
         if value_index is None:
@@ -582,12 +577,6 @@ class ArrowPayloadEncoder:
             return pa.array([], pa.string())
         return join_parts(parts)
 
-    def streams(self, batch: pa.RecordBatch) -> pa.Array | None:
-        """The routing column of the batch, or None when every row goes to the ``stream`` option."""
-        if self.layout.stream_index is None:
-            return None
-        return batch.column(self.layout.stream_index)
-
 
 class RowPayloadEncoder:
     """Payloads of ``pyspark.sql.Row``s (the row writer)."""
@@ -618,10 +607,6 @@ class RowPayloadEncoder:
                 return payload + JSON_SEPARATOR if json_stream else payload
 
         self.encode = encode
-
-    def stream_of(self, row: Sequence[Any]) -> str | None:
-        index = self.layout.stream_index
-        return None if index is None else row[index]
 
     def encode_all(self, rows: Iterable[Sequence[Any]]) -> EncodedRows:
         return EncodedRows.from_payloads([self.encode(row) for row in rows], self.layout.separator)

@@ -172,13 +172,26 @@ class SinkOptions:
         )
 
 
+# Not part of a target path at either end, in the option and in a routing column alike (sink/routing.py):
+# "s", "/s", "s/" and " s " name one stream. Inner characters are kept.
+PATH_TRIM = " \t\n\r\f\v/"
+PATH_SYNTAX = "a stream path relative to 'url' with non-empty segments other than '.' and '..'"
+
+
+def normalize_path(path: str) -> str:
+    """A target path without what is not part of it (``PATH_TRIM``)."""
+    return path.strip(PATH_TRIM)
+
+
+def check_stream_path(path: str) -> str:
+    """``path`` (normalised) if it is a valid target path, else ``ValueError`` saying what is accepted."""
+    if not path or any(segment in ("", ".", "..") for segment in path.split("/")):
+        raise ValueError(f"expected {PATH_SYNTAX}")
+    return path
+
+
 def _check_stream_path(path: str) -> str:
-    clean = path.strip().strip("/")
-    segments = clean.split("/")
-    if not clean or any(segment in ("", ".", "..") for segment in segments):
-        raise OptionError(
-            STREAM,
-            path,
-            "a stream path relative to 'url' with non-empty segments other than '.' and '..'",
-        )
-    return clean
+    try:
+        return check_stream_path(normalize_path(path))
+    except ValueError:
+        raise OptionError(STREAM, path, PATH_SYNTAX) from None

@@ -1,10 +1,12 @@
-"""One task attempt's write: route rows to target streams, check the targets, drive the mode's writer.
+"""One task attempt's write: check the payloads, route rows to target streams, drive the mode's writer.
 
-``PartitionWrite.write_arrow`` / ``write_rows`` consume Spark's input, encode it (``encoding.py``), split it by
-target stream (the ``stream`` column, else the ``stream`` option), make sure each target is usable
-(``targets.py``) and hand the encoded rows to the mode's partition writer (``transactional.py`` or
-``ordered.py``). They return the commit message only after every request of the attempt succeeded; on any
-failure they stop, let the mode writer clean up what it can, and re-raise.
+``PartitionWrite.write_arrow`` / ``write_rows`` consume Spark's input, encode it (``encoding.py``), check
+that each JSON ``value`` is one JSON text (``json_values.py``: a batch is checked before any of its rows go
+into a request), split it by target stream (``routing.py``: the ``stream`` option, else the normalised
+``stream`` column, each target's rows in input order), make sure each target is usable (``targets.py``)
+and hand the encoded rows to the mode's partition writer (``transactional.py`` or ``ordered.py``). They
+return the commit message only after every request of the attempt succeeded; on any failure they stop,
+let the mode writer clean up what it can, and re-raise.
 """
 
 from __future__ import annotations
@@ -14,15 +16,16 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from durastream_spark.errors import BadRequest
+from durastream_spark.sink import json_values, routing
 from durastream_spark.sink.encoding import (
+    VALUE_COLUMN,
     ArrowPayloadEncoder,
     EncodedRows,
     RowPayloadEncoder,
 )
-from durastream_spark.sink.errors import InvalidPayload, UnsupportedWrite
+from durastream_spark.sink.errors import InvalidPayload
 from durastream_spark.sink.identity import TaskIdentity
 from durastream_spark.sink.messages import SinkCommitMessage
 from durastream_spark.sink.mode_writer import ModeWriter
@@ -47,39 +50,44 @@ class PartitionWrite:
         self._plan = plan
         self._identity = identity
         self._targets = TargetStreams(plan.client, plan.options)
-        self._paths: dict[str | None, str] = {}
+        self._checked: set[str] = set()
+        # JSON values are checked to be one JSON text each; other payloads the sink renders itself.
+        self._check_values = plan.layout.value_index is not None and plan.layout.json_stream
+        self._position = 0  # rows of this partition seen so far (for errors)
 
     def write_arrow(self, batches: Iterable[pa.RecordBatch]) -> SinkCommitMessage:
         encoder = ArrowPayloadEncoder(self._plan.layout)
+        column = self._plan.routing.column
 
         def feed(writer: ModeWriter) -> None:
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
                 payloads = encoder.encode(batch)
-                streams = encoder.streams(batch)
-                if streams is None:
-                    self._add(writer, None, payloads)
-                else:
-                    self._route(writer, payloads, streams)
+                if self._check_values:
+                    self._raise_if_invalid(json_values.check_arrow(payloads), batch)
+                self._position += batch.num_rows
+                if column is None:
+                    self._add(writer, self._fixed(), payloads)
+                    continue
+                for path, rows in routing.split(batch.column(column), payloads):
+                    self._add(writer, path, rows)
 
         return self._run(feed)
 
     def write_rows(self, rows: Iterator[Sequence[Any]]) -> SinkCommitMessage:
         encoder = RowPayloadEncoder(self._plan.layout)
-        separator = self._plan.layout.separator
+        column = self._plan.routing.column
 
         def feed(writer: ModeWriter) -> None:
             # Rows keep their order per stream; chunks only amortise the per-call overhead.
-            pending: dict[str | None, list[bytes]] = {}
-            count = 0
+            chunk: list[tuple[Sequence[Any], bytes]] = []
             for row in rows:
-                pending.setdefault(encoder.stream_of(row), []).append(encoder.encode(row))
-                count += 1
-                if count == ROW_CHUNK:
-                    self._flush_rows(writer, pending, separator)
-                    pending, count = {}, 0
-            self._flush_rows(writer, pending, separator)
+                chunk.append((row, encoder.encode(row)))
+                if len(chunk) == ROW_CHUNK:
+                    self._flush_rows(writer, chunk, column)
+                    chunk = []
+            self._flush_rows(writer, chunk, column)
 
         return self._run(feed)
 
@@ -131,45 +139,61 @@ class PartitionWrite:
         return message
 
     def _flush_rows(
-        self, writer: ModeWriter, pending: dict[str | None, list[bytes]], separator: int
+        self,
+        writer: ModeWriter,
+        chunk: list[tuple[Sequence[Any], bytes]],
+        column: int | None,
     ) -> None:
-        for stream, payloads in pending.items():
-            writer.add(self._path(stream), EncodedRows.from_payloads(payloads, separator))
-
-    def _add(self, writer: ModeWriter, stream: str | None, payloads: pa.Array) -> None:
-        writer.add(
-            self._path(stream), EncodedRows.from_arrow(payloads, self._plan.layout.separator)
-        )
-
-    def _route(self, writer: ModeWriter, payloads: pa.Array, streams: pa.Array) -> None:
-        distinct = pc.unique(streams)
-        if len(distinct) == 1:
-            self._add(writer, distinct[0].as_py(), payloads)
+        if not chunk:
             return
-        for value in distinct.to_pylist():
-            mask = pc.is_null(streams) if value is None else pc.equal(streams, value)
-            self._add(writer, value, payloads.filter(mask))
+        separator = self._plan.layout.separator
+        if self._check_values:
+            encoded = EncodedRows.from_payloads([payload for _, payload in chunk], separator)
+            problem = json_values.check(encoded.data, encoded.offsets)
+            if problem is not None:
+                self._raise_invalid(problem, chunk[problem.index][1][:-1])
+        self._position += len(chunk)
+        if column is None:
+            payloads = [payload for _, payload in chunk]
+            writer.add(self._fixed(), EncodedRows.from_payloads(payloads, separator))
+            return
+        by_target: dict[str, list[bytes]] = {}  # insertion order; each target's rows in input order
+        for row, payload in chunk:
+            by_target.setdefault(routing.target_of(row[column]), []).append(payload)
+        for path, payloads in by_target.items():
+            self._ensure(path)
+            writer.add(path, EncodedRows.from_payloads(payloads, separator))
 
-    def _path(self, stream: str | None) -> str:
-        """The validated target path of a ``stream`` value (None: the ``stream`` option)."""
-        path = self._paths.get(stream)
-        if path is not None:
-            return path
-        options = self._plan.options
-        if stream is None:
-            if options.stream is None:
-                raise UnsupportedWrite(
-                    "A row has a null 'stream' column and the option 'stream' is not set, so it has no "
-                    "target. Filter such rows out, or set the option as the default target."
-                )
-            path = options.stream
-        else:
-            path = stream.strip().strip("/")
-            if not path or any(seg in ("", ".", "..") for seg in path.split("/")):
-                raise UnsupportedWrite(
-                    f"Column 'stream' holds {stream!r}, which is not a stream path (non-empty segments "
-                    "other than '.' and '..', relative to 'url')."
-                )
-        self._targets.ensure(path)
-        self._paths[stream] = path
+    def _add(self, writer: ModeWriter, path: str, payloads: pa.Array) -> None:
+        self._ensure(path)
+        writer.add(path, EncodedRows.from_arrow(payloads, self._plan.layout.separator))
+
+    def _fixed(self) -> str:
+        path = self._plan.routing.fixed
+        assert path is not None  # routing by the option
+        self._ensure(path)
         return path
+
+    def _ensure(self, path: str) -> None:
+        """The target exists with the sink's content type and is open (checked once per task)."""
+        if path not in self._checked:
+            self._targets.ensure(path)
+            self._checked.add(path)
+
+    def _raise_if_invalid(
+        self, problem: json_values.NotOneText | None, batch: pa.RecordBatch
+    ) -> None:
+        if problem is not None:
+            value = batch.column(self._plan.layout.value_index)[problem.index].as_py()
+            self._raise_invalid(problem, value)
+
+    def _raise_invalid(self, problem: json_values.NotOneText, value: bytes | str) -> None:
+        identity = self._identity
+        raise InvalidPayload(
+            f"Column '{VALUE_COLUMN}', {identity.describe()}: the value of row "
+            f"{self._position + problem.index} of this partition (counting from 0) is not exactly one "
+            f"JSON text: {problem.reason}. It begins {json_values.describe(value)}. For contentType "
+            f"'{self._plan.options.content_type}' every value must be one complete JSON text (one row, "
+            "one message; build it with to_json), or write to a stream of another content type. Nothing "
+            "of the request that would have held this row was sent."
+        )

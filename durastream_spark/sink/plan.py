@@ -1,8 +1,9 @@
 """The write plan: everything decided once on the driver, before any task runs, and pickled into tasks.
 
-``plan_write`` parses the options, checks the DataFrame's schema and the save mode, asks the server which
-extensions it has (to resolve ``exactlyOnce=auto``), and, for a fixed ``stream`` option, checks the target
-(content type, closed) or creates it. Any problem fails ``start()``/``save()`` with an error naming the
+``plan_write`` parses the options, checks the DataFrame's schema and the save mode, decides where rows go
+(``routing.py``: the ``stream`` option, else the ``stream`` column), asks the server which extensions it
+has (to resolve ``exactlyOnce=auto``), and, for the ``stream`` option, checks the target (content type,
+closed) or creates it. Any problem fails ``start()``/``save()`` with an error naming the
 option or column, before a single row is sent.
 
 Spark calls ``streamWriter()`` again for every micro-batch and for every commit, so planning is cheap: two
@@ -28,10 +29,10 @@ from durastream_spark.sink.options import (
     AUTO,
     EXACTLY_ONCE,
     ORDERED,
-    STREAM,
     TRANSACTIONAL,
     SinkOptions,
 )
+from durastream_spark.sink.routing import Routing
 from durastream_spark.sink.targets import TargetStreams
 
 log = logging.getLogger(__name__)
@@ -44,12 +45,13 @@ _warned_no_digest: set[str] = set()
 
 @dataclass(frozen=True)
 class SinkPlan:
-    """Options, resolved mode, payload layout and, for ``df.write``, the job's writer key."""
+    """Options, resolved mode, payload layout, routing and, for ``df.write``, the job's writer key."""
 
     options: SinkOptions
     client: StreamClient  # pickles with the server's extensions, so tasks do not rediscover them
     mode: str  # TRANSACTIONAL or ORDERED
     layout: PayloadLayout
+    routing: Routing
     kind: str  # STREAMING or BATCH
     job_id: str | None = None
 
@@ -66,20 +68,17 @@ def plan_write(
     layout = PayloadLayout.from_schema(
         schema, json_stream=is_json_content_type(sink_options.content_type)
     )
-    if layout.stream_index is None and sink_options.stream is None:
-        raise UnsupportedWrite(
-            f"No target stream: set option '{STREAM}' (a path relative to 'url'), or add a STRING column "
-            "'stream' naming each row's target stream."
-        )
+    routing = Routing.decide(sink_options, layout, schema)
     client = StreamClient(sink_options.connection)
     mode = resolve_mode(client, sink_options)
-    if layout.stream_index is None and sink_options.stream is not None:
-        TargetStreams(client, sink_options).ensure(sink_options.stream)
+    if routing.fixed is not None:
+        TargetStreams(client, sink_options).ensure(routing.fixed)
     return SinkPlan(
         options=sink_options,
         client=client,
         mode=mode,
         layout=layout,
+        routing=routing,
         kind=kind,
         job_id=new_job_id() if kind == BATCH else None,
     )

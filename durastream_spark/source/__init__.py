@@ -116,13 +116,14 @@ from collections.abc import Mapping
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
+from durastream_spark.source.arrow import DEFAULT_SCHEMA
 from durastream_spark.source.options import SourceOptions
 
-DEFAULT_SCHEMA = "stream STRING, offset STRING, value BINARY, timestamp TIMESTAMP"
 
-
-def default_schema(options: Mapping[str, str]) -> str:
-    """The schema of a read without a user schema. Validates the options, so bad ones fail ``load()``."""
+def default_schema(options: Mapping[str, str]) -> StructType:
+    """The schema of a read without a user schema (``stream STRING, offset STRING, value BINARY,
+    timestamp TIMESTAMP``; ``stream`` carries ``columns.SOURCE_STREAM_MARK``). Validates the options, so
+    bad ones fail ``load()``."""
     SourceOptions.parse(options)
     return DEFAULT_SCHEMA
 

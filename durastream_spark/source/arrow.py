@@ -51,6 +51,7 @@ from pyspark.sql.types import (
     _parse_datatype_json_string,
 )
 
+from durastream_spark.columns import SOURCE_STREAM_MARK
 from durastream_spark.errors import DurastreamError
 from durastream_spark.protocol.frames import Frames, offset_token
 
@@ -64,7 +65,12 @@ META_TYPES: dict[str, DataType] = {
     TIMESTAMP: TimestampType(),
 }
 RESERVED_COLUMNS: dict[str, str] = {f"_{kind}": kind for kind in META_TYPES}
-DEFAULT_SCHEMA = StructType([StructField(name, kind, True) for name, kind in META_TYPES.items()])
+DEFAULT_SCHEMA = StructType(
+    [
+        StructField(name, kind, True, metadata=SOURCE_STREAM_MARK if name == STREAM else None)
+        for name, kind in META_TYPES.items()
+    ]
+)
 SPARK_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 _SIMPLE_JSON_TYPES: dict[type, pa.DataType] = {

@@ -33,7 +33,7 @@ def test_every_declared_minimum_is_pinned_for_test_compat() -> None:
     connector = declared_minimums(ROOT / "pyproject.toml")
     server = declared_minimums(ROOT / "server" / "pyproject.toml")
     pinned = pins()
-    assert set(connector) == {"pyspark", "pyarrow", "requests"}
+    assert set(connector) == {"pyspark", "pyarrow", "requests", "msgspec"}
     assert set(server) == {
         "uvicorn",
         "httptools",
@@ -45,6 +45,8 @@ def test_every_declared_minimum_is_pinned_for_test_compat() -> None:
         "blake3",
     }
     assert set(pinned) == set(connector) | set(server)
+    for both in set(connector) & set(server):  # one pin serves both: the minimums must agree
+        assert release(connector[both]) == release(server[both]), both
     for name, minimum in {**connector, **server}.items():
         if name == "pyspark":
             # the newest patch of the oldest supported minor version (4.0.x, no admission control)

@@ -25,29 +25,41 @@ def _writer(df, root: str, **options: str):
 
 
 @pytest.mark.parametrize("mode", ["transactional", "ordered"])
-def test_stream_column_routes_rows_to_three_streams(sink_spark, durastream_server, mode) -> None:
+def test_stream_column_routes_rows_to_four_streams(sink_spark, durastream_server, mode) -> None:
     root = durastream_server.base_url + "/v1/stream"
     base = unique(f"routing-{mode}")
-    targets = [f"{base}/a", f"{base}/b", f"{base}/c"]
-    default = f"{base}/default"
+    targets = [f"{base}/a", f"{base}/b", f"{base}/c", f"{base}/d"]
     df = sink_spark.range(0, 4000, numPartitions=3).select(
         F.spark_partition_id().alias("p"),
         F.col("id").alias("n"),
-        F.when(F.col("id") % 4 == 3, F.lit(None))
-        .otherwise(
-            F.concat(
-                F.lit(base + "/"),
-                F.element_at(F.array(*map(F.lit, "abc")), (F.col("id") % 4 + 1).cast("int")),
-            )
-        )
-        .alias("stream"),
+        # Spellings differ: "/x", "x/" and " x" are the stream x (the rows keep their order in it).
+        F.concat(
+            F.element_at(F.array(*map(F.lit, ["", "/", " "])), (F.col("id") % 3 + 1).cast("int")),
+            F.lit(base + "/"),
+            F.element_at(F.array(*map(F.lit, "abcd")), (F.col("id") % 4 + 1).cast("int")),
+            F.when(F.col("id") % 5 == 0, F.lit("/")).otherwise(F.lit("")),
+        ).alias("stream"),
     )
-    _writer(df, root, stream=default, exactlyOnce=mode, maxMessagesPerRequest="100").save()
+    _writer(df, root, exactlyOnce=mode, maxMessagesPerRequest="100").save()
     for index, target in enumerate(targets):
         messages = read_stream(root, target)
         assert all("stream" not in m for m in messages), "the routing column is not payload"
         assert_exactly_once(messages, range(index, 4000, 4))
-    assert_exactly_once(read_stream(root, default), range(3, 4000, 4))
+
+
+def test_the_stream_option_overrides_a_stream_column(sink_spark, durastream_server) -> None:
+    """As Kafka's topic option overrides a topic column: every row goes to the option's stream."""
+    root = durastream_server.base_url + "/v1/stream"
+    base = unique("option-wins")
+    df = sink_spark.range(0, 100, numPartitions=2).select(
+        F.spark_partition_id().alias("p"),
+        F.col("id").alias("n"),
+        F.concat(F.lit(base + "/column-"), (F.col("id") % 2).cast("string")).alias("stream"),
+    )
+    _writer(df, root, stream=f"{base}/option").save()
+    assert_exactly_once(read_stream(root, f"{base}/option"), range(100))
+    listed = {info.path for info in client_for(root).list_streams(prefix=base + "/")}
+    assert listed == {f"{base}/option"}, "no stream named by the column was created"
 
 
 ALL_TYPES_SQL = """

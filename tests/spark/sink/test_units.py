@@ -281,7 +281,7 @@ def test_arrow_and_row_encodings_agree_and_are_valid_json(rows) -> None:
 def test_layout_refuses_what_it_cannot_write() -> None:
     with pytest.raises(UnsupportedWrite, match="needs contentType application/json"):
         PayloadLayout.from_schema(SCHEMA, json_stream=False)
-    with pytest.raises(UnsupportedWrite, match="'stream' routes rows"):
+    with pytest.raises(UnsupportedWrite, match="no column to write besides 'stream'"):
         PayloadLayout.from_schema(StructType([StructField("stream", LongType())]), json_stream=True)
 
 
