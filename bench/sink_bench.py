@@ -14,6 +14,9 @@ Writers:
   ``toJSON()`` on the driver and POSTing JSON arrays of 1,000 rows with one ``requests.Session`` (plain
   appends: no idempotence, no retries, at-most-once on failure).
 
+Each run also reports the CPU seconds of every process involved (this one, Spark's JVM and Python workers,
+the server; from /proc), which a loaded machine inflates far less than wall time.
+
 Each writer runs once to warm up (same input size), then ``--rounds`` times in alternation (who goes first
 rotates by round). Before every run dirty pages are written back (``_settle``), so no writer pays for
 the file sink's deferred writeback. This machine is shared and
@@ -24,6 +27,11 @@ deleted after its run (the file sink's directory, the streams), so each run star
 
 Run: ``python bench/sink_bench.py [--rows 200000] [--rounds 2] [--json FILE]``. Targets (issue 4): at least 3x
 the naive writer, and at least 50% of the file sink.
+
+``--value-column`` gives the durastream writers the same rows as a ready-made JSON ``value`` column
+(``to_json(struct(id, payload))``, rendered by the JVM), which the sink writes as-is after checking that
+each value is one JSON text (issue 15); ``--writers durastream`` runs only the writers whose name starts
+with it. Such runs are variants: they never replace the recorded figures.
 """
 
 from __future__ import annotations
@@ -124,16 +132,19 @@ def _spark():
     return spark
 
 
-def _input(spark, rows: int):
+def _input(spark, rows: int, *, value_column: bool = False):
     from pyspark.sql import functions as F
 
-    return (
+    df = (
         spark.readStream.format("rate-micro-batch")
         .option("rowsPerBatch", rows)
         .option("numPartitions", 2)
         .load()
         .select(F.col("value").alias("id"), F.lit(PAYLOAD).alias("payload"))
     )
+    if value_column:
+        df = df.select(F.to_json(F.struct("id", "payload")).alias("value"))
+    return df
 
 
 def _settle() -> None:
@@ -148,6 +159,35 @@ def _settle() -> None:
     os.sync()
 
 
+def _tree_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and every live descendant (Spark's JVM, its Python
+    workers' daemon, the server), including what they spent in children they reaped (the daemon reaps
+    each Python worker). Linux /proc only; 0 elsewhere."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    parents: dict[int, int] = {}
+    times: dict[int, int] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        times[pid] = sum(int(value) for value in fields[11:15])  # utime stime cutime cstime
+    ours = {os.getpid()}
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in ours and pid not in ours:
+                ours.add(pid)
+                grew = True
+    return sum(times.get(pid, 0) for pid in ours) / ticks
+
+
+CPU_SECONDS: dict[str, list[float]] = {}  # writer -> CPU seconds of each measured run
+
+
 def _timed(start_query: Callable[[], object]) -> float:
     began = time.perf_counter()
     query = start_query()
@@ -158,14 +198,16 @@ def _timed(start_query: Callable[[], object]) -> float:
     return elapsed
 
 
-def run_durastream(spark, server: Server, work: Path, rows: int, mode: str) -> float:
+def run_durastream(
+    spark, server: Server, work: Path, rows: int, mode: str, *, value_column: bool = False
+) -> float:
     from durastream_spark.options import ConnectionOptions
     from durastream_spark.protocol.client import StreamClient
 
     stream = f"bench/sink-{mode}-{uuid.uuid4().hex[:8]}"
     elapsed = _timed(
         lambda: (
-            _input(spark, rows)
+            _input(spark, rows, value_column=value_column)
             .writeStream.format("durastream")
             .option("url", server.stream_root)
             .option("stream", stream)
@@ -247,19 +289,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=200_000, help="rows per measured run")
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds per writer")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--value-column", action="store_true", help="durastream writers get a JSON 'value' column"
+    )
+    parser.add_argument("--writers", help="run only the writers whose name starts with this")
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="sink-bench-"))
     server = Server(work).start()
     spark = _spark()
+    value = args.value_column
     writers: dict[str, Callable[[int], float]] = {
         "durastream (transactional)": lambda n: run_durastream(
-            spark, server, work, n, "transactional"
+            spark, server, work, n, "transactional", value_column=value
         ),
-        "durastream (ordered)": lambda n: run_durastream(spark, server, work, n, "ordered"),
+        "durastream (ordered)": lambda n: run_durastream(
+            spark, server, work, n, "ordered", value_column=value
+        ),
         "spark json file sink": lambda n: run_file_sink(spark, work, n),
         "naive foreachBatch": lambda n: run_naive(spark, server, n),
     }
+    if args.writers:
+        writers = {name: run for name, run in writers.items() if name.startswith(args.writers)}
     try:
         # Warm-up at the measured size: JIT, Python workers, connections, and the memory a run of this
         # size allocates and later runs reuse (JVM heap, worker and server buffers). After a 20,000-row
@@ -278,11 +329,15 @@ def main(argv: list[str] | None = None) -> int:
             for name in names[shift:] + names[:shift]:
                 run = writers[name]
                 _settle()
+                cpu_before = _tree_cpu_seconds()
                 elapsed = run(args.rows)
+                cpu = _tree_cpu_seconds() - cpu_before
+                CPU_SECONDS.setdefault(name, []).append(cpu)
                 rate = args.rows / elapsed
                 rounds[-1][name] = rate
                 print(
-                    f"round {round_number}: {name:<28} {elapsed:7.2f} s  {rate:>10,.0f} rows/s",
+                    f"round {round_number}: {name:<28} {elapsed:7.2f} s  {rate:>10,.0f} rows/s  "
+                    f"{cpu:5.2f} CPU s (all processes)",
                     flush=True,
                 )
     finally:
@@ -296,10 +351,33 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(name: str, baseline: str) -> float:
         return statistics.median(r[name] / r[baseline] for r in rounds)
 
+    cpu = {name: statistics.median(CPU_SECONDS[name]) for name in writers}
     print()
-    print(f"{'writer':<28} {'rows/s median':>14} {'rows/s best':>12}")
+    print(f"{'writer':<28} {'rows/s median':>14} {'rows/s best':>12} {'CPU s median':>13}")
     for name in writers:
-        print(f"{name:<28} {median[name]:>14,.0f} {best[name]:>12,.0f}")
+        print(f"{name:<28} {median[name]:>14,.0f} {best[name]:>12,.0f} {cpu[name]:>13.2f}")
+    if set(writers) != {
+        "durastream (transactional)",
+        "durastream (ordered)",
+        "spark json file sink",
+        "naive foreachBatch",
+    }:
+        # A variant run of some writers: no ratios, nothing recorded.
+        if args.json:
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "rows": args.rows,
+                        "value_column": args.value_column,
+                        "rows_per_second_median": median,
+                        "rows_per_second_best": best,
+                        "cpu_seconds": CPU_SECONDS,
+                        "rounds": rounds,
+                    },
+                    indent=2,
+                )
+            )
+        return 0
     print()
     print("median of the per-round ratios:")
     ratios = {}
@@ -329,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     import charts  # bench/charts.py: bench/results/sink.json and docs/img/bench-sink.png
 
-    full = args.rows >= 300_000 and args.rounds >= 5  # the size docs/benchmarks.md records
+    # The size docs/benchmarks.md records, of the plain input.
+    full = args.rows >= 300_000 and args.rounds >= 5 and not args.value_column
     charts.record("sink", charts.sink_figures(median, best, ratios, args.rows), full=full)
     return 0
 

@@ -174,3 +174,29 @@ def test_auto_flips_when_a_proxy_hides_the_extensions(durastream_server) -> None
         assert through_proxy.plan.mode == "ordered"
         _write_and_commit(through_proxy, epoch=0)
         assert_exactly_once(read_stream(direct, stream), _all_keys())
+
+
+def test_an_ordered_run_longer_than_the_digest_window_is_still_recognised(durastream_server):
+    """An ordered run of 75 requests: seq 0's digest may be forgotten (the server remembered 64 seqs),
+    so the transactional commit can get a 204 instead of a 409. Its Producer-Seq (74) gives the ordered
+    run away: a commit only ever uses seq 0."""
+    root = durastream_server.base_url + "/v1/stream"
+    stream = unique("switch-window")
+    query = str(uuid.uuid4())
+    rows = [{"p": 0, "n": n, "pad": ""} for n in range(75)]
+    options = {"url": root, "stream": stream, "maxMessagesPerRequest": "1"}
+    ordered = WriterHarness({**options, "exactlyOnce": "ordered"}, SCHEMA, query_id=query)
+    ordered.write(record_batches(ARROW_SCHEMA, rows, 5), epoch=0, partition=0, attempt=0)
+    assert len(_keys(root, stream)) == 75  # one full request per row, sent by the task
+    transactional = WriterHarness({**options, "exactlyOnce": "transactional"}, SCHEMA, query)
+    message = transactional.write(
+        record_batches(ARROW_SCHEMA, rows, 5), epoch=0, partition=0, attempt=0
+    )
+    with pytest.raises(CommitError) as raised:
+        transactional.commit([message], 0)
+    conflict = raised.value.__cause__
+    assert isinstance(conflict, BatchModeConflict) and conflict.visible_requests == 75
+    ordered.commit(
+        [ordered.write(record_batches(ARROW_SCHEMA, rows, 5), epoch=0, partition=0, attempt=0)], 0
+    )
+    assert _keys(root, stream) == list(range(75))
