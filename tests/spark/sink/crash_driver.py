@@ -1,8 +1,9 @@
 """A streaming driver in its own process, for the driver-crash test (``test_driver_crash.py``).
 
 ``python -m tests.spark.sink.crash_driver '<json config>'`` starts its own SparkSession and one query per
-mode, each writing ``rate-micro-batch`` rows to its stream through the probing sink, whose commit of one
-batch blocks (before or after the real commit) until the test SIGKILLs this whole process group.
+target (named by its mode, or with a ``mode`` of its own), each writing ``rate-micro-batch`` rows to its
+stream through the probing sink, whose commit of one batch blocks (before or after the real commit) until
+the test SIGKILLs this whole process group.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main() -> None:
             .queryName(f"crash-{mode}")
             .option("url", config["url"])
             .option("stream", target["stream"])
-            .option("exactlyOnce", mode)
+            .option("exactlyOnce", target.get("mode", mode))
             .option("maxMessagesPerRequest", "30")
             .option("probe.block", config["block"])
             .option("probe.markers", target["markers"])

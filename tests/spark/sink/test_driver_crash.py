@@ -32,12 +32,10 @@ MODES = ("transactional", "ordered")
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _run_until_blocked(config: dict, block: str, log: Path) -> None:
-    config = {**config, "block": block}
-    batch = block.split(":")[1]
+def _start_driver(config: dict, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYSPARK_PYTHON": sys.executable}
     with open(log, "ab") as out:
-        child = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "tests.spark.sink.crash_driver", json.dumps(config)],
             cwd=REPO,
             env=env,
@@ -45,6 +43,12 @@ def _run_until_blocked(config: dict, block: str, log: Path) -> None:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: the JVM and its workers die together
         )
+
+
+def _run_until_blocked(config: dict, block: str, log: Path) -> None:
+    config = {**config, "block": block}
+    batch = block.split(":")[1]
+    child = _start_driver(config, log)
     try:
         markers = [Path(t["markers"]) / f"blocked-{batch}" for t in config["targets"].values()]
 
@@ -53,7 +57,7 @@ def _run_until_blocked(config: dict, block: str, log: Path) -> None:
                 raise AssertionError(f"the driver exited early:\n{log.read_text()[-3000:]}")
             return all(marker.exists() for marker in markers)
 
-        poll_until(blocked, f"both queries to block in commit ({block})", timeout=120)
+        poll_until(blocked, f"the queries to block in commit ({block})", timeout=300)
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
@@ -82,3 +86,38 @@ def test_driver_killed_around_commit_then_restarted_from_checkpoint(
     _run_until_blocked(config, "after:2", log)
     for target in targets.values():
         assert_exactly_once(read_stream(root, target["stream"]), range(3 * ROWS))
+
+
+def test_mode_switches_across_driver_kills(durastream_server, tmp_path) -> None:
+    """Issue 15, item 1, across real driver kills: the batch a transactional run committed (and Spark
+    never recorded) is finished by an ordered restart, which skips its committed parts; the batch that
+    ordered run committed (unrecorded too) is refused by a transactional restart, loudly, and nothing
+    changes in the stream."""
+    root = durastream_server.base_url + "/v1/stream"
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    target = {
+        "stream": unique("driver-crash-switch"),
+        "markers": str(markers),
+        "checkpoint": str(tmp_path / "checkpoint"),
+    }
+
+    def config(mode: str) -> dict:
+        return {"url": root, "rows": ROWS, "targets": {"switch": {**target, "mode": mode}}}
+
+    log = tmp_path / "driver.log"
+    _run_until_blocked(config("transactional"), "after:0", log)
+    assert len(read_stream(root, target["stream"])) == ROWS
+    _run_until_blocked(config("ordered"), "after:1", log)  # replays batch 0, then batch 1
+    assert_exactly_once(read_stream(root, target["stream"]), range(2 * ROWS))
+
+    child = _start_driver({**config("transactional"), "block": "after:2"}, log)
+    try:
+        assert child.wait(300) != 0, "the transactional replay of an ordered batch must fail"
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert "BatchModeConflict" in text or "an earlier run of this batch wrote" in text
+    assert "exactlyOnce=ordered" in text
+    assert_exactly_once(read_stream(root, target["stream"]), range(2 * ROWS))
