@@ -14,7 +14,8 @@ VM is noisy; reports the median.
 ``--handles N`` measures what a commit costs per handle instead (issue 15: a commit of up to 10,000
 handles): N handles of one small JSON stage request each (what a Spark partition writing with
 ``maxMessagesPerRequest=1`` stages), committed in one request. It prints the commit's wall time per handle
-and the longest the event loop went without running other work during the commit (a ticker task).
+and the longest the event loop went without running other work during the commit (a ticker task), next
+to the same for an idle loop over as long (what a loaded host alone causes).
 
 Run: ``python bench/staged_commit_bench.py [--mib 64] [--rounds 5] [--dir DIR] [--handles N]``
 """
@@ -81,8 +82,9 @@ async def _round(engine: Engine, n: int, mib: int) -> tuple[float, float, float,
     return mib / commit_s, mib / stage_s, mib / direct_s, peak - rss_before
 
 
-async def _handles_round(engine: Engine, n: int, count: int) -> tuple[float, float]:
-    """Commit ``count`` one-request handles; returns (µs per handle, longest loop stall in ms)."""
+async def _handles_round(engine: Engine, n: int, count: int) -> tuple[float, float, float]:
+    """Commit ``count`` one-request handles; returns (µs per handle, longest loop stall in ms during
+    the commit, and during as long an idle wait)."""
     path = f"bench/handles-{n}"
     await engine.create(CreateRequest(path=path, content_type="application/json"))
     handles = tuple(f"spark-{n}-0-0-0123456789ab-{i}" for i in range(count))
@@ -110,7 +112,15 @@ async def _handles_round(engine: Engine, n: int, count: int) -> tuple[float, flo
     done = True
     await ticking
     assert result.messages == count
-    return elapsed / count * 1e6, max(stalls) * 1000
+    during = max(stalls)
+    # The same ticker with nothing else to do, as long: what the host alone does to the loop.
+    stalls.clear()
+    done = False
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(elapsed)
+    done = True
+    await ticking
+    return elapsed / count * 1e6, during * 1000, max(stalls) * 1000
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -149,15 +159,17 @@ async def _main_handles(engine: Engine, args: argparse.Namespace) -> None:
     rows = []
     for n in range(args.rounds):
         rows.append(await _handles_round(engine, n, args.handles))
-        per_handle, stall = rows[-1]
+        per_handle, stall, idle = rows[-1]
         print(
             f"round {n}: commit of {args.handles} handles {per_handle * args.handles / 1e6:6.2f} s, "
-            f"{per_handle:6.1f} us per handle, longest loop stall {stall:6.1f} ms"
+            f"{per_handle:6.1f} us per handle, longest loop stall {stall:6.1f} ms "
+            f"(idle loop: {idle:6.1f} ms)"
         )
-    per_handle, stall = (statistics.median(col) for col in zip(*rows, strict=True))
+    per_handle, stall, idle = (statistics.median(col) for col in zip(*rows, strict=True))
     print(
         f"median of {len(rows)} ({args.handles} handles): {per_handle:.1f} us per handle "
-        f"({per_handle * args.handles / 1e6:.2f} s), longest loop stall {stall:.1f} ms"
+        f"({per_handle * args.handles / 1e6:.2f} s), longest loop stall {stall:.1f} ms "
+        f"(idle loop: {idle:.1f} ms)"
     )
 
 
