@@ -41,6 +41,7 @@ from durastream_server.config import (
     DEFAULT_SSE_RECONNECT_SECONDS,
     WEBHOOK_LOCALHOST_CHOICES,
     ServerConfig,
+    normalize_public_url,
 )
 from durastream_server.http.cors import normalize_origin
 from durastream_server.storage.datadir import AlreadyLocked, Durability
@@ -102,6 +103,13 @@ def _origin(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _public_url(text: str) -> str:
+    try:
+        return normalize_public_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _min_header_bytes(text: str) -> int:
     value = _positive_int(text)
     if value < 1024:
@@ -137,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=_port,
         default=DEFAULT_PORT,
         help=f"port to listen on, 0 = any free port (default: {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--public-url",
+        type=_public_url,
+        metavar="URL",
+        help="the server's base URL as clients and webhook receivers reach it, e.g. "
+        "https://streams.example.com (http or https, optional path prefix, no query); subscription "
+        "callback and JWKS URLs are built from it, never from a request's Host header "
+        "(default: the listening address, http(s)://HOST:PORT)",
     )
     parser.add_argument(
         "--long-poll-timeout",
@@ -290,6 +307,7 @@ def config_from_args(
         data_dir=args.data_dir,
         host=args.host,
         port=args.port,
+        public_url=args.public_url,
         long_poll_timeout=args.long_poll_timeout,
         max_body_bytes=args.max_body_bytes,
         durability=Durability(args.durability),

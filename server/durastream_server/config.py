@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from durastream_server.auth import AuthToken, check_unique
 from durastream_server.storage.datadir import Durability
@@ -41,6 +42,9 @@ class ServerConfig:
     data_dir: Path = DEFAULT_DATA_DIR
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
+    # The server's base URL as clients and webhook receivers reach it (--public-url); subscription
+    # callback and JWKS URLs are built from it, never from a request's Host. None: the bound address.
+    public_url: str | None = None
     long_poll_timeout: float = DEFAULT_LONG_POLL_TIMEOUT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     durability: Durability = Durability.FSYNC
@@ -64,6 +68,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.public_url is not None:
+            object.__setattr__(self, "public_url", normalize_public_url(self.public_url))
         if not self.long_poll_timeout > 0:
             raise ValueError(f"long-poll timeout must be > 0 seconds, got {self.long_poll_timeout}")
         if self.max_body_bytes < 1:
@@ -101,3 +107,29 @@ class ServerConfig:
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    @property
+    def public_base_url(self) -> str:
+        """``--public-url``, else the listening address (``server.run`` fills in a port 0 it bound)."""
+        return self.public_url if self.public_url is not None else self.base_url
+
+
+def normalize_public_url(url: str) -> str:
+    """``scheme://host[:port][/prefix]`` with http or https, no query, fragment or user-info; returned
+    without a trailing ``/``. Raises ``ValueError`` saying what is wrong."""
+    if not url or any(ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F for ch in url):
+        raise ValueError(f"public URL {url!r} must be a non-empty URL without spaces")
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError for a malformed port
+    except ValueError as exc:
+        raise ValueError(f"public URL {url!r} is not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"public URL {url!r} must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError(f"public URL {url!r} must name a host, e.g. https://streams.example.com")
+    if "?" in url or "#" in url:
+        raise ValueError(f"public URL {url!r} must not have a query or fragment")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("public URL must not contain user-info (credentials)")  # never echoed
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
