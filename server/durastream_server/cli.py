@@ -35,6 +35,7 @@ from durastream_server.config import (
     DEFAULT_LONG_POLL_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_MESSAGES_PER_REQUEST,
     DEFAULT_MAX_STAGED_BYTES,
     DEFAULT_PORT,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
@@ -170,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"largest accepted request body; larger ones get 413 (default: {DEFAULT_MAX_BODY_BYTES})",
     )
     parser.add_argument(
+        "--max-messages-per-request",
+        type=_positive_int,
+        default=DEFAULT_MAX_MESSAGES_PER_REQUEST,
+        metavar="COUNT",
+        help="most messages (JSON array elements) one append or stage may carry; more get 413 "
+        f"(default: {DEFAULT_MAX_MESSAGES_PER_REQUEST})",
+    )
+    parser.add_argument(
         "--durability",
         choices=[d.value for d in Durability],
         default=Durability.FSYNC.value,
@@ -202,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULT_MAX_STAGED_BYTES,
         metavar="BYTES",
-        help="largest payload one staged-append handle may hold; more gets 413 "
-        f"(default: {DEFAULT_MAX_STAGED_BYTES})",
+        help="largest payload one staged-append handle may hold, each message counting 24 bytes "
+        f"more; more gets 413 (default: {DEFAULT_MAX_STAGED_BYTES})",
     )
     security = parser.add_argument_group(
         "security and exposure", "authentication, TLS, CORS and request limits (docs/security.md)"
@@ -310,6 +319,7 @@ def config_from_args(
         public_url=args.public_url,
         long_poll_timeout=args.long_poll_timeout,
         max_body_bytes=args.max_body_bytes,
+        max_messages_per_request=args.max_messages_per_request,
         durability=Durability(args.durability),
         chunk_bytes=args.chunk_bytes,
         sse_reconnect_seconds=args.sse_reconnect_seconds,

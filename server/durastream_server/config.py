@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from durastream_server.auth import AuthToken, check_unique
+from durastream_server.engine.jsonmode import DEFAULT_MAX_MESSAGES
 from durastream_server.storage.datadir import Durability
 
 DEFAULT_HOST = "127.0.0.1"
@@ -18,6 +19,9 @@ DEFAULT_PORT = 4437  # section 13.1: the protocol's registered default port
 DEFAULT_DATA_DIR = Path("durastream-data")
 DEFAULT_LONG_POLL_TIMEOUT = 30.0
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# Messages (JSON array elements) one append or stage may carry: each costs the server work and memory of
+# its own whatever its size, so the body limit alone does not bound a request (docs/security.md).
+DEFAULT_MAX_MESSAGES_PER_REQUEST = DEFAULT_MAX_MESSAGES
 # 4 MiB: a catch-up reader's per-request costs (HTTP exchange, headers, one pass of the client's
 # parser) are paid once per chunk, and at 1 MiB they were about a third of a Spark task's CPU
 # (docs/benchmarks.md, Source); larger chunks gained nothing more. It bounds the memory one read holds.
@@ -47,6 +51,7 @@ class ServerConfig:
     public_url: str | None = None
     long_poll_timeout: float = DEFAULT_LONG_POLL_TIMEOUT
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_messages_per_request: int = DEFAULT_MAX_MESSAGES_PER_REQUEST
     durability: Durability = Durability.FSYNC
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # upper bound on one catch-up response body
     sse_reconnect_seconds: float = DEFAULT_SSE_RECONNECT_SECONDS
@@ -74,6 +79,10 @@ class ServerConfig:
             raise ValueError(f"long-poll timeout must be > 0 seconds, got {self.long_poll_timeout}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max body bytes must be >= 1, got {self.max_body_bytes}")
+        if self.max_messages_per_request < 1:
+            raise ValueError(
+                f"max messages per request must be >= 1, got {self.max_messages_per_request}"
+            )
         if self.chunk_bytes < 1:
             raise ValueError(f"chunk bytes must be >= 1, got {self.chunk_bytes}")
         if not self.sse_reconnect_seconds > 0:

@@ -46,7 +46,11 @@ class Backend:
     async def open(cls, config: ServerConfig) -> Backend:
         data = await DataDir.open(StorageConfig(root=config.data_dir, durability=config.durability))
         try:
-            engine = Engine(data, txn_limits=TxnLimits(max_handle_bytes=config.max_staged_bytes))
+            engine = Engine(
+                data,
+                txn_limits=TxnLimits(max_handle_bytes=config.max_staged_bytes),
+                max_messages_per_request=config.max_messages_per_request,
+            )
             await engine.start()
             state_dir = data.meta_path("subscriptions")
             state_dir.mkdir(parents=True, exist_ok=True)

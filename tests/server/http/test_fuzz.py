@@ -499,3 +499,86 @@ def test_subscription_requests_never_get_a_5xx_and_big_bodies_are_not_read(serve
     assert requests.get(server.base_url + "/healthz").status_code == 200
     log = server.log_path.read_text(errors="replace")
     assert "Traceback" not in log and "internal error" not in log
+
+
+# ---- message-count bombs (issue 14): the cap counts top-level elements, whatever the body looks like ----
+
+BOMB_CAP = 40
+_bomb_leaves = st.sampled_from(
+    [
+        b"0",
+        b"1",
+        b'""',
+        b'","',
+        b'"]"',
+        b'"\\",["',
+        b"[]",
+        b"{}",
+        b"[0,0]",
+        b'{"a":[0,{}]}',
+        b"null",
+    ]
+)
+_bomb_elements = st.recursive(
+    _bomb_leaves,
+    lambda inner: st.lists(inner, max_size=5).map(lambda xs: b"[" + b",".join(xs) + b"]"),
+    max_leaves=30,
+)
+
+
+@st.composite
+def _bomb_bodies(draw: st.DrawFn) -> tuple[bytes, int | None]:
+    """A JSON array around the cap (many tiny elements, or few with many nested commas), sometimes
+    damaged; returns the body and its top-level element count (None when not valid JSON)."""
+    count = draw(
+        st.one_of(st.integers(0, 3), st.integers(BOMB_CAP - 2, BOMB_CAP + 2), st.integers(0, 400))
+    )
+    element = draw(_bomb_elements)
+    mixed = draw(st.lists(_bomb_elements, max_size=3))
+    elements = [element] * count + mixed
+    separator = draw(st.sampled_from([b",", b", ", b" ,\n"]))
+    body = b"[" + separator.join(elements) + b"]"
+    if draw(st.integers(0, 4)) == 0:  # damaged: a cut, or a stray byte
+        at = draw(st.integers(0, len(body)))
+        body = (
+            body[:at] + draw(st.sampled_from([b"", b",", b"]", b"[", b'"', b"\\"])) + body[at + 1 :]
+        )
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body, None
+    return body, len(parsed) if isinstance(parsed, list) else 1
+
+
+def test_message_count_bombs_are_refused_by_count_and_never_get_a_5xx(server_factory) -> None:
+    server = server_factory(extra_args=["--max-messages-per-request", str(BOMB_CAP)])
+    url = server.stream_url("fuzz/bombs")
+    assert requests.put(url, headers={"Content-Type": "application/json"}).status_code == 201
+    session = requests.Session()
+
+    @settings(
+        max_examples=150,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(case=_bomb_bodies(), staged=st.booleans())
+    def check(case: tuple[bytes, int | None], staged: bool) -> None:
+        body, count = case
+        headers = {"Content-Type": "application/json"}
+        if staged:
+            headers["Durastream-Txn"] = "bomb"
+        response = session.post(url, data=body, headers=headers)
+        status = response.status_code
+        assert status < 500, (body[:200], status)
+        if count is None:
+            assert status in (400, 413), (body[:200], status)
+        elif count > BOMB_CAP:
+            assert status == 413 and response.json()["error"]["code"] == "TOO_MANY_MESSAGES", status
+        elif count == 0:
+            assert status == 400  # [] appends nothing
+        else:
+            assert status in (200, 204), (body[:200], status, response.text[:200])
+
+    check()
+    assert requests.get(server.base_url + "/healthz").status_code == 200
