@@ -92,6 +92,7 @@ from durastream_server.errors import (
 from durastream_server.offsets import BEGINNING, NOW, InvalidOffset, format_offset, parse_position
 from durastream_server.storage import DataDir
 from durastream_server.storage.log import StreamLog
+from durastream_server.storage.quarantine import QuarantinedStream
 from durastream_server.storage.records import MESSAGE_OVERHEAD, AppendEntry, StreamHeader
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,13 @@ class Engine:
         self.max_messages = max_messages_per_request
         self._clock = clock or time.time
         self._sweep_interval = sweep_interval
-        self._registry: Registry = build(data.logs, self._clock())
+        self._registry: Registry
+        self._registry, unusable = build(data.logs, self._clock())
+        # Streams whose header the engine cannot use are quarantined like damaged logs; start() waits
+        # until their directories are set aside.
+        self._setting_aside = [
+            data.quarantine(log.id, log.header.path, reason) for log, reason in unusable
+        ]
         self._create_locks = KeyedLocks()
         self._observers: list[StreamObserver] = []
         self._sweeper: asyncio.Task[None] | None = None
@@ -148,14 +155,18 @@ class Engine:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Finish interrupted cascade deletions and start the expiry sweeper."""
+        """Set unusable streams aside, finish interrupted cascade deletions, load staged appends (a
+        stream whose staged-append state cannot be read is quarantined), start the expiry sweeper."""
+        await asyncio.gather(*self._setting_aside)
+        self._setting_aside = []
         for orphan in self._registry.orphans():
             if not orphan.removed:
                 logger.info(
                     "collecting unreferenced deleted stream %r (%s)", orphan.path, orphan.id
                 )
                 await self._collect(orphan)
-        await self._txns.start()
+        for inc, reason in await self._txns.start():
+            await self._quarantine(inc, reason)
         if self._sweeper is None and self._sweep_interval > 0:
             self._sweeper = asyncio.create_task(self._sweep_loop(), name="durastream-expiry")
 
@@ -800,6 +811,14 @@ class Engine:
             self._subscribe(inc)
             raise
 
+    async def _quarantine(self, inc: Incarnation, reason: str) -> None:
+        """Stop serving ``inc`` and set it aside (start-up only: nothing was served from it yet)."""
+        self._registry.remove(inc)
+        if inc.unsubscribe is not None:
+            inc.unsubscribe()
+            inc.unsubscribe = None
+        await self._data.quarantine(inc.id, inc.path, reason)
+
     async def _collect(self, inc: Incarnation) -> None:
         """Garbage-collect ``inc`` if it is deleted and unreferenced, then cascade up the chain."""
         current: Incarnation | None = inc
@@ -860,6 +879,10 @@ class Engine:
                 )
             )
         return listings
+
+    def quarantined(self) -> list[QuarantinedStream]:
+        """Streams set aside because they cannot be served (``storage/quarantine.py``), by name."""
+        return sorted(self._data.quarantined.values(), key=lambda entry: entry.name)
 
     # ------------------------------------------------------------------ helpers
 

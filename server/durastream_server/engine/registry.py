@@ -77,7 +77,7 @@ class Incarnation:
             soft_deleted=log.state.soft_deleted,
             json=contenttype.is_json(header.content_type),
             essence=contenttype.essence(header.content_type),
-            hard_deadline=expiry.deadline(lifetime, now) if header.expires_at else None,
+            hard_deadline=expiry.deadline(lifetime, now) if header.expires_at is not None else None,
         )
 
 
@@ -134,14 +134,24 @@ class Registry:
         return [inc for inc in self.by_id.values() if inc.soft_deleted and self.refcount(inc) == 0]
 
 
-def build(logs: dict[str, StreamLog], now: float) -> Registry:
+def build(logs: dict[str, StreamLog], now: float) -> tuple[Registry, list[tuple[StreamLog, str]]]:
     """Rebuild the registry from the recovered logs. One incarnation per path is current: the live one
     (a soft-deleted path blocks re-creation, so normally there is exactly one); others are kept only
-    for the forks that still read from them."""
+    for the forks that still read from them.
+
+    Also returns the logs whose header the engine cannot use (e.g. an Expires-At that does not parse),
+    with the reason, for the caller to quarantine: they are left out, and every other stream is served.
+    """
     registry = Registry()
+    unusable: list[tuple[StreamLog, str]] = []
     by_path: dict[str, list[Incarnation]] = {}
     for log in logs.values():
-        by_path.setdefault(log.header.path, []).append(Incarnation.of(log, now))
+        try:
+            inc = Incarnation.of(log, now)
+        except Exception as exc:  # anything: one bad header must not stop the server (hazard 32)
+            unusable.append((log, f"stream header cannot be used: {exc!r}"))
+            continue
+        by_path.setdefault(log.header.path, []).append(inc)
     for path, incs in by_path.items():
         incs.sort(key=lambda inc: (not inc.soft_deleted, inc.header.created_at_ms))
         current = incs[-1]
@@ -155,7 +165,7 @@ def build(logs: dict[str, StreamLog], now: float) -> Registry:
             )
         for inc in incs:
             registry.add(inc, current=inc is current)
-    return registry
+    return registry, unusable
 
 
 class KeyedLocks:

@@ -565,18 +565,31 @@ class TxnManager:
             if paths:
                 self._background_io(txnfile.remove_files, paths)
 
-    async def start(self) -> None:
-        """Rebuild every stream's handles from its staging files; finish interrupted cleanups."""
+    async def start(self) -> list[tuple[Incarnation, str]]:
+        """Rebuild every stream's handles from its staging files; finish interrupted cleanups.
+
+        Returns the streams whose staged-append state could not be read, with the reason, for the
+        engine to quarantine: one unreadable ``txn/`` must not stop the server.
+        """
         incs = [
             inc
             for inc in self._engine._registry.by_id.values()
             if os.path.isdir(os.path.join(inc.log.directory, txnfile.TXN_DIR))
         ]
-        results = await asyncio.gather(*(self._io(self._load, inc) for inc in incs))
+        results = await asyncio.gather(
+            *(self._io(self._load, inc) for inc in incs), return_exceptions=True
+        )
+        unreadable: list[tuple[Incarnation, str]] = []
         for inc, loaded in zip(incs, results, strict=True):
+            if isinstance(loaded, BaseException):
+                if not isinstance(loaded, Exception):
+                    raise loaded
+                unreadable.append((inc, f"staged appends cannot be read: {loaded!r}"))
+                continue
             stale = self._space(inc).adopt(loaded, inc.log.state, inc.path)
             if stale:
                 self._background_io(txnfile.remove_files, stale)
+        return unreadable
 
     def _load(self, inc: Incarnation) -> txnspace.Loaded:
         """Blocking: read the tombstones and every staging file of ``inc``."""

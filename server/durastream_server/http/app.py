@@ -198,14 +198,34 @@ class DurastreamApp:
         else:
             raise NotFound(f"no resource at {request.raw_path.decode('latin-1')}")
 
+    def _quarantined(self, engine: Engine) -> list[dict[str, Any]]:
+        """Quarantined streams for ``/healthz``: a server that serves everything else stays healthy
+        (200), so that an orchestrator does not restart it in a loop over one damaged directory. The
+        health check needs no token, so with tokens configured the stream paths are left out (the
+        start-up log and ``quarantine/<name>.json`` have them)."""
+        show_paths = self._auth is None
+        return [
+            {
+                "id": entry.id,
+                "path": entry.path if show_paths else None,
+                "reason": entry.reason,
+                "location": entry.location,
+            }
+            for entry in engine.quarantined()
+        ]
+
     async def _health(self, request: Request) -> None:
         if request.method not in ("GET", "HEAD"):
             raise MethodNotAllowed("health checks are GET or HEAD", headers={"Allow": "GET, HEAD"})
         live = self._live
         draining = live is None or live.draining
-        body = json.dumps(
-            {"status": "draining" if draining else "ok", "waiters": live.parked if live else 0}
-        ).encode()
+        document: dict[str, Any] = {
+            "status": "draining" if draining else "ok",
+            "waiters": live.parked if live else 0,
+        }
+        if self._backend is not None:
+            document["quarantined"] = self._quarantined(self._backend.engine)
+        body = json.dumps(document, ensure_ascii=False).encode()
         headers = [
             ("Content-Type", "application/json"),
             ("Cache-Control", responses.CACHE_NO_STORE),
