@@ -61,6 +61,7 @@ from durastream_server.engine.api import (
     ReadResult,
     StreamInfo,
     StreamListing,
+    StreamPage,
 )
 from durastream_server.engine.bodies import request_messages
 from durastream_server.engine.registry import Incarnation, KeyedLocks, Registry, build
@@ -845,40 +846,72 @@ class Engine:
 
     # ------------------------------------------------------------------ listing
 
-    def list_streams(
-        self,
-        prefix: str = "",
-        *,
-        match: Callable[[str], bool] | None = None,
-        after: str | None = None,
-        limit: int | None = None,
-    ) -> list[StreamListing]:
-        """Live streams whose path starts with ``prefix`` (and satisfies ``match``), sorted by path.
-
-        ``after`` and ``limit`` page through the listing (paths strictly after ``after``, at most
-        ``limit`` of them), as the listing extension does; the engine does not depend on how paths are
-        matched, so the HTTP layer can bring the subscription glob rules.
-        """
+    def list_streams(self, prefix: str = "") -> list[StreamListing]:
+        """Every live stream whose path starts with ``prefix``, sorted by path (O(log n + streams
+        under the prefix): for the subscription layer, which needs all of them)."""
         now = self._clock()
-        listings = []
         by_path = self._registry.by_path
-        for path in sorted(p for p in by_path if p.startswith(prefix)):
-            if after is not None and path <= after:
-                continue
-            if limit is not None and len(listings) >= limit:
+        found = []
+        for path in self._registry.paths.islice(self._first_path(prefix, None)):
+            if not path.startswith(prefix):
                 break
             inc = by_path[path]
-            if inc.soft_deleted or inc.expired(now) or (match is not None and not match(path)):
+            if not inc.soft_deleted and not inc.expired(now):
+                found.append(self._listing(path, inc))
+        return found
+
+    def list_page(
+        self,
+        prefix: str,
+        *,
+        match: Callable[[str], bool] | None,
+        after: str | None,
+        limit: int,
+        examine: int,
+    ) -> StreamPage:
+        """One page of the listing extension: live streams whose path starts with ``prefix`` and
+        satisfies ``match``, strictly after ``after``, at most ``limit`` of them, by path.
+
+        The cost is bounded by the caller, whatever matches: a bisect into the sorted paths, then at
+        most ``examine`` paths. A page that stops there answers with what it found (possibly nothing)
+        and a ``next`` after the last path it examined, so a pattern that matches nothing costs one
+        bounded page per ``examine`` paths, never a walk of every stream per request. The engine
+        does not depend on how paths are matched: the HTTP layer brings the glob rules.
+        """
+        now = self._clock()
+        by_path = self._registry.by_path
+        found: list[StreamListing] = []
+        last: str | None = None
+        examined = 0
+        for path in self._registry.paths.islice(self._first_path(prefix, after)):
+            if not path.startswith(prefix):
+                break
+            if len(found) >= limit or examined >= examine:
+                return StreamPage(found, last)  # more paths follow in the range
+            examined += 1
+            last = path
+            if match is not None and not match(path):
                 continue
-            listings.append(
-                StreamListing(
-                    path=path,
-                    content_type=inc.header.content_type,
-                    next_offset=format_offset(inc.log.durable_tail),
-                    closed=inc.log.durable_closed,
-                )
-            )
-        return listings
+            inc = by_path[path]
+            if not inc.soft_deleted and not inc.expired(now):
+                found.append(self._listing(path, inc))
+        return StreamPage(found, None)
+
+    def _first_path(self, prefix: str, after: str | None) -> int:
+        """Index in the sorted paths of the first one >= ``prefix`` and > ``after``."""
+        paths = self._registry.paths
+        if after is not None and after >= prefix:
+            return paths.bisect_right(after)
+        return paths.bisect_left(prefix)
+
+    @staticmethod
+    def _listing(path: str, inc: Incarnation) -> StreamListing:
+        return StreamListing(
+            path=path,
+            content_type=inc.header.content_type,
+            next_offset=format_offset(inc.log.durable_tail),
+            closed=inc.log.durable_closed,
+        )
 
     def quarantined(self) -> list[QuarantinedStream]:
         """Streams set aside because they cannot be served (``storage/quarantine.py``), by name."""

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
+from sortedcontainers import SortedList
+
 from durastream_server.engine import contenttype, expiry
 from durastream_server.engine.waiters import WaitSet
 from durastream_server.storage.log import StreamLog
@@ -82,10 +84,15 @@ class Incarnation:
 
 
 class Registry:
-    """Path -> current incarnation, id -> incarnation, and the derived fork graph."""
+    """Path -> current incarnation, id -> incarnation, and the derived fork graph.
+
+    ``paths`` holds the keys of ``by_path`` in code point order, for listings: a page is a bisect plus
+    the paths it examines, never a sort of every path. A create or delete costs O(log n) there.
+    """
 
     def __init__(self) -> None:
         self.by_path: dict[str, Incarnation] = {}
+        self.paths: SortedList = SortedList()
         self.by_id: dict[str, Incarnation] = {}
         self._forks: dict[str, set[str]] = {}  # source id -> ids of incarnations forked from it
         self._pending: Counter[str] = Counter()  # source id -> fork creations in flight
@@ -93,6 +100,8 @@ class Registry:
     def add(self, inc: Incarnation, *, current: bool) -> None:
         self.by_id[inc.id] = inc
         if current:
+            if inc.path not in self.by_path:
+                self.paths.add(inc.path)
             self.by_path[inc.path] = inc
         if inc.source_id is not None:
             self._forks.setdefault(inc.source_id, set()).add(inc.id)
@@ -103,6 +112,7 @@ class Registry:
         self.by_id.pop(inc.id, None)
         if self.by_path.get(inc.path) is inc:
             del self.by_path[inc.path]
+            self.paths.remove(inc.path)
         if inc.source_id is not None:
             forks = self._forks.get(inc.source_id)
             if forks is not None:
