@@ -135,6 +135,7 @@ def test_unusable_stream_header_is_quarantined_while_the_others_are_served(
     assert requests.put(server.stream_url("new"), headers={"Content-Type": TEXT}).status_code == 201
     health = requests.get(server.base_url + "/healthz")
     assert health.status_code == 200 and health.json()["status"] == "ok"
+    assert health.json()["quarantined_count"] == 3
     quarantined = {entry["id"]: entry for entry in health.json()["quarantined"]}
     assert set(quarantined) == {dirs[name].name for name in dirs if name.startswith("victim/")}
     expiry = quarantined[dirs["victim/expiry"].name]

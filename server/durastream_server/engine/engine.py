@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -913,9 +914,11 @@ class Engine:
             closed=inc.log.durable_closed,
         )
 
-    def quarantined(self) -> list[QuarantinedStream]:
-        """Streams set aside because they cannot be served (``storage/quarantine.py``), by name."""
-        return sorted(self._data.quarantined.values(), key=lambda entry: entry.name)
+    def quarantined(self, limit: int) -> tuple[int, list[QuarantinedStream]]:
+        """How many streams are set aside because they cannot be served (``storage/quarantine.py``),
+        and the first ``limit`` of them in the order they were found."""
+        entries = self._data.quarantined
+        return len(entries), list(itertools.islice(entries.values(), limit))
 
     # ------------------------------------------------------------------ helpers
 
