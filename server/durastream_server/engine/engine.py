@@ -748,8 +748,8 @@ class Engine:
         now = self._clock()
         expired = [
             inc
-            for inc in list(self._registry.by_path.values())
-            if inc.lifetime.expires and not inc.soft_deleted and inc.expired(now)
+            for inc in list(self._registry.expiring)
+            if not inc.soft_deleted and inc.expired(now)
         ]
         for inc in expired:
             try:
