@@ -76,14 +76,26 @@ def _ms(samples: list[float]) -> str:
     return f"median {statistics.median(ordered) * 1000:7.2f} ms  p99 {p99 * 1000:7.2f} ms"
 
 
-def time_pages(session: requests.Session, url: str, params: dict, n: int) -> list[float]:
+def server_cpu_seconds(pid: int) -> float:
+    """User + system CPU the server process used so far: what requests cost it, whatever else the
+    machine runs (wall-clock latencies on a shared 2-core VM are dominated by the neighbours)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_pages(
+    session: requests.Session, url: str, params: dict, n: int, pid: int
+) -> tuple[list[float], float]:
+    """Wall-clock latency of ``n`` pages, and the server's CPU seconds per page."""
     samples = []
+    cpu = server_cpu_seconds(pid)
     for _ in range(n):
         started = time.perf_counter()
         response = session.get(url, params=params, timeout=120)
         samples.append(time.perf_counter() - started)
         response.raise_for_status()
-    return samples
+    return samples, (server_cpu_seconds(pid) - cpu) / n
 
 
 def full_walk(session: requests.Session, url: str) -> tuple[float, int, int]:
@@ -164,12 +176,15 @@ def main(args: argparse.Namespace) -> None:
                 ),
                 ("no-match pattern **/nomatch, limit 1", {"pattern": "**/nomatch", "limit": 1}),
             ):
-                time_pages(session, url, params, 5)  # warm-up
-                print(f"page, {name:40s} {_ms(time_pages(session, url, params, args.requests))}")
+                time_pages(session, url, params, 5, server.pid)  # warm-up
+                samples, cpu = time_pages(session, url, params, args.requests, server.pid)
+                print(f"page, {name:40s} {_ms(samples)}  server CPU {cpu * 1000:6.2f} ms/page")
+            cpu = server_cpu_seconds(server.pid)
             total, pages, found = full_walk(session, url)
+            cpu = server_cpu_seconds(server.pid) - cpu
             print(
                 f"full walk (**, limit 1000): {found} streams in {pages} pages, {total:.2f} s "
-                f"({total / pages * 1000:.1f} ms per page)"
+                f"({total / pages * 1000:.1f} ms per page), server CPU {cpu:.2f} s"
             )
             head_url = server.stream_url(stream_path(args.streams // 2))
             time_heads(session, head_url, 1.0)
