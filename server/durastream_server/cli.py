@@ -37,6 +37,7 @@ from durastream_server.config import (
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_MESSAGES_PER_REQUEST,
     DEFAULT_MAX_STAGED_BYTES,
+    DEFAULT_MIN_BODY_BYTES_PER_SECOND,
     DEFAULT_PORT,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     DEFAULT_SSE_RECONNECT_SECONDS,
@@ -45,6 +46,8 @@ from durastream_server.config import (
     normalize_public_url,
 )
 from durastream_server.http.cors import normalize_origin
+from durastream_server.http.hosts import normalize_allowed_host
+from durastream_server.logformat import FORMAT, EscapingFormatter
 from durastream_server.storage.datadir import AlreadyLocked, Durability
 
 EXIT_OK = 0
@@ -107,6 +110,13 @@ def _origin(text: str) -> str:
 def _public_url(text: str) -> str:
     try:
         return normalize_public_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _allowed_host(text: str) -> str:
+    try:
+        return normalize_allowed_host(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -246,6 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
         "for any; repeatable (default: loopback origins only)",
     )
     security.add_argument(
+        "--allowed-host",
+        type=_allowed_host,
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="a Host header value the server answers (others get 421; defends against DNS rebinding): "
+        "a name or address, with :PORT for that port only, 'loopback', or '*'; repeatable "
+        "(default: loopback names when listening on loopback, else any)",
+    )
+    security.add_argument(
         "--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate (chain)"
     )
     security.add_argument("--tls-key", type=Path, metavar="PEM", help="private key for --tls-cert")
@@ -271,6 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="longest silence while a request body is arriving before the connection is closed "
         f"(default: {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
+    )
+    security.add_argument(
+        "--min-body-bytes-per-second",
+        type=_positive_int,
+        default=DEFAULT_MIN_BODY_BYTES_PER_SECOND,
+        metavar="BYTES",
+        help="after its first --body-timeout-seconds, a request body must arrive at least this fast "
+        f"on average, or the connection is closed (default: {DEFAULT_MIN_BODY_BYTES_PER_SECOND})",
     )
     security.add_argument(
         "--webhook-localhost",
@@ -333,6 +361,8 @@ def config_from_args(
         max_header_bytes=args.max_header_bytes,
         header_timeout_seconds=args.header_timeout_seconds,
         body_timeout_seconds=args.body_timeout_seconds,
+        min_body_bytes_per_second=args.min_body_bytes_per_second,
+        allowed_hosts=tuple(args.allowed_host),
         webhook_localhost=args.webhook_localhost,
     )
 
@@ -359,11 +389,11 @@ def _warn(message: str) -> None:
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        EscapingFormatter(FORMAT)
+    )  # log lines never carry a client's control chars
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 def _quiet_signals() -> Callable[[], None]:

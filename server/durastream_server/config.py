@@ -36,6 +36,9 @@ DEFAULT_HEADER_TIMEOUT_SECONDS = (
     10.0  # a request's line and headers must arrive within this (slowloris)
 )
 DEFAULT_BODY_TIMEOUT_SECONDS = 30.0  # longest silence while a request body is still arriving
+# After its first body timeout, a body must keep up this average rate (see http/guard.py): slower than a
+# 128 kbit/s link, so only a client trickling a body on purpose is cut off. A 64 MiB body may take 68 min.
+DEFAULT_MIN_BODY_BYTES_PER_SECOND = 16 * 1024
 WEBHOOK_LOCALHOST_CHOICES = ("auto", "allow", "deny")
 
 
@@ -66,6 +69,9 @@ class ServerConfig:
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     header_timeout_seconds: float = DEFAULT_HEADER_TIMEOUT_SECONDS
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    min_body_bytes_per_second: int = DEFAULT_MIN_BODY_BYTES_PER_SECOND
+    # Host header values answered (http/hosts.py). Empty: loopback names on a loopback address, else any.
+    allowed_hosts: tuple[str, ...] = ()
     # Webhooks to http://localhost / 127.0.0.x (section 12.8's development exception): "auto" allows them
     # only while the server listens on loopback, where nobody else can create subscriptions anyway.
     webhook_localhost: str = "auto"
@@ -102,6 +108,10 @@ class ServerConfig:
             raise ValueError(f"header timeout must be > 0, got {self.header_timeout_seconds}")
         if not self.body_timeout_seconds > 0:
             raise ValueError(f"body timeout must be > 0, got {self.body_timeout_seconds}")
+        if self.min_body_bytes_per_second < 1:
+            raise ValueError(
+                f"minimum body rate must be >= 1 byte/s, got {self.min_body_bytes_per_second}"
+            )
         if self.webhook_localhost not in WEBHOOK_LOCALHOST_CHOICES:
             raise ValueError(
                 f"webhook localhost must be one of {', '.join(WEBHOOK_LOCALHOST_CHOICES)}, "

@@ -11,6 +11,7 @@ the lifespan shutdown closes subscriptions, engine and storage, in that order.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import importlib.util
@@ -27,6 +28,7 @@ from durastream_server.engine.txnapi import TxnLimits
 from durastream_server.http import fastpath
 from durastream_server.http.app import DurastreamApp
 from durastream_server.http.guard import protocol_class
+from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.subscriptions.service import SubscriptionService
@@ -77,17 +79,29 @@ class Backend:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, with two hooks: release live readers first on shutdown, report the bound URL."""
+    """uvicorn's server, with three changes: it listens with a bounded TLS handshake, releases live
+    readers first on shutdown, and reports the bound URL."""
 
     def __init__(
-        self, config: uvicorn.Config, app: DurastreamApp, on_started: Callable[[str], None]
+        self,
+        config: uvicorn.Config,
+        app: DurastreamApp,
+        on_started: Callable[[str], None],
+        handshake_timeout: float,
     ) -> None:
         super().__init__(config)
         self._app = app
         self._on_started = on_started
+        self._handshake_timeout = handshake_timeout
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
+        # uvicorn would listen with asyncio's default TLS handshake timeout of 60 s, and the protocol (so
+        # its header timer, http/guard.py) only sees a connection once the handshake is done: a client
+        # could hold a connection for a minute by never finishing it. So uvicorn runs the lifespan
+        # startup and listens on nothing; the sockets are served here.
+        await super().startup(sockets=[])
+        if self.started and sockets:
+            await self._listen(sockets)
         if self.started:
             # What exists now (modules, the app, recovered streams) lives as long as the server. Move
             # it out of the cyclic GC's reach, so a full collection scans only what requests created:
@@ -97,6 +111,26 @@ class _Server(uvicorn.Server):
             gc.freeze()
         if self.started and sockets:
             self._on_started(bound_url(sockets[0], tls=self.config.is_ssl))
+
+    async def _listen(self, sockets: list[socket.socket]) -> None:
+        """Serve ``sockets`` as uvicorn does, with the TLS handshake bounded by the header timeout."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=_loop,
+            )
+
+        tls = {"ssl": config.ssl, "ssl_handshake_timeout": self._handshake_timeout}
+        for sock in sockets:
+            server = await loop.create_server(
+                create_protocol, sock=sock, backlog=config.backlog, **(tls if config.ssl else {})
+            )
+            self.servers.append(server)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._app.begin_drain()
@@ -137,13 +171,6 @@ def with_public_url(config: ServerConfig, sock: socket.socket) -> ServerConfig:
             url,
         )
     return dataclasses.replace(config, public_url=url)
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def local_webhooks_allowed(config: ServerConfig) -> bool:
@@ -202,7 +229,7 @@ def run(
         ssl_certfile=None if config.tls_certfile is None else str(config.tls_certfile),
         ssl_keyfile=None if config.tls_keyfile is None else str(config.tls_keyfile),
     )
-    server = _Server(uv_config, app, on_started)
+    server = _Server(uv_config, app, on_started, config.header_timeout_seconds)
     try:
         server.run(sockets=[sock])
     except SystemExit:

@@ -15,6 +15,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.http import parse_responses, read_until_closed
 from tests.support.server_process import ServerProcess
 
 TOKEN = "0000000000000000_0000000000000000"
@@ -130,6 +131,16 @@ bodies = st.one_of(
 methods = st.sampled_from(["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "PATCH", "BREW"])
 
 
+def fuzz_settings(max_examples: int) -> settings:
+    """Deterministic examples and no deadline: every example is a real request to a real server."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
 def _send(
     server: ServerProcess, method: str, target: str, headers: dict[str, str], body: bytes
 ) -> int:
@@ -159,12 +170,7 @@ def test_random_requests_never_get_a_5xx(server_factory) -> None:
             server.stream_url(path), data=body, headers={"Content-Type": content_type}
         ).ok
 
-    @settings(
-        max_examples=250,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @fuzz_settings(250)
     @given(
         method=methods,
         path=paths,
@@ -222,15 +228,19 @@ def test_garbage_on_the_wire_does_not_hurt_the_server(server_factory) -> None:
         b"GET " + b"/v1/stream/" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",
         b"PUT /v1/stream/x HTTP/1.1\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nabc",
     ]
-    for payload in garbage:
+    for index, payload in enumerate(garbage):
         with socket.create_connection((server.host, server.port), timeout=5) as sock:
             sock.sendall(payload)
             sock.shutdown(socket.SHUT_WR)
+            received = b""
             try:
-                while sock.recv(65536):
-                    pass
+                while chunk := sock.recv(65536):
+                    received += chunk
             except (ConnectionResetError, TimeoutError):
                 pass
+        if index < len(garbage) - 1:  # the truncated PUT's client hung up: nobody to answer
+            status = parse_responses(received)[0].status
+            assert status in (400, 431), (payload[:60], received[:200])
     assert requests.get(server.base_url + "/healthz").status_code == 200
     assert (
         requests.head(server.stream_url("x")).status_code == 404
@@ -330,12 +340,7 @@ def test_hostile_requests_never_get_a_5xx_and_memory_stays_bounded(server_factor
     baseline = _rss_bytes(server.pid)
     statuses: set[int | None] = set()
 
-    @settings(
-        max_examples=150,
-        deadline=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @fuzz_settings(150)
     @given(
         method=raw_methods,
         path=paths,
@@ -389,9 +394,76 @@ def test_hostile_requests_never_get_a_5xx_and_memory_stays_bounded(server_factor
     assert "Traceback" not in log and "internal error" not in log
 
 
+transfer_codings = st.lists(
+    st.sampled_from(
+        ["chunked", "CHUNKED", "gzip", "deflate", "br", "identity", "xchunked", "chunked;q=1", ""]
+    ),
+    min_size=1,
+    max_size=3,
+).map(", ".join)
+host_names = st.sampled_from(
+    ["127.0.0.1", "localhost:1", "[::1]", "evil.example", "127.0.0.1.evil.example", "a b", ""]
+)
+chunked_bodies = st.one_of(
+    st.sampled_from(
+        [
+            b"3\r\nabc\r\n0\r\n\r\n",
+            b"0\r\n\r\n",
+            b"zz\r\n",
+            b"-1\r\n",
+            b"ffffffffffffffffffff\r\n",
+            b"3\r\nabcXX\r\n0\r\n\r\n",
+            b'3;x="y"\r\nabc\r\n0\r\nTrailer: 1\r\n\r\n',
+            b"3\r\nab",  # incomplete: the body timeout answers
+        ]
+    ),
+    st.binary(max_size=48),
+)
+
+
+def test_stacked_codings_and_duplicate_hosts_always_get_a_status_line(server_factory) -> None:
+    """Framing and Host shapes (``http/guard.py``, ``http/hosts.py``): whatever is sent, the answer has
+    a status line and is never a 5xx; two Host headers get 400, a Transfer-Encoding other than one
+    ``chunked`` 400 (or 421, when the Host is checked first), a name that is not a loopback name 421."""
+    server = server_factory(
+        extra_args=["--body-timeout-seconds", "0.3", "--header-timeout-seconds", "2"]
+    )
+    path = "/v1/stream/fuzz/framing"
+    assert requests.put(server.base_url + path, headers={"Content-Type": "text/plain"}).ok
+
+    @fuzz_settings(120)
+    @given(
+        hosts=st.lists(host_names, min_size=0, max_size=3),
+        codings=st.lists(transfer_codings, max_size=2),
+        length=st.one_of(st.none(), st.sampled_from(["3", "0", "-1", "3, 3", "x"])),
+        body=chunked_bodies,
+        version=st.sampled_from(["1.1", "1.1", "1.0"]),
+    )
+    def check(
+        hosts: list[str], codings: list[str], length: str | None, body: bytes, version: str
+    ) -> None:
+        lines = [f"POST {path} HTTP/{version}", "Content-Type: text/plain"]
+        lines += [f"Host: {host}" for host in hosts]
+        lines += [f"Transfer-Encoding: {coding}" for coding in codings]
+        if length is not None:
+            lines.append(f"Content-Length: {length}")
+        status = _raw(server, ("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        assert status is not None and status < 500, (lines, body, status)
+        if len(hosts) > 1:
+            assert status == 400, (lines, status)
+        plain_chunked = len(codings) == 1 and codings[0].strip().lower() == "chunked"
+        if codings and not (plain_chunked and version == "1.1"):
+            assert status in (400, 421), (lines, status)
+
+    check()
+    assert requests.get(server.base_url + "/healthz").status_code == 200
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "internal error" not in log
+
+
 def test_slowloris_connections_are_dropped_and_do_not_starve_others(server_factory) -> None:
     server = server_factory(extra_args=GUARDED_ARGS)
-    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 200 + b"\r\n\r\n"
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"s" * 200 + b"\r\n\r\n"
     slow = [socket.create_connection((server.host, server.port), timeout=5) for _ in range(64)]
     idle = [socket.create_connection((server.host, server.port), timeout=5) for _ in range(16)]
     started = time.monotonic()
@@ -431,27 +503,30 @@ def test_slowloris_connections_are_dropped_and_do_not_starve_others(server_facto
 
 def _status_of_fresh_slow_request(server: ServerProcess) -> int | None:
     with socket.create_connection((server.host, server.port), timeout=5) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never finishes the headers
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finishes the headers
         return _status_of(sock, timeout=5)
 
 
 def test_stalled_request_bodies_are_cut_off_and_commit_nothing(server_factory) -> None:
-    server = server_factory(extra_args=GUARDED_ARGS)
+    # A minimum rate of 1 byte/s: here only silence is at stake.
+    server = server_factory(extra_args=[*GUARDED_ARGS, "--min-body-bytes-per-second", "1"])
     url = server.stream_url("fuzz/stall")
     assert requests.put(url, headers={"Content-Type": "text/plain"}).status_code == 201
     with socket.create_connection((server.host, server.port), timeout=5) as sock:
         sock.sendall(
-            b"POST /v1/stream/fuzz/stall HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+            b"POST /v1/stream/fuzz/stall HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
             b"Content-Length: 100\r\n\r\n0123456789"
         )
         began = time.monotonic()
-        assert _closed_within(sock, 5.0)
+        (response,) = parse_responses(read_until_closed(sock, 5.0))
         assert time.monotonic() - began < 3.0
+    # The client is told why (408, naming the flag), then the connection is closed.
+    assert response.status == 408 and "--body-timeout-seconds" in response.error_message()
     assert requests.get(url, params={"offset": "-1"}).content == b""
     # A slow but steady body (a chunk every 0.3 s, below the 1 s silence limit) is fine.
     with socket.create_connection((server.host, server.port), timeout=10) as sock:
         sock.sendall(
-            b"POST /v1/stream/fuzz/stall HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n"
+            b"POST /v1/stream/fuzz/stall HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
             b"Content-Length: 10\r\n\r\n"
         )
         for byte in b"abcdefghij":
@@ -459,6 +534,33 @@ def test_stalled_request_bodies_are_cut_off_and_commit_nothing(server_factory) -
             sock.sendall(bytes([byte]))
         assert _status_of(sock) == 204
     assert requests.get(url, params={"offset": "-1"}).content == b"abcdefghij"
+
+
+def test_a_trickled_body_is_cut_off_at_the_minimum_rate(server_factory) -> None:
+    """A byte every 0.2 s is never silent for the 1 s body timeout, but it is far below a minimum rate of
+    1000 bytes/s: after 1 s plus what the bytes sent earned, the server answers 408 and closes."""
+    server = server_factory(extra_args=[*GUARDED_ARGS, "--min-body-bytes-per-second", "1000"])
+    url = server.stream_url("fuzz/trickle")
+    assert requests.put(url, headers={"Content-Type": "text/plain"}).status_code == 201
+    answer = b""
+    with socket.create_connection((server.host, server.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/stream/fuzz/trickle HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: text/plain\r\nContent-Length: 100\r\n\r\n"
+        )
+        sock.settimeout(0.2)  # the pace of the trickle: one byte per wait for an answer
+        for _ in range(50):  # 10 s at most
+            try:
+                answer = sock.recv(65536)
+                break
+            except TimeoutError:
+                sock.sendall(b"x")
+        answer += read_until_closed(sock, 5.0)
+    (response,) = parse_responses(answer)
+    assert response.status == 408
+    assert "--min-body-bytes-per-second" in response.error_message()
+    assert requests.get(url, params={"offset": "-1"}).content == b""
+    assert requests.get(server.base_url + "/healthz").status_code == 200
 
 
 def test_keep_alive_connection_can_send_a_second_request_later(server_factory) -> None:
