@@ -281,16 +281,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_seconds,
         default=DEFAULT_HEADER_TIMEOUT_SECONDS,
         metavar="SECONDS",
-        help="a request's line and headers must arrive within this, or the connection is closed "
-        f"(default: {DEFAULT_HEADER_TIMEOUT_SECONDS:g})",
+        help="a request's line and headers (and, with TLS, the handshake) must arrive within this, "
+        f"or the connection is closed (default: {DEFAULT_HEADER_TIMEOUT_SECONDS:g})",
     )
     security.add_argument(
         "--body-timeout-seconds",
         type=_positive_seconds,
         default=DEFAULT_BODY_TIMEOUT_SECONDS,
         metavar="SECONDS",
-        help="longest silence while a request body is arriving before the connection is closed "
-        f"(default: {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
+        help="longest silence while a request body is arriving; past it the server answers 408 and "
+        f"closes the connection (default: {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
     )
     security.add_argument(
         "--min-body-bytes-per-second",

@@ -90,12 +90,10 @@ def _error_response(status: int, code: str, message: str) -> bytes:
     )
 
 
-def _check_transfer_coding(headers: list[tuple[bytes, bytes]], http_version: str) -> None:
+def _check_transfer_coding(codings: list[bytes], http_version: str) -> None:
     """A body is framed by Content-Length or by exactly one ``chunked`` coding (HTTP/1.1): anything else
-    would hand the handler bytes it cannot interpret (RFC 9112 section 6.1: 400, then close)."""
-    codings = [value for name, value in headers if name == b"transfer-encoding"]
-    if not codings:
-        return
+    (``codings``: the Transfer-Encoding header values) would hand the handler bytes it cannot interpret
+    (RFC 9112 section 6.1: 400, then close)."""
     if len(codings) == 1 and codings[0].strip().lower() == b"chunked" and http_version == "1.1":
         return
     shown = b", ".join(codings).decode("latin-1")[:_SHOWN_VALUE_CHARS]
@@ -178,13 +176,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
         self._cancel_header_timer()
-        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        size = len(self.url)
+        hosts: list[bytes] = []
+        codings: list[bytes] = []
+        for name, value in self.headers:  # one pass: this runs for every request
+            size += len(name) + len(value) + 4
+            if name == b"host":
+                hosts.append(value)
+            elif name == b"transfer-encoding":
+                codings.append(value)
         if size > self.max_header_bytes:
             raise _Rejected(*self._too_large())
-        refusal = self.host_policy.refusal([v for name, v in self.headers if name == b"host"])
+        refusal = self.host_policy.refusal(hosts)
         if refusal is not None:
             raise _Rejected(*refusal)
-        _check_transfer_coding(self.headers, self.parser.get_http_version())
+        if codings:
+            _check_transfer_coding(codings, self.parser.get_http_version())
         self._body_pieces = []  # a body the last handler answered without reading is not this one's
         self._body_size = 0
         previous = self.cycle

@@ -37,6 +37,7 @@ SYNTAX: Final = (
 LOOPBACK_HOST: Final = r"(?:localhost|127(?:\.\d{1,3}){3}|\[::1\])"
 _LOOPBACK: Final = re.compile(LOOPBACK_HOST)
 # RFC 3986 host (reg-name, IPv4 or bracketed IP literal) and optional port, as RFC 9110 allows in Host.
+_ANSWERED_CACHE: Final = 64  # Host values remembered as answered
 _HOST: Final = re.compile(r"(\[[0-9a-z:.]+\]|[a-z0-9\-._~!$&'()*+,;=%]*)(?::(\d{0,5}))?")
 
 
@@ -93,6 +94,9 @@ class HostPolicy:
         self.any = ANY in entries
         self.loopback = LOOPBACK in entries
         self._names = frozenset(entries - {ANY, LOOPBACK})
+        # Host values answered before: a server's clients use a handful of names, so nearly every
+        # request is one set lookup. Bounded, since clients choose what they send.
+        self._answered: set[bytes] = set()
 
     @classmethod
     def for_server(cls, allowed: Iterable[str], listen_host: str) -> HostPolicy:
@@ -109,15 +113,21 @@ class HostPolicy:
             return None
         if len(values) > 1:
             return 400, "BAD_REQUEST", f"{len(values)} Host headers; a request carries exactly one"
-        parts = _split(values[0].decode("latin-1"))
+        value = values[0]
+        if value in self._answered:
+            return None
+        parts = _split(value.decode("latin-1"))
         if parts is None:
             return 400, "BAD_REQUEST", "the Host header is not a host name or address with a port"
-        if self.any:
-            return None
         host, port = parts
-        if (self.loopback and _LOOPBACK.fullmatch(host)) or host in self._names:
-            return None
-        if port is not None and f"{host}:{port.lstrip('0') or '0'}" in self._names:
+        if (
+            self.any
+            or (self.loopback and _LOOPBACK.fullmatch(host))
+            or host in self._names
+            or (port is not None and f"{host}:{port.lstrip('0') or '0'}" in self._names)
+        ):
+            if len(self._answered) < _ANSWERED_CACHE:
+                self._answered.add(value)
             return None
         if self._names:
             why = "it is not one of the names this server is configured to answer to"

@@ -221,6 +221,7 @@ def test_tls_needs_a_loadable_pair(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--header-timeout-seconds", "0"], "--header-timeout-seconds"),
         (["--body-timeout-seconds", "-1"], "--body-timeout-seconds"),
         (["--webhook-localhost", "sometimes"], "--webhook-localhost"),
+        (["--min-body-bytes-per-second", "0"], "--min-body-bytes-per-second"),
     ],
 )
 def test_bad_limit_flags_are_usage_errors(
@@ -247,9 +248,12 @@ def test_limit_flags_reach_the_config() -> None:
                 "https://App.example",
                 "--webhook-localhost",
                 "deny",
+                "--min-body-bytes-per-second",
+                "100",
             ]
         )
     )
+    assert config.min_body_bytes_per_second == 100
     assert (config.max_header_bytes, config.header_timeout_seconds) == (4096, 2.5)
     assert (config.body_timeout_seconds, config.webhook_localhost) == (7.0, "deny")
     assert config.cors_origins == ("https://app.example",)
