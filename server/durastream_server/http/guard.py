@@ -1,4 +1,4 @@
-"""Connection-level limits uvicorn's httptools protocol does not enforce: header size and slow senders.
+"""Connection-level checks uvicorn's httptools protocol does not make: header size, slow senders, framing, Host.
 
 Out of the box, uvicorn + httptools accepts request lines and headers of any size (they are buffered in
 memory until the blank line), and arms no timer on a fresh connection, nor while a request's headers or
