@@ -20,7 +20,7 @@ from tests.docs.test_server_doc import DOCS, flags_table
 
 SECURITY_MD = DOCS / "security.md"
 UNITS = {"": 1, "B": 1, "bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "s": 1}
-_QUANTITY = re.compile(r"(\d+(?:\.\d+)?)\s*(bytes|B|KiB|MiB|GiB|s)?(?:/s)?")
+_QUANTITY = re.compile(r"(\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)\s*(bytes|B|KiB|MiB|GiB|s)?(?:/s)?")
 
 
 def _actions() -> dict[str, argparse.Action]:
@@ -30,7 +30,7 @@ def _actions() -> dict[str, argparse.Action]:
 def _quantity(text: str) -> float:
     match = _QUANTITY.fullmatch(text.strip())
     assert match is not None, f"not a quantity: {text!r}"
-    return float(match.group(1)) * UNITS[match.group(2) or ""]
+    return float(match.group(1).replace(",", "")) * UNITS[match.group(2) or ""]
 
 
 def _rows(markdown: str) -> list[list[str]]:

@@ -12,7 +12,7 @@ import threading
 import time
 
 import requests
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.support.http import parse_responses, read_until_closed
@@ -348,6 +348,9 @@ def test_hostile_requests_never_get_a_5xx_and_memory_stays_bounded(server_factor
         body_size=body_sizes,
         declare_length=st.booleans(),
     )
+    # The limits are always exercised, whatever the strategies draw: headers too large, body too large.
+    @example("GET", "/v1/stream/fuzz/text", [("X-Big", "v" * (3 * HEADER_LIMIT))], 0, False)
+    @example("POST", "/v1/stream/fuzz/text", [("Content-Type", "text/plain")], 3 << 20, True)
     def check(
         method: str,
         path: str,
