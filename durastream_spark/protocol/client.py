@@ -62,6 +62,7 @@ from durastream_spark.protocol.models import (
     StageResult,
     StreamInfo,
     StreamMeta,
+    TimeLookup,
     normalize_content_type,
 )
 from durastream_spark.protocol.retry import Retrier, request_is_idempotent
@@ -568,17 +569,16 @@ class StreamClient:
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
             ):
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        base = self.stream_url(path)
-        params: dict[str, object | None] = {
-            "offset": start,
-            "lookup": "limit",
-            "max_messages": max_messages,
-            "max_bytes": max_bytes,
-            "end": end,
-        }
-        context = RequestContext("GET", base, stream=path, offset=start, end=end)
-        reply = self._checked("GET", base + query_string(params), context, {}, ok=(200,))
-        document = self._json(reply, context)
+        document, context = self._lookup(
+            path,
+            {
+                "offset": start,
+                "lookup": "limit",
+                "max_messages": max_messages,
+                "max_bytes": max_bytes,
+                "end": end,
+            },
+        )
         try:
             return LimitLookup(
                 start=str(document["start"]),
@@ -592,6 +592,48 @@ class StreamClient:
             raise MalformedResponse(
                 f"{context.describe()}: malformed limit lookup answer: missing or bad field {exc}"
             ) from None
+
+    def lookup_time(
+        self, path: str, timestamp_ms: int, *, start: str = "-1", end: str | None = None
+    ) -> TimeLookup:
+        """The first message in ``[start, end)`` (``end``: the tail) whose server append time is at or
+        after ``timestamp_ms`` (no data; an instant before 1970 is sent as 0, which every message is at
+        or after)."""
+        self._require(ext.TIME_LOOKUP, f"find the first message of stream '{path}' at an instant")
+        if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int):
+            raise ValueError(f"timestamp_ms must be an int, got {timestamp_ms!r}")
+        document, context = self._lookup(
+            path,
+            {"offset": start, "lookup": "time", "timestamp": max(0, timestamp_ms), "end": end},
+        )
+        try:
+            return TimeLookup(
+                timestamp=int(document["timestamp"]),
+                start=str(document["start"]),
+                end=str(document["end"]),
+                offset=str(document["offset"]),
+                found=bool(document["found"]),
+                tail=str(document["tail"]),
+                closed=bool(document["closed"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedResponse(
+                f"{context.describe()}: malformed time lookup answer: missing or bad field {exc}"
+            ) from None
+
+    def _lookup(self, path: str, params: dict[str, object | None]) -> tuple[Any, RequestContext]:
+        """One lookup GET (limit or time): the JSON answer and the request's context."""
+        base = self.stream_url(path)
+        start, end = params.get("offset"), params.get("end")
+        context = RequestContext(
+            "GET",
+            base,
+            stream=path,
+            offset=None if start is None else str(start),
+            end=None if end is None else str(end),
+        )
+        reply = self._checked("GET", base + query_string(params), context, {}, ok=(200,))
+        return self._json(reply, context), context
 
     def list_streams(
         self, prefix: str | None = None, pattern: str | None = None, *, page_size: int = 1000

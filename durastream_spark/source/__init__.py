@@ -43,6 +43,16 @@ option                       default          meaning
                                               (values may also be ``"earliest"``/``"latest"``; unlisted
                                               streams start at ``earliest``). Only for a new checkpoint.
 ``endingOffsets``            ``latest``       Batch reads only: ``latest`` or JSON (unlisted: ``latest``).
+``startingTimestamp``        \\-               Start every stream at its first message appended at or after
+                                              an instant (epoch ms, or ISO-8601 with a zone). Needs the
+                                              server's time lookups.
+``startingOffsetsBy          \\-               Per stream: ``{"path": <instant>}``; unlisted streams follow
+Timestamp``                                   ``startingOffsets``.
+``startingOffsetsBy          ``error``        A stream with no message that late: ``error`` fails the
+TimestampStrategy``                           query, ``latest`` starts it at its tail.
+``endingTimestamp``,         \\-               Batch reads only: end before the first message at or after
+``endingOffsetsBy                             an instant (every stream, or per stream as JSON).
+Timestamp``
 ``maxMessagesPerTrigger``    (none)           Spark >= 4.2: at most this many messages per micro-batch,
                                               shared across streams in proportion to their lag.
 ``maxBytesPerTrigger``       (none)           Spark >= 4.2: about this many payload bytes per micro-batch

@@ -18,9 +18,13 @@ from durastream_spark.source.offsets import (
     LatestSpec,
     OffsetSpec,
     SpecificSpec,
+    TimestampSpec,
     check_spec_paths,
     normalize_path,
     parse_offset_spec,
+    parse_timestamp_spec,
+    parse_timestamps_by_stream,
+    with_timestamps,
 )
 
 # ---- option keys (canonical spelling; matching is case-insensitive) ----------------------------------------
@@ -28,6 +32,11 @@ STREAMS = "streams"
 PATTERN = "pattern"
 STARTING_OFFSETS = "startingOffsets"
 ENDING_OFFSETS = "endingOffsets"
+STARTING_TIMESTAMP = "startingTimestamp"
+STARTING_OFFSETS_BY_TIMESTAMP = "startingOffsetsByTimestamp"
+STARTING_TIMESTAMP_STRATEGY = "startingOffsetsByTimestampStrategy"
+ENDING_TIMESTAMP = "endingTimestamp"
+ENDING_OFFSETS_BY_TIMESTAMP = "endingOffsetsByTimestamp"
 MAX_MESSAGES_PER_TRIGGER = "maxMessagesPerTrigger"
 MAX_BYTES_PER_TRIGGER = "maxBytesPerTrigger"
 FAIL_ON_DATA_LOSS = "failOnDataLoss"
@@ -43,6 +52,11 @@ SOURCE_KEYS: frozenset[str] = frozenset(
         PATTERN,
         STARTING_OFFSETS,
         ENDING_OFFSETS,
+        STARTING_TIMESTAMP,
+        STARTING_OFFSETS_BY_TIMESTAMP,
+        STARTING_TIMESTAMP_STRATEGY,
+        ENDING_TIMESTAMP,
+        ENDING_OFFSETS_BY_TIMESTAMP,
         MAX_MESSAGES_PER_TRIGGER,
         MAX_BYTES_PER_TRIGGER,
         FAIL_ON_DATA_LOSS,
@@ -62,6 +76,9 @@ DEFAULT_MAX_BYTES_PER_PARTITION = 256 * 1024 * 1024
 DEFAULT_PIN_PREFIX = "__durastream_pins"
 DEFAULT_PIN_TTL_SECONDS = 24 * 3600
 MAX_INT = 2**53 - 1  # what the server's limit lookups accept
+# startingOffsetsByTimestampStrategy, as Kafka's: what a stream with no message at or after the instant does
+STRATEGY_ERROR = "error"
+STRATEGY_LATEST = "latest"
 
 _SIZE = re.compile(r"^(\d+)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?$", re.IGNORECASE)
 _SIZE_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -121,6 +138,11 @@ class SourceOptions:
     ending_given: bool = False
     starting_text: str | None = None  # as the user wrote them, for error messages
     ending_text: str | None = None
+    starting_time_option: str | None = None  # startingTimestamp or startingOffsetsByTimestamp
+    starting_time_text: str | None = None
+    ending_time_option: str | None = None
+    ending_time_text: str | None = None
+    timestamp_strategy: str = STRATEGY_ERROR
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     fail_on_data_loss: bool = True
@@ -129,6 +151,15 @@ class SourceOptions:
     max_messages_per_partition: int | None = None
     pin_prefix: str = DEFAULT_PIN_PREFIX
     pin_ttl_seconds: int = DEFAULT_PIN_TTL_SECONDS
+
+    @property
+    def uses_timestamps(self) -> bool:
+        return self.starting_time_option is not None or self.ending_time_option is not None
+
+    @property
+    def ending_option(self) -> str:
+        """The option that set the end of a batch read (for messages)."""
+        return self.ending_time_option or ENDING_OFFSETS
 
     @property
     def has_trigger_limits(self) -> bool:
@@ -150,6 +181,36 @@ class SourceOptions:
             (ENDING_OFFSETS, raw_end, ending),
         ):
             _check_spec_against_selection(key, raw, spec, selection)
+        starting, start_time = _with_time_options(
+            reader, starting, STARTING_OFFSETS, STARTING_TIMESTAMP, STARTING_OFFSETS_BY_TIMESTAMP
+        )
+        ending, end_time = _with_time_options(
+            reader, ending, ENDING_OFFSETS, ENDING_TIMESTAMP, ENDING_OFFSETS_BY_TIMESTAMP
+        )
+        for option, raw, spec in (start_time, end_time):
+            if option is not None:
+                _check_spec_against_selection(option, raw, spec, selection)
+        if (
+            isinstance(starting, TimestampSpec)
+            and isinstance(ending, TimestampSpec)
+            and starting.at_ms > ending.at_ms
+        ):
+            raise OptionError(
+                ENDING_TIMESTAMP,
+                reader.raw(ENDING_TIMESTAMP),
+                f"an instant at or after {STARTING_TIMESTAMP} ({reader.raw(STARTING_TIMESTAMP)})",
+                reason="the read would end before it starts",
+            )
+        strategy = reader.choice(
+            STARTING_TIMESTAMP_STRATEGY, STRATEGY_ERROR, (STRATEGY_ERROR, STRATEGY_LATEST)
+        )
+        if reader.has(STARTING_TIMESTAMP_STRATEGY) and start_time[0] is None:
+            raise OptionError(
+                STARTING_TIMESTAMP_STRATEGY,
+                reader.raw(STARTING_TIMESTAMP_STRATEGY),
+                f"this option together with {STARTING_TIMESTAMP} or {STARTING_OFFSETS_BY_TIMESTAMP}",
+                reason="no starting instant is set, so it would be ignored",
+            )
 
         max_messages = reader.integer(MAX_MESSAGES_PER_TRIGGER, 0, minimum=1, maximum=MAX_INT)
         max_bytes = byte_size(reader, MAX_BYTES_PER_TRIGGER, None)
@@ -183,9 +244,14 @@ class SourceOptions:
             selection=selection,
             starting=starting,
             ending=ending,
-            ending_given=raw_end is not None,
+            ending_given=raw_end is not None or end_time[0] is not None,
             starting_text=raw_start,
             ending_text=raw_end,
+            starting_time_option=start_time[0],
+            starting_time_text=start_time[1],
+            ending_time_option=end_time[0],
+            ending_time_text=end_time[1],
+            timestamp_strategy=strategy,
             max_messages_per_trigger=max_messages or None,
             max_bytes_per_trigger=max_bytes,
             fail_on_data_loss=reader.boolean(FAIL_ON_DATA_LOSS, True),
@@ -195,6 +261,48 @@ class SourceOptions:
             pin_prefix=pin_prefix,
             pin_ttl_seconds=pin_ttl_ms // 1000,
         )
+
+
+def _with_time_options(
+    reader: OptionReader, base: OffsetSpec, base_option: str, single: str, per_stream: str
+) -> tuple[OffsetSpec, tuple[str | None, str | None, OffsetSpec]]:
+    """``base`` with the instants of ``single`` (every stream) or ``per_stream`` (JSON) applied, and
+    ``(time option, its text, the spec it made)`` for error messages (``(None, None, base)`` if neither
+    is set). Combinations whose meaning would be a guess are refused."""
+    single_raw, per_stream_raw = reader.raw(single), reader.raw(per_stream)
+    if single_raw is not None and per_stream_raw is not None:
+        raise OptionError(
+            single,
+            single_raw,
+            f"either {single} (every stream) or {per_stream} (per stream), not both",
+            reason=f"{per_stream} is set too",
+        )
+    if single_raw is not None:
+        if reader.has(base_option):
+            raise OptionError(
+                single,
+                single_raw,
+                f"either {single} or {base_option}, not both",
+                reason=(
+                    f"{single} applies to every stream, so {base_option} would be ignored; use "
+                    f"{per_stream} to give instants for some streams and offsets for others"
+                ),
+            )
+        spec = parse_timestamp_spec(single, single_raw)
+        assert spec is not None
+        return spec, (single, single_raw, spec)
+    instants = parse_timestamps_by_stream(per_stream, per_stream_raw)
+    if instants is None:
+        return base, (None, None, base)
+    merged = with_timestamps(
+        base,
+        instants,
+        option=per_stream,
+        raw=per_stream_raw,
+        base_option=base_option,
+        ending=base_option == ENDING_OFFSETS,
+    )
+    return merged, (per_stream, per_stream_raw, merged)
 
 
 def _parse_selection(reader: OptionReader) -> StreamSelection:

@@ -27,6 +27,7 @@ from durastream_spark.source.offsets import (
     OffsetSpec,
     SourceOffset,
     SpecificSpec,
+    is_symbolic,
     offset_after,
 )
 
@@ -91,7 +92,7 @@ def plan_next_end(
         explicit = start.get(path) is not None
         tail = tails.get(path)
         if tail is None:
-            if value in (EARLIEST, LATEST):
+            if value == EARLIEST or is_symbolic(value):
                 if explicit and value == EARLIEST:
                     plan.fixed[path] = EARLIEST  # not created yet: it will start at its beginning
                 continue
@@ -108,14 +109,16 @@ def plan_next_end(
             continue  # dropped from the offset: if it is created again, it is read from its beginning
         if target is not None and path not in target:
             # Appeared after Trigger.AvailableNow fixed its target: it waits for the next query run.
-            if value != LATEST and explicit:
+            if not is_symbolic(value) and explicit:
                 plan.fixed[path] = value
             continue
         cap = tail
         if target is not None and offset_after(tail, target[path]):
             cap = target[path]
-        if value == LATEST:
-            plan.fixed[path] = cap  # batch 0 of startingOffsets=latest: resolve, read nothing
+        if is_symbolic(value):
+            # Batch 0 of startingOffsets=latest: resolve, read nothing. (An instant the caller could
+            # not resolve was reported as lost; it is resolved to the same point.)
+            plan.fixed[path] = cap
         elif value == EARLIEST:
             plan.pending.append(StreamRange(path, EARLIEST, cap))
         elif offset_after(value, tail):
@@ -152,7 +155,7 @@ def ranges_between(
         if end_value in (EARLIEST, LATEST):
             continue
         begin = start.start_of(path)
-        if begin in (LATEST, end_value):
+        if begin == end_value or is_symbolic(begin):
             continue
         if begin != EARLIEST and offset_after(begin, end_value):
             losses.append(
@@ -176,9 +179,12 @@ def batch_ranges(
     *,
     starting_raw: str | None = None,
     ending_raw: str | None = None,
+    starting_option: str = "startingOffsets",
+    ending_option: str = "endingOffsets",
 ) -> list[StreamRange]:
-    """``spark.read`` ranges from the two specs and the current tails. Raises ``OptionError`` when a spec
-    names an offset past a stream's tail or a start after its end."""
+    """``spark.read`` ranges from the two specs (instants already resolved) and the current tails. Raises
+    ``OptionError`` (naming ``starting_option``/``ending_option``) when a spec names an offset past a
+    stream's tail or a start after its end."""
     ranges: list[StreamRange] = []
     for path in sorted(tails):
         tail = tails[path]
@@ -186,24 +192,24 @@ def batch_ranges(
         finish = _resolve_end(ending, path, tail)
         if offset_after(finish, tail):
             raise OptionError(
-                "endingOffsets",
+                ending_option,
                 ending_raw,
                 f"offsets at or before each stream's tail (stream {path!r}: {tail})",
                 reason=f"stream {path!r} ends at {finish}, past its tail {tail}",
             )
         if begin != EARLIEST and offset_after(begin, tail):
             raise OptionError(
-                "startingOffsets",
+                starting_option,
                 starting_raw,
                 f"offsets at or before each stream's tail (stream {path!r}: {tail})",
                 reason=f"stream {path!r} starts at {begin}, past its tail {tail}",
             )
         if begin != EARLIEST and offset_after(begin, finish):
             raise OptionError(
-                "startingOffsets",
+                starting_option,
                 starting_raw,
                 "a start at or before the end of each stream",
-                reason=f"stream {path!r} starts at {begin}, after its end {finish} (endingOffsets)",
+                reason=f"stream {path!r} starts at {begin}, after its end {finish} ({ending_option})",
             )
         if begin != finish:
             ranges.append(StreamRange(path, begin, finish))
