@@ -368,6 +368,49 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "`64m`, `1g` (`kb`, `mib` and similar spellings too).",
     ),
     OptionDoc(
+        "minMessagesPerTrigger",
+        SOURCE,
+        "integer",
+        "A trigger plans a batch only once at least this many messages wait (across all streams), or "
+        "`maxTriggerDelay` has passed since the last batch; otherwise it skips the batch.",
+        "10000",
+        "ten thousand",
+        lambda o: _code(o.min_messages_per_trigger),
+        details="As Kafka's `minOffsetsPerTrigger`. `maxMessagesPerTrigger`/`maxBytesPerTrigger` still "
+        "cap a batch the minimum let through (a minimum above the maximum is refused). "
+        "`Trigger.AvailableNow` ignores the minimum: its run must end, so it reads what is there. The "
+        "first batch of a new query is not held back. Needs Spark >= 4.2 (refused at start on Spark "
+        "4.0/4.1) and the server's limit lookups (durastream-server).",
+    ),
+    OptionDoc(
+        "minBytesPerTrigger",
+        SOURCE,
+        "byte size",
+        "... or at least this many payload bytes wait; with both minimums, either one lets the batch "
+        "through.",
+        "16m",
+        "-16m",
+        lambda o: _code(o.min_bytes_per_trigger),
+        details="Same rules as `minMessagesPerTrigger` (Spark >= 4.2, ignored by "
+        "`Trigger.AvailableNow`).",
+    ),
+    OptionDoc(
+        "maxTriggerDelay",
+        SOURCE,
+        "duration",
+        "With a minimum: the longest a trigger waits after the last batch before it plans a batch "
+        "with whatever is there.",
+        "5m",
+        "5 minutes",
+        lambda o: _ms(o.max_trigger_delay_ms / 1000),
+        details="As Kafka's option of that name (default 15 minutes). Measured from when the last batch "
+        "was planned, which is recorded in the checkpoint's offsets (key `/batchTimeMs`), so a restarted "
+        "query waits only what is left of the delay. A checkpoint written without that time (before "
+        "this option was set) measures from the restart. Only together with `minMessagesPerTrigger` or "
+        "`minBytesPerTrigger`.",
+        together=(("minMessagesPerTrigger", "100"),),
+    ),
+    OptionDoc(
         "failOnDataLoss",
         SOURCE,
         "boolean",

@@ -58,6 +58,11 @@ Timestamp``
 ``maxBytesPerTrigger``       (none)           Spark >= 4.2: about this many payload bytes per micro-batch
                                               (``512k``, ``64m``, ``1g``); soft, like Spark's option of that
                                               name: a single larger message is still read whole.
+``minMessagesPerTrigger``,   (none)           Spark >= 4.2: a trigger skips the batch until this many
+``minBytesPerTrigger``                        messages (or bytes) wait, or ``maxTriggerDelay`` passed since
+                                              the last batch. AvailableNow ignores them.
+``maxTriggerDelay``          ``15m``          ... the longest wait after the last batch (its time is in the
+                                              checkpoint, so restarts wait only what is left).
 ``failOnDataLoss``           ``true``         A deleted stream, a ``410 Gone`` or a stream now shorter than the
                                               checkpoint fails the query (naming stream and offsets). With
                                               ``false`` a warning is logged and the query continues.

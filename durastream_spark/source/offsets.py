@@ -26,6 +26,13 @@ Some values exist only in *initial* offsets (what ``initialOffset()`` returns), 
   ``"timestamp <ms>"``: where every stream absent from the object starts in the first batch. ``pattern``
   queries with ``startingOffsets=latest`` or ``startingTimestamp`` use it.
 
+With ``minMessagesPerTrigger``/``minBytesPerTrigger``, an end offset also records when its batch was
+planned, under the key ``"/batchTimeMs"`` (milliseconds since the epoch, as a string): ``maxTriggerDelay``
+is measured from the last batch, and the checkpoint is the only place that survives a restart, so a
+restarted query neither waits a whole delay again nor skips what is left of it. The key is written only
+when a batch is planned (a trigger that waits returns its start offset unchanged, so Spark sees no new
+data); checkpoints without it stay readable.
+
 Why symbolic: Python sources get no checkpoint directory, and Spark calls ``initialOffset()`` again when a
 query restarts before its first batch committed. Resolving ``latest`` to tails inside ``initialOffset()``
 would give different tails on that second call, so batch 0 would be re-planned over a different range. A
@@ -61,6 +68,9 @@ LATEST = "latest"
 
 DEFAULT_KEY = "/default"
 """Initial offsets only: where streams absent from the object start (``"latest"``)."""
+
+BATCH_TIME_KEY = "/batchTimeMs"
+"""End offsets under a per-trigger minimum: when their batch was planned (``maxTriggerDelay``)."""
 
 _V = TypeVar("_V")
 _TOKEN = re.compile(r"^[!-~]{1,256}$")  # printable ASCII, no spaces: what servers mint
@@ -126,6 +136,7 @@ class SourceOffset:
 
     positions: tuple[tuple[str, str], ...] = ()
     default: str = EARLIEST  # where streams absent from ``positions`` start: EARLIEST or symbolic
+    batch_ms: int | None = None  # when the batch ending here was planned (per-trigger minimum only)
 
     def __post_init__(self) -> None:
         if self.default != EARLIEST and not is_symbolic(self.default):
@@ -137,8 +148,14 @@ class SourceOffset:
             raise ValueError("positions must be sorted by path without duplicates")
 
     @classmethod
-    def of(cls, mapping: Mapping[str, str], default: str = EARLIEST) -> SourceOffset:
-        return cls(tuple(sorted(mapping.items())), default)
+    def of(
+        cls, mapping: Mapping[str, str], default: str = EARLIEST, batch_ms: int | None = None
+    ) -> SourceOffset:
+        return cls(tuple(sorted(mapping.items())), default, batch_ms)
+
+    def same_positions(self, other: SourceOffset) -> bool:
+        """Whether both name the same starts, whatever their batch times."""
+        return self.positions == other.positions and self.default == other.default
 
     # ---- access ------------------------------------------------------------------------------------------
 
@@ -172,6 +189,8 @@ class SourceOffset:
         document = dict(self.positions)
         if self.default != EARLIEST:
             document[DEFAULT_KEY] = self.default
+        if self.batch_ms is not None:
+            document[BATCH_TIME_KEY] = str(self.batch_ms)
         return {key: document[key] for key in sorted(document)}
 
     def json(self) -> str:
@@ -185,6 +204,7 @@ class SourceOffset:
                 f'a durastream offset is a JSON object {{"path": "<offset>"}}, got {document!r}'
             )
         default = EARLIEST
+        batch_ms: int | None = None
         positions: dict[str, str] = {}
         for key, value in document.items():
             if not isinstance(key, str) or not isinstance(value, str):
@@ -199,10 +219,15 @@ class SourceOffset:
                     )
                 default = value
                 continue
+            if key == BATCH_TIME_KEY:
+                if not value.isdigit():
+                    raise ValueError(f"{BATCH_TIME_KEY} must be milliseconds, got {value!r}")
+                batch_ms = int(value)
+                continue
             if value != EARLIEST and not is_symbolic(value) and not is_token(value):
                 raise ValueError(f"stream {key!r} has an invalid offset {value!r}")
             positions[key] = value
-        return cls.of(positions, default)
+        return cls.of(positions, default, batch_ms)
 
     @classmethod
     def from_json(cls, text: str) -> SourceOffset:

@@ -39,6 +39,9 @@ ENDING_TIMESTAMP = "endingTimestamp"
 ENDING_OFFSETS_BY_TIMESTAMP = "endingOffsetsByTimestamp"
 MAX_MESSAGES_PER_TRIGGER = "maxMessagesPerTrigger"
 MAX_BYTES_PER_TRIGGER = "maxBytesPerTrigger"
+MIN_MESSAGES_PER_TRIGGER = "minMessagesPerTrigger"
+MIN_BYTES_PER_TRIGGER = "minBytesPerTrigger"
+MAX_TRIGGER_DELAY = "maxTriggerDelay"
 FAIL_ON_DATA_LOSS = "failOnDataLoss"
 MIN_PARTITIONS = "minPartitions"
 MAX_BYTES_PER_PARTITION = "maxBytesPerPartition"
@@ -59,6 +62,9 @@ SOURCE_KEYS: frozenset[str] = frozenset(
         ENDING_OFFSETS_BY_TIMESTAMP,
         MAX_MESSAGES_PER_TRIGGER,
         MAX_BYTES_PER_TRIGGER,
+        MIN_MESSAGES_PER_TRIGGER,
+        MIN_BYTES_PER_TRIGGER,
+        MAX_TRIGGER_DELAY,
         FAIL_ON_DATA_LOSS,
         MIN_PARTITIONS,
         MAX_BYTES_PER_PARTITION,
@@ -75,6 +81,7 @@ SOURCE_KEYS: frozenset[str] = frozenset(
 DEFAULT_MAX_BYTES_PER_PARTITION = 256 * 1024 * 1024
 DEFAULT_PIN_PREFIX = "__durastream_pins"
 DEFAULT_PIN_TTL_SECONDS = 24 * 3600
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000  # Kafka's maxTriggerDelay default
 MAX_INT = 2**53 - 1  # what the server's limit lookups accept
 # startingOffsetsByTimestampStrategy, as Kafka's: what a stream with no message at or after the instant does
 STRATEGY_ERROR = "error"
@@ -145,6 +152,9 @@ class SourceOptions:
     timestamp_strategy: str = STRATEGY_ERROR
     max_messages_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
+    min_messages_per_trigger: int | None = None
+    min_bytes_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
     fail_on_data_loss: bool = True
     min_partitions: int | None = None
     max_bytes_per_partition: int = DEFAULT_MAX_BYTES_PER_PARTITION
@@ -164,6 +174,20 @@ class SourceOptions:
     @property
     def has_trigger_limits(self) -> bool:
         return self.max_messages_per_trigger is not None or self.max_bytes_per_trigger is not None
+
+    @property
+    def has_trigger_minimum(self) -> bool:
+        return self.min_messages_per_trigger is not None or self.min_bytes_per_trigger is not None
+
+    def trigger_limit_options(self) -> list[tuple[str, str]]:
+        """``(option, value)`` of every per-trigger limit set (for messages that name them)."""
+        values = (
+            (MAX_MESSAGES_PER_TRIGGER, self.max_messages_per_trigger),
+            (MAX_BYTES_PER_TRIGGER, self.max_bytes_per_trigger),
+            (MIN_MESSAGES_PER_TRIGGER, self.min_messages_per_trigger),
+            (MIN_BYTES_PER_TRIGGER, self.min_bytes_per_trigger),
+        )
+        return [(option, str(value)) for option, value in values if value is not None]
 
     @classmethod
     def parse(cls, options: Mapping[str, str] | None) -> SourceOptions:
@@ -214,6 +238,7 @@ class SourceOptions:
 
         max_messages = reader.integer(MAX_MESSAGES_PER_TRIGGER, 0, minimum=1, maximum=MAX_INT)
         max_bytes = byte_size(reader, MAX_BYTES_PER_TRIGGER, None)
+        min_messages, min_bytes, max_delay_ms = _parse_minimum(reader, max_messages, max_bytes)
         min_partitions = reader.integer(MIN_PARTITIONS, 0, minimum=1, maximum=100_000)
         per_partition_messages = reader.integer(
             MAX_MESSAGES_PER_PARTITION, 0, minimum=1, maximum=MAX_INT
@@ -254,6 +279,9 @@ class SourceOptions:
             timestamp_strategy=strategy,
             max_messages_per_trigger=max_messages or None,
             max_bytes_per_trigger=max_bytes,
+            min_messages_per_trigger=min_messages or None,
+            min_bytes_per_trigger=min_bytes,
+            max_trigger_delay_ms=max_delay_ms,
             fail_on_data_loss=reader.boolean(FAIL_ON_DATA_LOSS, True),
             min_partitions=min_partitions or None,
             max_bytes_per_partition=per_partition_bytes or DEFAULT_MAX_BYTES_PER_PARTITION,
@@ -261,6 +289,42 @@ class SourceOptions:
             pin_prefix=pin_prefix,
             pin_ttl_seconds=pin_ttl_ms // 1000,
         )
+
+
+def _parse_minimum(
+    reader: OptionReader, max_messages: int, max_bytes: int | None
+) -> tuple[int, int | None, int]:
+    """``minMessagesPerTrigger``, ``minBytesPerTrigger`` and ``maxTriggerDelay``, checked against each
+    other and against the maxima."""
+    min_messages = reader.integer(MIN_MESSAGES_PER_TRIGGER, 0, minimum=1, maximum=MAX_INT)
+    min_bytes = byte_size(reader, MIN_BYTES_PER_TRIGGER, None)
+    delay_ms = reader.duration_ms(
+        MAX_TRIGGER_DELAY, DEFAULT_MAX_TRIGGER_DELAY_MS, minimum=1, maximum=7 * 86_400_000
+    )
+    if reader.has(MAX_TRIGGER_DELAY) and not min_messages and min_bytes is None:
+        raise OptionError(
+            MAX_TRIGGER_DELAY,
+            reader.raw(MAX_TRIGGER_DELAY),
+            f"this option together with {MIN_MESSAGES_PER_TRIGGER} or {MIN_BYTES_PER_TRIGGER}",
+            reason="without a minimum no batch waits, so the delay would be ignored",
+        )
+    for minimum, maximum, low, high in (
+        (
+            min_messages or None,
+            max_messages or None,
+            MIN_MESSAGES_PER_TRIGGER,
+            MAX_MESSAGES_PER_TRIGGER,
+        ),
+        (min_bytes, max_bytes, MIN_BYTES_PER_TRIGGER, MAX_BYTES_PER_TRIGGER),
+    ):
+        if minimum is not None and maximum is not None and minimum > maximum:
+            raise OptionError(
+                low,
+                reader.raw(low),
+                f"at most {high} ({reader.raw(high)})",
+                reason="a batch could never hold the minimum",
+            )
+    return min_messages, min_bytes, delay_ms
 
 
 def _with_time_options(

@@ -5,6 +5,8 @@
 - ``ranges_between``: the per-stream ranges ``[start, end)`` a micro-batch reads, from Spark's two offsets.
   A pure function of its inputs: this is what makes ``partitions(start, end)`` replay-deterministic.
 - ``batch_ranges``: the same for ``spark.read`` from ``startingOffsets``/``endingOffsets``.
+- ``batch_due``: whether a trigger under ``minMessagesPerTrigger``/``minBytesPerTrigger`` plans a batch
+  now or waits (``maxTriggerDelay``), from the lag and the last batch's time.
 - ``allocate``: splits a per-trigger budget (messages or bytes) across streams in proportion to their lag,
   exactly (largest remainder, ties by path), so the total never exceeds the limit.
 - ``part_counts`` and ``split_points``: how many tasks each range gets (``maxBytesPerPartition``,
@@ -237,6 +239,30 @@ def _resolve_end(spec: OffsetSpec, path: str, tail: str) -> str:
 # --------------------------------------------------------------------------------------------------------
 # Admission control
 # --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TriggerMinimum:
+    """``minMessagesPerTrigger`` / ``minBytesPerTrigger`` (either may be None) and ``maxTriggerDelay``."""
+
+    messages: int | None
+    bytes: int | None
+    max_delay_ms: int
+
+
+def batch_due(
+    lags: Mapping[str, RangeSize], minimum: TriggerMinimum, last_batch_ms: int | None, now_ms: int
+) -> bool:
+    """Whether the trigger plans a batch: enough is waiting (either minimum reached), or the delay has
+    passed since the last batch (``last_batch_ms``; None: there was none, so the first batch of a new
+    query is not held back, like Kafka's). Otherwise the trigger skips the batch."""
+    waiting_messages = sum(size.messages for size in lags.values())
+    waiting_bytes = sum(size.bytes for size in lags.values())
+    if minimum.messages is not None and waiting_messages >= minimum.messages:
+        return True
+    if minimum.bytes is not None and waiting_bytes >= minimum.bytes:
+        return True
+    return last_batch_ms is None or now_ms - last_batch_ms >= minimum.max_delay_ms
 
 
 def allocate(lags: Mapping[str, int], limit: int | None) -> dict[str, int]:

@@ -26,7 +26,9 @@ the per-trigger limits are refused when the query starts, and deleted streams ar
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -60,8 +62,6 @@ from durastream_spark.source.offsets import (
     offset_after,
 )
 from durastream_spark.source.options import (
-    MAX_BYTES_PER_TRIGGER,
-    MAX_MESSAGES_PER_TRIGGER,
     STARTING_OFFSETS,
     SourceOptions,
 )
@@ -70,7 +70,9 @@ from durastream_spark.source.planner import (
     LossNotice,
     RangeSize,
     StreamRange,
+    TriggerMinimum,
     allocate,
+    batch_due,
     plan_next_end,
     ranges_between,
 )
@@ -138,9 +140,15 @@ class _StreamReaderBase(DataSourceStreamReader):
     def initialOffset(self) -> dict:
         return initial_offset(self.options).to_dict()
 
-    def _next_end(self, start: dict, max_messages: int | None, max_bytes: int | None) -> dict:
+    def _next_end(
+        self,
+        start: dict,
+        max_messages: int | None,
+        max_bytes: int | None,
+        minimum: TriggerMinimum | None = None,
+    ) -> dict:
         return self.driver.next_end(
-            SourceOffset.from_dict(start), max_messages, max_bytes
+            SourceOffset.from_dict(start), max_messages, max_bytes, minimum
         ).to_dict()
 
     def _all_tails(self) -> dict:
@@ -195,6 +203,7 @@ class _DriverState:
         self.sizes: dict[tuple[str, str, str], RangeSize] = {}
         self.reported: set[tuple[str, str | None, str | None]] = set()
         self.pins: set[tuple[str, str, str]] = set()
+        self.started_ms = int(time.time() * 1000)
         self._checked_extensions = False
 
     # ---- capabilities -----------------------------------------------------------------------------------
@@ -211,17 +220,15 @@ class _DriverState:
                 f"discover the streams matching pattern {self.options.selection.pattern!r}; list the "
                 "streams with option 'streams' instead",
             )
-        if self.options.has_trigger_limits and not extensions.limit_lookup:
-            option = (
-                MAX_MESSAGES_PER_TRIGGER
-                if self.options.max_messages_per_trigger is not None
-                else MAX_BYTES_PER_TRIGGER
-            )
+        limits = self.options.trigger_limit_options()
+        if limits and not extensions.limit_lookup:
+            option = limits[0][0]
             raise ExtensionNotSupported(
                 LIMIT_LOOKUP,
                 self.options.connection.url,
-                f"honour option '{option}' (finding the message boundary that ends a limited batch "
-                "needs it); remove the option to read everything available per trigger",
+                f"honour option '{option}' (counting what waits in each stream and finding the "
+                "message boundary that ends a limited batch need it); remove the option to read "
+                "everything available per trigger",
             )
         self.times.check_supported()
         self._checked_extensions = True
@@ -250,27 +257,53 @@ class _DriverState:
     # ---- ends -------------------------------------------------------------------------------------------
 
     def next_end(
-        self, start: SourceOffset, max_messages: int | None, max_bytes: int | None
+        self,
+        start: SourceOffset,
+        max_messages: int | None,
+        max_bytes: int | None,
+        minimum: TriggerMinimum | None = None,
     ) -> SourceOffset:
+        """The end of the next batch, or ``start`` itself (no new data for Spark) when ``minimum`` says
+        the trigger waits. ``Trigger.AvailableNow`` ignores the minimum: its run must end."""
         states = self.snapshot()
         tails = {path: state.tail for path, state in states.items()}
-        initial = start
-        start, gone = self.times.resolve_starts(
+        resolved, gone = self.times.resolve_starts(
             start, tails, apply_strategy=True, on_loss=self.report_loss
         )
         for path in gone:
             del tails[path]
-        plan = plan_next_end(start, tails, self.target, self.finished)
-        self.check_starting_offsets(initial, plan.losses)
+        plan = plan_next_end(resolved, tails, self.target, self.finished)
+        self.check_starting_offsets(start, plan.losses)
         for loss in plan.losses:
             self.report(loss)
+        waits = minimum is not None and self.target is None
+        limited = max_messages is not None or max_bytes is not None
+        lags = self.measure(plan.pending) if plan.pending and (waits or limited) else None
+        now_ms = int(time.time() * 1000)
+        if waits and not batch_due(lags or {}, minimum, self.last_batch_ms(start), now_ms):
+            log.debug("below %s: waiting for more data or maxTriggerDelay", minimum)
+            return start  # unchanged: Spark sees no new data and asks again next trigger
         ends = dict(plan.fixed)
-        if plan.pending:
-            if max_messages is None and max_bytes is None:
-                ends.update({item.stream: item.end for item in plan.pending})
-            else:
-                ends.update(self.admit(plan.pending, max_messages, max_bytes))
-        return SourceOffset.of(ends)
+        pending = [item for item in plan.pending if lags is None or item.stream in lags]
+        if pending and lags is not None and limited:
+            ends.update(self.admit(pending, lags, max_messages, max_bytes))
+        else:
+            ends.update({item.stream: item.end for item in pending})
+        end = SourceOffset.of(ends)
+        if minimum is None:
+            return end
+        if end.same_positions(start):
+            return start
+        return replace(end, batch_ms=now_ms)
+
+    def last_batch_ms(self, start: SourceOffset) -> int | None:
+        """When the batch that ended at ``start`` was planned: from the offset (so it survives restarts);
+        None for a new query; this run's start for a checkpoint written without batch times."""
+        if start.batch_ms is not None:
+            return start.batch_ms
+        if start == initial_offset(self.options):
+            return None
+        return self.started_ms
 
     def check_starting_offsets(self, start: SourceOffset, losses: list[LossNotice]) -> None:
         """Nothing was read yet: an offset the stream does not have is a wrong option, not a loss."""
@@ -284,10 +317,9 @@ class _DriverState:
                 + (f"its tail is {loss.end}" if loss.end else "the stream does not exist"),
             )
 
-    def admit(
-        self, pending: list[StreamRange], max_messages: int | None, max_bytes: int | None
-    ) -> dict[str, str]:
-        """Ends of ``pending`` ranges within the per-trigger budget, shared in proportion to lag."""
+    def measure(self, pending: list[StreamRange]) -> dict[str, RangeSize]:
+        """Each pending range's messages and bytes (one limit lookup each); unreadable ranges are
+        reported as lost and left out."""
         lags: dict[str, RangeSize] = {}
         for item in pending:
             try:
@@ -296,6 +328,16 @@ class _DriverState:
                 self.report(LossNotice(item.stream, item.start, item.end, f"not readable: {error}"))
                 continue
             lags[item.stream] = RangeSize(found.messages, found.bytes)
+        return lags
+
+    def admit(
+        self,
+        pending: list[StreamRange],
+        lags: dict[str, RangeSize],
+        max_messages: int | None,
+        max_bytes: int | None,
+    ) -> dict[str, str]:
+        """Ends of ``pending`` ranges within the per-trigger budget, shared in proportion to lag."""
         message_shares = allocate({p: s.messages for p, s in lags.items()}, max_messages)
         byte_shares = allocate({p: s.bytes for p, s in lags.items()}, max_bytes)
         ends: dict[str, str] = {}
@@ -396,6 +438,7 @@ if compat.HAS_ADMISSION_CONTROL:
         ReadLimit,
         ReadMaxBytes,
         ReadMaxRows,
+        ReadMinRows,
         SupportsTriggerAvailableNow,
     )
 
@@ -403,25 +446,40 @@ if compat.HAS_ADMISSION_CONTROL:
         """Stream reader with admission control and ``Trigger.AvailableNow`` (Spark >= 4.2)."""
 
         def getDefaultReadLimit(self) -> ReadLimit:
+            """Spark carries one limit object and hands it back to ``latestOffset``; the source applies
+            every per-trigger option itself, so any limit but ``ReadAllAvailable`` stands for all of
+            them (``minBytesPerTrigger`` alone travels as ``ReadMinRows(1)``)."""
             self.driver.check_capabilities()
-            if self.options.max_messages_per_trigger is not None:
-                return ReadMaxRows(self.options.max_messages_per_trigger)
-            if self.options.max_bytes_per_trigger is not None:
-                return ReadMaxBytes(self.options.max_bytes_per_trigger)
+            options = self.options
+            if options.max_messages_per_trigger is not None:
+                return ReadMaxRows(options.max_messages_per_trigger)
+            if options.max_bytes_per_trigger is not None:
+                return ReadMaxBytes(options.max_bytes_per_trigger)
+            if options.has_trigger_minimum:
+                return ReadMinRows(options.min_messages_per_trigger or 1)
             return ReadAllAvailable()
 
         def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-            max_messages, max_bytes = self._limits(limit)
-            return self._next_end(start, max_messages, max_bytes)
-
-        def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:
-            """The engine's limit wins (``ReadAllAvailable`` ignores the options); a row or byte limit from
-            ``getDefaultReadLimit`` is combined with the other option, since Spark carries only one."""
-            if isinstance(limit, ReadMaxRows):
-                return limit.max_rows, self.options.max_bytes_per_trigger
-            if isinstance(limit, ReadMaxBytes):
-                return self.options.max_messages_per_trigger, limit.max_bytes
-            return None, None
+            if isinstance(limit, ReadAllAvailable):  # the engine's word (Trigger.Once): no limit
+                return self._next_end(start, None, None)
+            options = self.options
+            minimum = None
+            if options.has_trigger_minimum:
+                minimum = TriggerMinimum(
+                    options.min_messages_per_trigger,
+                    options.min_bytes_per_trigger,
+                    options.max_trigger_delay_ms,
+                )
+            return self._next_end(
+                start,
+                limit.max_rows
+                if isinstance(limit, ReadMaxRows)
+                else options.max_messages_per_trigger,
+                limit.max_bytes
+                if isinstance(limit, ReadMaxBytes)
+                else options.max_bytes_per_trigger,
+                minimum,
+            )
 
         def prepareForTriggerAvailableNow(self) -> None:
             self.driver.prepare_available_now()
@@ -432,17 +490,17 @@ else:  # Spark 4.0 / 4.1
         """Stream reader without admission control (Spark 4.0/4.1): every batch reads all available."""
 
         def __init__(self, options: SourceOptions, schema: StructType) -> None:
-            if options.has_trigger_limits:
-                option = (
-                    MAX_MESSAGES_PER_TRIGGER
-                    if options.max_messages_per_trigger is not None
-                    else MAX_BYTES_PER_TRIGGER
-                )
+            limits = options.trigger_limit_options()
+            if limits:
+                option, value = limits[0]
                 raise OptionError(
                     option,
-                    str(options.max_messages_per_trigger or options.max_bytes_per_trigger),
+                    value,
                     "no per-trigger limit on this Spark version",
-                    reason="admission control for Python sources needs Spark >= 4.2",
+                    reason=(
+                        "admission control for Python sources needs Spark >= 4.2; remove the "
+                        "option (every trigger then reads everything available) or upgrade Spark"
+                    ),
                 )
             super().__init__(options, schema)
 
