@@ -27,6 +27,7 @@ import logging
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ from durastream_spark.errors import (
     MalformedResponse,
     RequestContext,
     error_from_response,
+    parse_error_body,
 )
 from durastream_spark.options import ConnectionOptions
 from durastream_spark.protocol import extensions as ext
@@ -669,6 +671,47 @@ class StreamClient:
             if following == after:
                 raise MalformedResponse(f"stream listing did not advance past {after!r}")
             after = str(following)
+
+    # ---- protocol section 6: subscriptions, as a stream listing -----------------------------------------
+
+    def subscriptions_supported(self) -> bool:
+        """Whether the server has the protocol's reserved subscription API (section 6): a GET of an
+        unknown subscription answers 404 with the JSON code ``SUBSCRIPTION_NOT_FOUND``. A server without
+        it treats the path as a stream (404 with another body): nothing is created by asking."""
+        url = f"{self.connection.url}/__ds/subscriptions/durastream-probe-{uuid.uuid4().hex}"
+        reply, attempts, _ = self._send("GET", url, RequestContext("GET", url), {})
+        if reply.status != 404:
+            if reply.status >= 500:
+                raise self._error(RequestContext("GET", url), reply, attempts)
+            return False
+        code, _ = parse_error_body(reply.header("Content-Type"), reply.body)
+        return code == "SUBSCRIPTION_NOT_FOUND"
+
+    def subscription_streams(self, pattern: str, wake_stream: str) -> list[str]:
+        """The paths of the streams that match ``pattern`` now, from a short-lived pull-wake subscription:
+        creating one links every existing matching stream (section 6.2, "eagerly backfill"); it is
+        read and deleted at once. ``wake_stream`` is only named (no wake is claimed, none is needed)."""
+        url = f"{self.connection.url}/__ds/subscriptions/durastream-spark-list-{uuid.uuid4().hex}"
+        body = json.dumps(
+            {
+                "type": "pull-wake",
+                "pattern": pattern,
+                "wake_stream": wake_stream,
+                "description": "durastream-spark: stream discovery, deleted right away",
+            }
+        ).encode()
+        context = RequestContext("PUT", url)
+        headers = {"Content-Type": "application/json"}
+        self._checked("PUT", url, context, headers, body=body, ok=(200, 201))
+        try:
+            reply = self._checked("GET", url, RequestContext("GET", url), {}, ok=(200,))
+            document = self._json(reply, context)
+        finally:
+            self._send("DELETE", url, RequestContext("DELETE", url), {})
+        try:
+            return [str(entry["path"]) for entry in document["streams"]]
+        except (KeyError, TypeError) as exc:
+            raise MalformedResponse(f"malformed subscription document: {exc!r}") from None
 
     # ---- plumbing ---------------------------------------------------------------------------------------
 

@@ -120,8 +120,10 @@ Servers without the extensions
 ==============================
 Against the Node reference server (no ``Durastream-Extensions``), batches stay replay-deterministic by
 reading each range through a closed fork pinned at the batch's end (``durastream_spark.source.fallback``).
-Rows then have a null ``timestamp`` and, as ``offset``, the offset their read started from; ``pattern``,
-the per-trigger limits and task splitting need the extensions and are refused or skipped.
+Rows then have a null ``timestamp`` and, as ``offset``, the offset their read started from. ``pattern`` lists
+streams through the protocol's subscriptions (section 6) when the server has them; per-trigger limits run
+as one batch under AvailableNow and are refused otherwise; instants and task splitting need the
+extensions. A server that cannot fork either (rakaia) is refused. See docs/compatibility.md.
 """
 
 from __future__ import annotations

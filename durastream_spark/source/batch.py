@@ -16,11 +16,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from durastream_spark.errors import DurastreamError, ExtensionNotSupported
+from durastream_spark.errors import DurastreamError
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.source.arrow import OutputLayout
 from durastream_spark.source.data_loss import DataLossReporter
-from durastream_spark.source.discovery import StreamCatalog
+from durastream_spark.source.discovery import StreamCatalog, check_pattern_supported
 from durastream_spark.source.options import SourceOptions
 from durastream_spark.source.partitions import Partitioner
 from durastream_spark.source.planner import batch_ranges
@@ -44,12 +44,8 @@ class DurableStreamBatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         client = StreamClient(self.options.connection)
         selection = self.options.selection
-        if selection.is_pattern and not client.extensions().listing:
-            raise ExtensionNotSupported(
-                "listing",
-                self.options.connection.url,
-                f"find the streams matching pattern {selection.pattern!r}; use option 'streams'",
-            )
+        if selection.pattern is not None:
+            check_pattern_supported(client, selection.pattern)
         catalog = StreamCatalog(
             client,
             streams=selection.streams,

@@ -47,7 +47,7 @@ from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.extensions import LIMIT_LOOKUP
 from durastream_spark.source.arrow import OutputLayout
 from durastream_spark.source.data_loss import DataLossReporter
-from durastream_spark.source.discovery import StreamCatalog, StreamState
+from durastream_spark.source.discovery import StreamCatalog, StreamState, check_pattern_supported
 from durastream_spark.source.fallback import delete_pin, pin_path
 from durastream_spark.source.offsets import (
     DEFAULT_KEY,
@@ -205,6 +205,7 @@ class _DriverState:
         self.pins: set[tuple[str, str, str]] = set()
         self.started_ms = int(time.time() * 1000)
         self._checked_extensions = False
+        self._warned_unlimited = False
 
     # ---- capabilities -----------------------------------------------------------------------------------
 
@@ -212,24 +213,8 @@ class _DriverState:
         """Refuse, at query start, what this server cannot do (named by option)."""
         if self._checked_extensions:
             return
-        extensions = self.client.extensions()
-        if self.options.selection.is_pattern and not extensions.listing:
-            raise ExtensionNotSupported(
-                "listing",
-                self.options.connection.url,
-                f"discover the streams matching pattern {self.options.selection.pattern!r}; list the "
-                "streams with option 'streams' instead",
-            )
-        limits = self.options.trigger_limit_options()
-        if limits and not extensions.limit_lookup:
-            option = limits[0][0]
-            raise ExtensionNotSupported(
-                LIMIT_LOOKUP,
-                self.options.connection.url,
-                f"honour option '{option}' (counting what waits in each stream and finding the "
-                "message boundary that ends a limited batch need it); remove the option to read "
-                "everything available per trigger",
-            )
+        if self.options.selection.pattern is not None:
+            check_pattern_supported(self.client, self.options.selection.pattern)
         self.times.check_supported()
         self._checked_extensions = True
 
@@ -278,6 +263,8 @@ class _DriverState:
             self.report(loss)
         waits = minimum is not None and self.target is None
         limited = max_messages is not None or max_bytes is not None
+        if (waits or limited) and not self.client.extensions().limit_lookup:
+            waits = limited = self.without_limit_lookup()
         lags = self.measure(plan.pending) if plan.pending and (waits or limited) else None
         now_ms = int(time.time() * 1000)
         if waits and not batch_due(lags or {}, minimum, self.last_batch_ms(start), now_ms):
@@ -295,6 +282,31 @@ class _DriverState:
         if end.same_positions(start):
             return start
         return replace(end, batch_ms=now_ms)
+
+    def without_limit_lookup(self) -> bool:
+        """The per-trigger options on a server without limit lookups (nothing can count what waits or
+        find where a limited batch ends). ``Trigger.AvailableNow`` reads up to its target in one batch
+        instead (it must end, and that is what Spark 4.0/4.1 do with it); any other trigger is refused.
+        Returns False: no limit is applied."""
+        option = self.options.trigger_limit_options()[0][0]
+        if self.target is None:
+            raise ExtensionNotSupported(
+                LIMIT_LOOKUP,
+                self.options.connection.url,
+                f"honour option '{option}' (counting what waits in each stream and finding the "
+                "message boundary that ends a limited batch need it); remove the option to read "
+                "everything available per trigger, or use Trigger.AvailableNow",
+            )
+        if not self._warned_unlimited:
+            log.warning(
+                "%s does not advertise the '%s' extension: Trigger.AvailableNow reads everything up "
+                "to its target in one batch, without option '%s'",
+                self.options.connection.url,
+                LIMIT_LOOKUP,
+                option,
+            )
+            self._warned_unlimited = True
+        return False
 
     def last_batch_ms(self, start: SourceOffset) -> int | None:
         """When the batch that ended at ``start`` was planned: from the offset (so it survives restarts);
