@@ -18,11 +18,11 @@ import uuid
 
 import pytest
 
-from durastream_spark.errors import DuplicatePayloadMismatch
+from durastream_spark.errors import DuplicatePayloadMismatch, StreamNotFound
 from durastream_spark.options import ConnectionOptions
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.source.discovery import StreamCatalog, whole_segment_glob
-from durastream_spark.source.fallback import ReplayNotGuaranteed, ensure_pin
+from durastream_spark.source.fallback import ReplayNotGuaranteed, ensure_pin, pin_path
 
 SERVERS = ("durastream_server", "reference_server", "rakaia_server")
 
@@ -61,6 +61,8 @@ def test_forks_pin_a_range_except_on_rakaia_where_reads_are_refused(server) -> N
         # The PUT succeeds but ignores Stream-Forked-From: the source refuses rather than read past E.
         with pytest.raises(ReplayNotGuaranteed, match="re-read identically"):
             ensure_pin(client, "__pins", path, end, "application/json", 600)
+        with pytest.raises(StreamNotFound):  # the stream its PUT created instead is removed again
+            client.head(pin_path("__pins", path, end))
         return
     pin = ensure_pin(client, "__pins", path, end, "application/json", 600)
     assert client.head(pin).next_offset == end

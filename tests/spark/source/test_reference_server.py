@@ -180,11 +180,15 @@ class _ForkIgnoringClient:
 
         return CreateResult(path, True, content_type, "0000000000000000_0000000000000000", False)
 
+    def delete(self, path):
+        self.deleted = path  # the stream the ignored fork created is removed again
+
 
 def test_a_server_that_cannot_fork_is_refused_with_the_missing_guarantee() -> None:
+    client = _ForkIgnoringClient()
     with pytest.raises(ReplayNotGuaranteed) as caught:
         ensure_pin(
-            _ForkIgnoringClient(),
+            client,
             "pins",
             "s",
             "0000000000000000_0000000000000042",
@@ -193,3 +197,4 @@ def test_a_server_that_cannot_fork_is_refused_with_the_missing_guarantee() -> No
         )
     text = str(caught.value)
     assert "bounded-read" in text and "fork" in text and "re-read identically" in text
+    assert client.deleted == pin_path("pins", "s", "0000000000000000_0000000000000042")
