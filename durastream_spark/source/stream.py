@@ -7,8 +7,11 @@ follows (Spark >= 4.2):
    symbolic here).
 2. ``latestOffset(start, limit)``: one snapshot of the streams (tails, closure), then the end of the next
    batch: every stream up to its tail, or, under ``maxMessagesPerTrigger``/``maxBytesPerTrigger``, up to the
-   message boundary the server's limit lookup finds for the stream's share of the budget. Gone streams are
-   reported through the data-loss choke point here, before Spark writes the end to its offset log.
+   message boundary the server's limit lookup finds for the stream's share of the budget. Under
+   ``minMessagesPerTrigger``/``minBytesPerTrigger`` it returns the start unchanged (no batch) until a
+   minimum waits or ``maxTriggerDelay`` has passed since the last batch (whose time the end offset
+   carries). Streams that start at an instant are looked up first (``time_resolution.py``). Gone streams
+   are reported through the data-loss choke point here, before Spark writes the end to its offset log.
 3. ``partitions(start, end)``: a pure plan of ``[start, end)`` per stream (``planner.ranges_between``), cut
    into tasks (``partitions.py``). It does not look at the current tails at all, so a replay after a
    failure or restart reads exactly the same messages, whatever was appended since.
