@@ -320,6 +320,11 @@ class PayloadTooLarge(ProtocolError):
     """413: the request body exceeds the server's limit."""
 
 
+class TooManyMessages(PayloadTooLarge):
+    """413 ``TOO_MANY_MESSAGES``: the request carries more messages than the server accepts in one request
+    (its ``--max-messages-per-request``)."""
+
+
 class RateLimited(ProtocolError):
     """429 that outlasted the retry budget."""
 
@@ -488,6 +493,13 @@ def error_from_response(
             TxnTooLarge,
             f"{where}: the transaction handle's staged data would exceed the server's limit per handle. "
             "Stage less per handle (e.g. more, smaller tasks) or raise the server's --max-staged-bytes.",
+        )
+    if status == 413 and code == "TOO_MANY_MESSAGES":
+        return make(
+            TooManyMessages,
+            f"{where}: the request carries more messages than the server accepts in one request. "
+            "Lower the sink option maxMessagesPerRequest to at most the server's limit (named below), "
+            "or raise the server's --max-messages-per-request.",
         )
     if status == 413:
         size = f" of {context.body_bytes} bytes" if context.body_bytes is not None else ""

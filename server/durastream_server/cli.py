@@ -35,12 +35,14 @@ from durastream_server.config import (
     DEFAULT_LONG_POLL_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_MESSAGES_PER_REQUEST,
     DEFAULT_MAX_STAGED_BYTES,
     DEFAULT_PORT,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     DEFAULT_SSE_RECONNECT_SECONDS,
     WEBHOOK_LOCALHOST_CHOICES,
     ServerConfig,
+    normalize_public_url,
 )
 from durastream_server.http.cors import normalize_origin
 from durastream_server.storage.datadir import AlreadyLocked, Durability
@@ -102,6 +104,13 @@ def _origin(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _public_url(text: str) -> str:
+    try:
+        return normalize_public_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _min_header_bytes(text: str) -> int:
     value = _positive_int(text)
     if value < 1024:
@@ -139,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"port to listen on, 0 = any free port (default: {DEFAULT_PORT})",
     )
     parser.add_argument(
+        "--public-url",
+        type=_public_url,
+        metavar="URL",
+        help="the server's base URL as clients and webhook receivers reach it, e.g. "
+        "https://streams.example.com (http or https, optional path prefix, no query); subscription "
+        "callback and JWKS URLs are built from it, never from a request's Host header "
+        "(default: the listening address, http(s)://HOST:PORT)",
+    )
+    parser.add_argument(
         "--long-poll-timeout",
         type=_positive_seconds,
         default=DEFAULT_LONG_POLL_TIMEOUT,
@@ -151,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_BODY_BYTES,
         metavar="BYTES",
         help=f"largest accepted request body; larger ones get 413 (default: {DEFAULT_MAX_BODY_BYTES})",
+    )
+    parser.add_argument(
+        "--max-messages-per-request",
+        type=_positive_int,
+        default=DEFAULT_MAX_MESSAGES_PER_REQUEST,
+        metavar="COUNT",
+        help="most messages (JSON array elements) one append or stage may carry; more get 413 "
+        f"(default: {DEFAULT_MAX_MESSAGES_PER_REQUEST})",
     )
     parser.add_argument(
         "--durability",
@@ -185,8 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULT_MAX_STAGED_BYTES,
         metavar="BYTES",
-        help="largest payload one staged-append handle may hold; more gets 413 "
-        f"(default: {DEFAULT_MAX_STAGED_BYTES})",
+        help="largest payload one staged-append handle may hold, each message counting 24 bytes "
+        f"more; more gets 413 (default: {DEFAULT_MAX_STAGED_BYTES})",
     )
     security = parser.add_argument_group(
         "security and exposure", "authentication, TLS, CORS and request limits (docs/security.md)"
@@ -290,8 +316,10 @@ def config_from_args(
         data_dir=args.data_dir,
         host=args.host,
         port=args.port,
+        public_url=args.public_url,
         long_poll_timeout=args.long_poll_timeout,
         max_body_bytes=args.max_body_bytes,
+        max_messages_per_request=args.max_messages_per_request,
         durability=Durability(args.durability),
         chunk_bytes=args.chunk_bytes,
         sse_reconnect_seconds=args.sse_reconnect_seconds,

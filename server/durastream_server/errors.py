@@ -130,6 +130,13 @@ class PayloadTooLarge(ProtocolError):
     code = "PAYLOAD_TOO_LARGE"
 
 
+class TooManyMessages(PayloadTooLarge):
+    """A JSON request body with more messages (top-level array elements) than the server accepts per
+    request (``--max-messages-per-request``): its per-message cost, not its size, is over the limit."""
+
+    code = "TOO_MANY_MESSAGES"
+
+
 class UnsupportedMediaType(ProtocolError):
     status = 415
     code = "UNSUPPORTED_MEDIA_TYPE"

@@ -11,6 +11,7 @@ the lifespan shutdown closes subscriptions, engine and storage, in that order.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import importlib.util
 import ipaddress
@@ -26,6 +27,7 @@ from durastream_server.engine.txnapi import TxnLimits
 from durastream_server.http import fastpath
 from durastream_server.http.app import DurastreamApp
 from durastream_server.http.guard import protocol_class
+from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.subscriptions.service import SubscriptionService
 
@@ -44,12 +46,19 @@ class Backend:
     async def open(cls, config: ServerConfig) -> Backend:
         data = await DataDir.open(StorageConfig(root=config.data_dir, durability=config.durability))
         try:
-            engine = Engine(data, txn_limits=TxnLimits(max_handle_bytes=config.max_staged_bytes))
+            engine = Engine(
+                data,
+                txn_limits=TxnLimits(max_handle_bytes=config.max_staged_bytes),
+                max_messages_per_request=config.max_messages_per_request,
+            )
             await engine.start()
             state_dir = data.meta_path("subscriptions")
             state_dir.mkdir(parents=True, exist_ok=True)
             subscriptions = SubscriptionService(
-                engine, state_dir, allow_local_webhooks=local_webhooks_allowed(config)
+                engine,
+                state_dir,
+                stream_root_url=config.public_base_url + STREAM_ROOT,
+                allow_local_webhooks=local_webhooks_allowed(config),
             )
             await subscriptions.start()
         except BaseException:
@@ -87,10 +96,7 @@ class _Server(uvicorn.Server):
             gc.collect()
             gc.freeze()
         if self.started and sockets:
-            host, port = sockets[0].getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            scheme = "https" if self.config.is_ssl else "http"
-            self._on_started(f"{scheme}://{shown}:{port}")
+            self._on_started(bound_url(sockets[0], tls=self.config.is_ssl))
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._app.begin_drain()
@@ -110,6 +116,27 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise
     sock.set_inheritable(True)
     return sock
+
+
+def bound_url(sock: socket.socket, *, tls: bool) -> str:
+    """``http(s)://HOST:PORT`` of the address ``sock`` is bound to (a real port, also for port 0)."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
+
+
+def with_public_url(config: ServerConfig, sock: socket.socket) -> ServerConfig:
+    """``config`` with ``public_url`` set: ``--public-url``, else the URL of the bound address."""
+    if config.public_url is not None:
+        return config
+    url = bound_url(sock, tls=config.tls)
+    if ipaddress.ip_address(sock.getsockname()[0].split("%")[0]).is_unspecified:
+        logger.warning(
+            "listening on all addresses without --public-url: subscription callback and JWKS URLs "
+            "will name %s, which webhook receivers cannot reach; set --public-url to the URL they use",
+            url,
+        )
+    return dataclasses.replace(config, public_url=url)
 
 
 def is_loopback(host: str) -> bool:
@@ -159,6 +186,7 @@ def run(
     config: ServerConfig, sock: socket.socket, on_started: Callable[[str], None]
 ) -> DurastreamApp:
     """Serve until a shutdown signal. Returns the app so the caller can inspect ``startup_error``."""
+    config = with_public_url(config, sock)
     app = build_app(config)
     uv_config = uvicorn.Config(
         app,

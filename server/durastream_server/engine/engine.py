@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from durastream_server.engine import (
     bounds,
@@ -45,8 +46,8 @@ from durastream_server.engine import (
     expiry,
     jsonmode,
     lookup,
-    message_reads,
     producers,
+    rendering,
     time_lookup,
 )
 from durastream_server.engine.api import (
@@ -94,9 +95,11 @@ from durastream_server.errors import (
 from durastream_server.offsets import BEGINNING, NOW, InvalidOffset, format_offset, parse_position
 from durastream_server.storage import DataDir
 from durastream_server.storage.log import StreamLog
-from durastream_server.storage.records import AppendEntry, StreamHeader
+from durastream_server.storage.records import MESSAGE_OVERHEAD, AppendEntry, StreamHeader
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 DEFAULT_SWEEP_INTERVAL = 0.25  # seconds between expiry sweeps
 READ_MEMO_BYTES = 4096  # largest read result kept per stream for the next identical read
@@ -132,8 +135,11 @@ class Engine:
         clock: Callable[[], float] | None = None,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
         txn_limits: TxnLimits | None = None,
+        max_messages_per_request: int = jsonmode.DEFAULT_MAX_MESSAGES,
     ) -> None:
         self._data = data
+        # Messages one JSON append, create or stage may carry (jsonmode: message-count bombs).
+        self.max_messages = max_messages_per_request
         self._clock = clock or time.time
         self._sweep_interval = sweep_interval
         self._registry: Registry = build(data.logs, self._clock())
@@ -260,7 +266,9 @@ class Engine:
         # Validate the whole body before anything touches disk: a bad JSON body leaves no stream
         # behind (hazard 20).
         if contenttype.is_json(content_type):
-            parsed = await jsonmode.split_messages_offloaded(request.body, allow_empty_array=True)
+            parsed = await jsonmode.split_messages_offloaded(
+                request.body, allow_empty_array=True, max_messages=self.max_messages
+            )
             if isinstance(parsed, BadRequest):
                 raise parsed
             messages = parsed
@@ -419,7 +427,9 @@ class Engine:
         if inc.json and body:
             # Parse the JSON body (a large one off the loop) *before* the validation section, while
             # the digest is computed; a parse error is reported at its place in the precedence below.
-            parsed = await jsonmode.split_messages_offloaded(body, allow_empty_array=False)
+            parsed = await jsonmode.split_messages_offloaded(
+                body, allow_empty_array=False, max_messages=self.max_messages
+            )
         if pending_digest is not None:
             digest = await pending_digest
         current = self._lookup(request.path)  # the stream may have changed during the awaits
@@ -430,7 +440,7 @@ class Engine:
         state = log.state
         if state.closed:
             return await self._append_to_closed(inc, request, digest)
-        messages = request_messages(inc, request_type, parsed, body)
+        messages = request_messages(inc, request_type, parsed, body, self.max_messages)
         if producer is not None:
             decision = producers.validate(state, producer, digest)
             if isinstance(decision, producers.Duplicate):
@@ -540,9 +550,9 @@ class Engine:
             return ReadResult(
                 info=self._info(inc),
                 start_offset=format_offset(tail),
-                messages=(),
-                positions=(),
-                timestamps_ms=(),
+                items=(),
+                count=0,
+                body=b"[]" if inc.json else b"",
                 next_offset=format_offset(tail),
                 up_to_date=True,
                 closed=log.durable_closed,
@@ -558,20 +568,28 @@ class Engine:
             # thread) and the view turns a violation into 400.
             end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=inc.json)
         closed_before = log.durable_closed
-        slices, next_position = await view.read(start, request.max_bytes, end)
+        # Runs, not a slice per message, and each message counts MESSAGE_OVERHEAD against the
+        # chunk: a chunk of 1-byte messages holds ~170k of them, not millions (rendering.py).
+        slices, next_position, count = await view.read(
+            start, request.max_bytes, end, runs=True, overhead=MESSAGE_OVERHEAD
+        )
         # Judge EOF against the state *after* the read: a close (with or without data) that landed
         # meanwhile moved the durable tail, so a reader at the old tail is not told "closed" while
         # final data remains unread (hazards 16, 23).
         durable_tail = log.durable_tail
+        durable_closed = log.durable_closed
+        body = await self.offload(
+            count, functools.partial(rendering.payload, json=inc.json), slices
+        )
         result = ReadResult(
             info=self._info(inc),
             start_offset=format_offset(start),
-            messages=tuple(s.data for s in slices),
-            positions=tuple(format_offset(s.position) for s in slices),
-            timestamps_ms=tuple(s.timestamp_ms for s in slices),
+            items=slices,
+            count=count,
+            body=body,
             next_offset=format_offset(next_position),
             up_to_date=next_position >= durable_tail,
-            closed=log.durable_closed and next_position == durable_tail,
+            closed=durable_closed and next_position == durable_tail,
             json=inc.json,
         )
         if (
@@ -600,8 +618,8 @@ class Engine:
         end = view.tail
         if request.end_offset is not None:
             end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=True)
-        slices, next_position = await message_reads.read_whole_messages(
-            view, start, end, request.max_bytes, overhead
+        slices, next_position, count = await view.read(
+            start, request.max_bytes, end, whole_messages=True, runs=True, overhead=overhead
         )
         log = inc.log
         durable_tail = log.durable_tail  # after the read, as in ``read`` (hazards 16, 23)
@@ -609,10 +627,20 @@ class Engine:
             info=self._info(inc),
             start_offset=format_offset(start),
             slices=slices,
+            count=count,
             next_offset=format_offset(next_position),
             up_to_date=next_position >= durable_tail,
             closed=log.durable_closed and next_position == durable_tail,
             json=inc.json,
+        )
+
+    async def offload(self, count: int, func: Callable[..., _T], *args: Any) -> _T:
+        """``func(*args)``: on the loop for work on at most ``rendering.INLINE_MESSAGES`` messages,
+        else in the read executor, so per-message work never holds the loop for long."""
+        if count <= rendering.INLINE_MESSAGES:
+            return func(*args)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._data.read_executor, func, *args
         )
 
     async def lookup_limit(self, request: LimitRequest) -> LimitResult:

@@ -63,6 +63,7 @@ from durastream_server.storage import codec, txnfile
 from durastream_server.storage.datadir import Durability
 from durastream_server.storage.files import is_out_of_space
 from durastream_server.storage.records import (
+    MESSAGE_OVERHEAD,
     AppendEntry,
     CommittedHandle,
     GroupCommit,
@@ -167,14 +168,14 @@ class TxnManager:
         if inc.json:
             # Views, not copies: staged messages are only written to the staging file, never kept.
             parsed = await jsonmode.split_messages_offloaded(
-                body, allow_empty_array=False, views=True
+                body, allow_empty_array=False, views=True, max_messages=engine.max_messages
             )
         if pending_digest is not None:
             digest = await pending_digest
         inc = self._current(request.path, inc)
         if inc.log.state.closed:
             raise self._closed_error(inc)
-        messages = request_messages(inc, request_type, parsed, body)
+        messages = request_messages(inc, request_type, parsed, body, engine.max_messages)
         # Shielded: a client that hangs up must not leave a half-applied stage (file written, memory
         # not updated) or release the handle's lock while its write is still running.
         return await asyncio.shield(
@@ -220,12 +221,16 @@ class TxnManager:
                 if isinstance(decision, producers.Duplicate):
                     assert handle is not None  # an unknown producer is never a duplicate
                     return self._stage_result(inc, handle, producer, decision, duplicate=True)
-            size = sum(map(len, messages))
+            # Each message counts MESSAGE_OVERHEAD beyond its bytes, as in every byte budget, so a
+            # handle of tiny messages is bounded like any other.
+            held = state.tail + MESSAGE_OVERHEAD * (handle.n_messages if handle else 0)
+            adding = sum(map(len, messages)) + MESSAGE_OVERHEAD * len(messages)
             limit = self.limits.max_handle_bytes
-            if state.tail + size > limit:
+            if held + adding > limit:
                 raise TxnTooLarge(
-                    f"handle {name!r} would hold {state.tail + size} bytes; the server allows "
-                    f"{limit} bytes per handle (commit it and stage the rest under another handle)"
+                    f"handle {name!r} would hold {held + adding} bytes (payload plus "
+                    f"{MESSAGE_OVERHEAD} per message); the server allows {limit} bytes per handle "
+                    "(--max-staged-bytes; commit it and stage the rest under another handle)"
                 )
             entry = AppendEntry(
                 position=state.tail,

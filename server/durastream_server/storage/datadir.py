@@ -115,6 +115,11 @@ class DataDir:
         """The shared I/O thread pool (other components may use it for their own blocking file work)."""
         return self._executor
 
+    @property
+    def read_executor(self) -> ThreadPoolExecutor:
+        """The readers' thread pool: reads, and the per-message work of rendering what they return."""
+        return self._read_executor
+
     def _dir(self, name: str) -> Path:
         return self.root / name
 

@@ -68,7 +68,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 # The just-committed tail each log keeps in memory for the readers that commit wakes (``_keep_hot``):
-# at most this many payload bytes and entries per log, dropped once no commit came for HOT_SECONDS.
+# at most this many bytes (payload plus MESSAGE_OVERHEAD per message, so that tiny messages cannot make
+# the on-loop read of it long) and entries per log, dropped once no commit came for HOT_SECONDS.
 HOT_MAX_BYTES = 32 * 1024
 HOT_MAX_ENTRIES = 256
 HOT_SECONDS = 0.1
@@ -84,6 +85,7 @@ class ReadChunk:
 
     slices: tuple[MessageSlice | MessageRun, ...]  # runs only when the caller asked for them
     next_position: int  # position after the last returned byte; == start when nothing was returned
+    messages: int = 0  # messages (or pieces of byte-stream messages) in ``slices``
 
 
 class InvalidPosition(ValueError):
@@ -334,13 +336,13 @@ class StreamLog:
                     hot.clear()
                     self._hot_bytes = 0
                 hot.append(item)  # type: ignore[arg-type]
-                self._hot_bytes += item.size  # type: ignore[union-attr]
+                self._hot_bytes += item.cost  # type: ignore[union-attr]
             elif kind is not SoftDelete:
                 # A record group: its messages are not in the item, so the window would have a gap.
                 hot.clear()
                 self._hot_bytes = 0
         while hot and (self._hot_bytes > HOT_MAX_BYTES or len(hot) > HOT_MAX_ENTRIES):
-            self._hot_bytes -= hot.popleft().size
+            self._hot_bytes -= hot.popleft().cost
         if hot:
             loop = asyncio.get_running_loop()
             self._hot_at = loop.time()
@@ -508,6 +510,7 @@ class StreamLog:
         *,
         whole_messages: bool,
         runs: bool = False,
+        overhead: int = 0,
     ) -> ReadChunk:
         """Read from logical ``start`` up to ``min(end, durable_tail)``, about ``max_bytes`` of payload.
 
@@ -518,8 +521,9 @@ class StreamLog:
         - ``start`` outside ``[base, durable_tail]`` raises ``InvalidPosition``.
         - A read of a deleted log raises ``errors.NotFound``; checksum failure ``errors.CorruptStream``;
           an I/O error ``errors.StorageFailure``.
-        - ``runs`` (whole-message reads): records read from disk and returned whole may come back as
-          one ``MessageRun`` each (reads served from memory return slices).
+        - ``runs`` (whole-message reads): the messages returned from one record read from disk come
+          back as one ``MessageRun`` (reads served from memory return slices).
+        - ``overhead``: what each message costs against ``max_bytes`` beyond its bytes.
         Uses the index to find the start and ``pread`` from disk in a worker thread; never loads a segment
         whole.
         """
@@ -539,14 +543,16 @@ class StreamLog:
                 first -= 1
             entries = hot if first == 0 else itertools.islice(hot, first, None)
             try:
-                slices, next_position = read_entries(entries, start, cap, max_bytes, whole_messages)
+                slices, next_position, count = read_entries(
+                    entries, start, cap, max_bytes, whole_messages, overhead
+                )
             except NotABoundary as exc:
                 raise InvalidPosition(str(exc)) from None
-            return ReadChunk(tuple(slices), next_position)
+            return ReadChunk(tuple(slices), next_position, count)
         _, scan_from = self._index.floor(start)
         view = self._segments.view(self._file_end)
         try:
-            slices, next_position = await asyncio.get_running_loop().run_in_executor(
+            slices, next_position, count = await asyncio.get_running_loop().run_in_executor(
                 self._ctx.read_executor,
                 read_range,
                 view,
@@ -557,12 +563,13 @@ class StreamLog:
                 max_bytes,
                 whole_messages,
                 runs,
+                overhead,
             )
         except NotABoundary as exc:
             raise InvalidPosition(str(exc)) from None
         except (codec.CorruptRecord, OSError) as exc:
             raise self._read_error(exc) from exc
-        return ReadChunk(tuple(slices), next_position)
+        return ReadChunk(tuple(slices), next_position, count)
 
     async def is_boundary(self, position: int) -> bool:
         """True if ``position`` is a message boundary (or the tail), staged entries included."""

@@ -6,6 +6,7 @@ random long-polls and SSE requests end quickly.
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import threading
 import time
@@ -404,3 +405,180 @@ def test_keep_alive_connection_can_send_a_second_request_later(server_factory) -
             time.sleep(1.5)  # past the 1 s header timeout, under uvicorn's 5 s keep-alive
     finally:
         connection.close()
+
+
+# ---- hostile input: subscription control requests (subscriptions/, http/subscriptions.py) ---------------
+
+CONTROL_LIMIT = 64 * 1024
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children)
+    ),
+    max_leaves=16,
+)
+_field_values = st.one_of(
+    _json_values,
+    st.sampled_from(
+        ["pull-wake", "webhook", "fz/*", "**", "w_x", "http://127.0.0.1:9/h", "\ud800"]
+    ),
+)
+_control_documents = st.dictionaries(
+    st.sampled_from(
+        ["type", "pattern", "streams", "webhook", "wake_stream", "lease_ttl_ms", "description"]
+        + ["wake_id", "generation", "acks", "done", "worker", "x"]
+    ),
+    _field_values,
+    max_size=6,
+).map(lambda doc: json.dumps(doc).encode())
+_nesting_bombs = st.tuples(
+    st.sampled_from([b"[", b'{"a":', b'{"streams":[', b'{"acks":[{"stream":']),
+    st.integers(min_value=1, max_value=100_000),
+).map(lambda shape: shape[0] * shape[1])
+control_bodies = st.one_of(
+    _nesting_bombs,
+    _control_documents,
+    _json_values.map(lambda value: json.dumps(value).encode()),
+    st.binary(max_size=256),
+    st.sampled_from([b"", b"{}", b"{bad", b"\xff\xfe", b'{"streams":["\\ud800"]}', b"[" * 33]),
+)
+
+
+def test_subscription_requests_never_get_a_5xx_and_big_bodies_are_not_read(server_factory) -> None:
+    server = server_factory()
+    json_type = {"Content-Type": "application/json"}
+    assert requests.put(server.stream_url("fz/wake"), headers=json_type).ok
+    pull = {"type": "pull-wake", "pattern": "fz/*", "wake_stream": "fz/wake"}
+    assert requests.put(server.stream_url("__ds/subscriptions/fz-pull"), json=pull).ok
+    assert requests.put(server.stream_url("fz/data"), data=b"[1]", headers=json_type).ok
+    claim = requests.post(
+        server.stream_url("__ds/subscriptions/fz-pull/claim"), json={"worker": "fuzz"}
+    )
+    claim_token = claim.json()["token"]
+
+    @settings(
+        max_examples=200,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(
+        method=st.sampled_from(["GET", "PUT", "POST", "DELETE", "HEAD"]),
+        sub_id=st.sampled_from(["fz-pull", "fz-unknown", "%2e%2e", "a%00b", "x" * 300]),
+        action=st.sampled_from(["", "/streams", "/streams/fz%2Fx", "/claim", "/ack", "/release"]),
+        auth=st.sampled_from([None, "Bearer garbage", f"Bearer {claim_token}", "Basic eDp5"]),
+        body=control_bodies,
+        declared_only=st.sampled_from([None, CONTROL_LIMIT + 1, 60 << 20]),
+    )
+    def check(
+        method: str,
+        sub_id: str,
+        action: str,
+        auth: str | None,
+        body: bytes,
+        declared_only: int | None,
+    ) -> None:
+        target = f"/v1/stream/__ds/subscriptions/{sub_id}{action}"
+        lines = [
+            f"{method} {target} HTTP/1.1",
+            f"Host: {server.host}",
+            "Content-Type: application/json",
+        ]
+        if auth is not None:
+            lines.append(f"Authorization: {auth}")
+        length = declared_only if declared_only is not None else len(body)
+        lines.append(f"Content-Length: {length}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        # declared_only: headers announce a big body that is never sent; the server must answer anyway.
+        status = _raw(server, head if declared_only is not None else head + body)
+        assert status is not None and status < 500, (method, target, auth, body[:40], status)
+        if declared_only is not None and method in ("PUT", "POST"):
+            assert status in (400, 401, 404, 405, 409, 413), (method, target, status)
+
+    check()
+    assert requests.get(server.base_url + "/healthz").status_code == 200
+    log = server.log_path.read_text(errors="replace")
+    assert "Traceback" not in log and "internal error" not in log
+
+
+# ---- message-count bombs (issue 14): the cap counts top-level elements, whatever the body looks like ----
+
+BOMB_CAP = 40
+_bomb_leaves = st.sampled_from(
+    [
+        b"0",
+        b"1",
+        b'""',
+        b'","',
+        b'"]"',
+        b'"\\",["',
+        b"[]",
+        b"{}",
+        b"[0,0]",
+        b'{"a":[0,{}]}',
+        b"null",
+    ]
+)
+_bomb_elements = st.recursive(
+    _bomb_leaves,
+    lambda inner: st.lists(inner, max_size=5).map(lambda xs: b"[" + b",".join(xs) + b"]"),
+    max_leaves=30,
+)
+
+
+@st.composite
+def _bomb_bodies(draw: st.DrawFn) -> tuple[bytes, int | None]:
+    """A JSON array around the cap (many tiny elements, or few with many nested commas), sometimes
+    damaged; returns the body and its top-level element count (None when not valid JSON)."""
+    count = draw(
+        st.one_of(st.integers(0, 3), st.integers(BOMB_CAP - 2, BOMB_CAP + 2), st.integers(0, 400))
+    )
+    element = draw(_bomb_elements)
+    mixed = draw(st.lists(_bomb_elements, max_size=3))
+    elements = [element] * count + mixed
+    separator = draw(st.sampled_from([b",", b", ", b" ,\n"]))
+    body = b"[" + separator.join(elements) + b"]"
+    if draw(st.integers(0, 4)) == 0:  # damaged: a cut, or a stray byte
+        at = draw(st.integers(0, len(body)))
+        body = (
+            body[:at] + draw(st.sampled_from([b"", b",", b"]", b"[", b'"', b"\\"])) + body[at + 1 :]
+        )
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body, None
+    return body, len(parsed) if isinstance(parsed, list) else 1
+
+
+def test_message_count_bombs_are_refused_by_count_and_never_get_a_5xx(server_factory) -> None:
+    server = server_factory(extra_args=["--max-messages-per-request", str(BOMB_CAP)])
+    url = server.stream_url("fuzz/bombs")
+    assert requests.put(url, headers={"Content-Type": "application/json"}).status_code == 201
+    session = requests.Session()
+
+    @settings(
+        max_examples=150,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(case=_bomb_bodies(), staged=st.booleans())
+    def check(case: tuple[bytes, int | None], staged: bool) -> None:
+        body, count = case
+        headers = {"Content-Type": "application/json"}
+        if staged:
+            headers["Durastream-Txn"] = "bomb"
+        response = session.post(url, data=body, headers=headers)
+        status = response.status_code
+        assert status < 500, (body[:200], status)
+        if count is None:
+            assert status in (400, 413), (body[:200], status)
+        elif count > BOMB_CAP:
+            assert status == 413 and response.json()["error"]["code"] == "TOO_MANY_MESSAGES", status
+        elif count == 0:
+            assert status == 400  # [] appends nothing
+        else:
+            assert status in (200, 204), (body[:200], status, response.text[:200])
+
+    check()
+    assert requests.get(server.base_url + "/healthz").status_code == 200
