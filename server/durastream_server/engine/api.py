@@ -133,6 +133,16 @@ class StreamListing:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamPage:
+    """One page of a listing. ``next`` is the ``after`` of the following page (None: no more). A page
+    may hold fewer streams than asked for, even none, and still have a ``next``: it stopped after
+    examining as many paths as it was allowed to."""
+
+    streams: list[StreamListing]
+    next: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class MessagesResult:
     """One chunk of a whole-message read (message frames extension): each slice is one message with
     its own position and server append time; the rest means what it means in ``ReadResult``."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -62,6 +63,7 @@ from durastream_server.engine.api import (
     ReadResult,
     StreamInfo,
     StreamListing,
+    StreamPage,
     TimeRequest,
     TimeResult,
 )
@@ -95,6 +97,7 @@ from durastream_server.errors import (
 from durastream_server.offsets import BEGINNING, NOW, InvalidOffset, format_offset, parse_position
 from durastream_server.storage import DataDir
 from durastream_server.storage.log import StreamLog
+from durastream_server.storage.quarantine import QuarantinedStream
 from durastream_server.storage.records import MESSAGE_OVERHEAD, AppendEntry, StreamHeader
 
 logger = logging.getLogger(__name__)
@@ -142,7 +145,13 @@ class Engine:
         self.max_messages = max_messages_per_request
         self._clock = clock or time.time
         self._sweep_interval = sweep_interval
-        self._registry: Registry = build(data.logs, self._clock())
+        self._registry: Registry
+        self._registry, unusable = build(data.logs, self._clock())
+        # Streams whose header the engine cannot use are quarantined like damaged logs; start() waits
+        # until their directories are set aside.
+        self._setting_aside = [
+            data.quarantine(log.id, log.header.path, reason) for log, reason in unusable
+        ]
         self._create_locks = KeyedLocks()
         self._observers: list[StreamObserver] = []
         self._sweeper: asyncio.Task[None] | None = None
@@ -154,14 +163,18 @@ class Engine:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Finish interrupted cascade deletions and start the expiry sweeper."""
+        """Set unusable streams aside, finish interrupted cascade deletions, load staged appends (a
+        stream whose staged-append state cannot be read is quarantined), start the expiry sweeper."""
+        await asyncio.gather(*self._setting_aside)
+        self._setting_aside = []
         for orphan in self._registry.orphans():
             if not orphan.removed:
                 logger.info(
                     "collecting unreferenced deleted stream %r (%s)", orphan.path, orphan.id
                 )
                 await self._collect(orphan)
-        await self._txns.start()
+        for inc, reason in await self._txns.start():
+            await self._quarantine(inc, reason)
         if self._sweeper is None and self._sweep_interval > 0:
             self._sweeper = asyncio.create_task(self._sweep_loop(), name="durastream-expiry")
 
@@ -769,8 +782,8 @@ class Engine:
         now = self._clock()
         expired = [
             inc
-            for inc in list(self._registry.by_path.values())
-            if inc.lifetime.expires and not inc.soft_deleted and inc.expired(now)
+            for inc in list(self._registry.expiring)
+            if not inc.soft_deleted and inc.expired(now)
         ]
         for inc in expired:
             try:
@@ -834,6 +847,14 @@ class Engine:
             self._subscribe(inc)
             raise
 
+    async def _quarantine(self, inc: Incarnation, reason: str) -> None:
+        """Stop serving ``inc`` and set it aside (start-up only: nothing was served from it yet)."""
+        self._registry.remove(inc)
+        if inc.unsubscribe is not None:
+            inc.unsubscribe()
+            inc.unsubscribe = None
+        await self._data.quarantine(inc.id, inc.path, reason)
+
     async def _collect(self, inc: Incarnation) -> None:
         """Garbage-collect ``inc`` if it is deleted and unreferenced, then cascade up the chain."""
         current: Incarnation | None = inc
@@ -860,40 +881,78 @@ class Engine:
 
     # ------------------------------------------------------------------ listing
 
-    def list_streams(
-        self,
-        prefix: str = "",
-        *,
-        match: Callable[[str], bool] | None = None,
-        after: str | None = None,
-        limit: int | None = None,
-    ) -> list[StreamListing]:
-        """Live streams whose path starts with ``prefix`` (and satisfies ``match``), sorted by path.
-
-        ``after`` and ``limit`` page through the listing (paths strictly after ``after``, at most
-        ``limit`` of them), as the listing extension does; the engine does not depend on how paths are
-        matched, so the HTTP layer can bring the subscription glob rules.
-        """
+    def list_streams(self, prefix: str = "") -> list[StreamListing]:
+        """Every live stream whose path starts with ``prefix``, sorted by path (O(log n + streams
+        under the prefix): for the subscription layer, which needs all of them)."""
         now = self._clock()
-        listings = []
         by_path = self._registry.by_path
-        for path in sorted(p for p in by_path if p.startswith(prefix)):
-            if after is not None and path <= after:
-                continue
-            if limit is not None and len(listings) >= limit:
+        found = []
+        for path in self._registry.paths.islice(self._first_path(prefix, None)):
+            if not path.startswith(prefix):
                 break
             inc = by_path[path]
-            if inc.soft_deleted or inc.expired(now) or (match is not None and not match(path)):
+            if not inc.soft_deleted and not inc.expired(now):
+                found.append(self._listing(path, inc))
+        return found
+
+    def list_page(
+        self,
+        prefix: str,
+        *,
+        match: Callable[[str], bool] | None,
+        after: str | None,
+        limit: int,
+        examine: int,
+    ) -> StreamPage:
+        """One page of the listing extension: live streams whose path starts with ``prefix`` and
+        satisfies ``match``, strictly after ``after``, at most ``limit`` of them, by path.
+
+        The cost is bounded by the caller, whatever matches: a bisect into the sorted paths, then at
+        most ``examine`` paths. A page that stops there answers with what it found (possibly nothing)
+        and a ``next`` after the last path it examined, so a pattern that matches nothing costs one
+        bounded page per ``examine`` paths, never a walk of every stream per request. The engine
+        does not depend on how paths are matched: the HTTP layer brings the glob rules.
+        """
+        now = self._clock()
+        by_path = self._registry.by_path
+        found: list[StreamListing] = []
+        last: str | None = None
+        examined = 0
+        for path in self._registry.paths.islice(self._first_path(prefix, after)):
+            if not path.startswith(prefix):
+                break
+            if len(found) >= limit or examined >= examine:
+                return StreamPage(found, last)  # more paths follow in the range
+            examined += 1
+            last = path
+            if match is not None and not match(path):
                 continue
-            listings.append(
-                StreamListing(
-                    path=path,
-                    content_type=inc.header.content_type,
-                    next_offset=format_offset(inc.log.durable_tail),
-                    closed=inc.log.durable_closed,
-                )
-            )
-        return listings
+            inc = by_path[path]
+            if not inc.soft_deleted and not inc.expired(now):
+                found.append(self._listing(path, inc))
+        return StreamPage(found, None)
+
+    def _first_path(self, prefix: str, after: str | None) -> int:
+        """Index in the sorted paths of the first one >= ``prefix`` and > ``after``."""
+        paths = self._registry.paths
+        if after is not None and after >= prefix:
+            return paths.bisect_right(after)
+        return paths.bisect_left(prefix)
+
+    @staticmethod
+    def _listing(path: str, inc: Incarnation) -> StreamListing:
+        return StreamListing(
+            path=path,
+            content_type=inc.header.content_type,
+            next_offset=format_offset(inc.log.durable_tail),
+            closed=inc.log.durable_closed,
+        )
+
+    def quarantined(self, limit: int) -> tuple[int, list[QuarantinedStream]]:
+        """How many streams are set aside because they cannot be served (``storage/quarantine.py``),
+        and the first ``limit`` of them in the order they were found."""
+        entries = self._data.quarantined
+        return len(entries), list(itertools.islice(entries.values(), limit))
 
     # ------------------------------------------------------------------ helpers
 

@@ -24,13 +24,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from durastream_server.engine import contenttype, jsonmode, producers, txnspace
 from durastream_server.engine.api import AppendRequest, AppendResult
 from durastream_server.engine.bodies import request_messages
-from durastream_server.engine.registry import Incarnation
+from durastream_server.engine.registry import Incarnation, Registry
 from durastream_server.engine.txnapi import (
     AbortRequest,
     AbortResult,
@@ -60,7 +60,7 @@ from durastream_server.errors import (
 )
 from durastream_server.offsets import format_offset
 from durastream_server.storage import codec, txnfile
-from durastream_server.storage.datadir import Durability
+from durastream_server.storage.datadir import DataDir, Durability
 from durastream_server.storage.files import is_out_of_space
 from durastream_server.storage.records import (
     MESSAGE_OVERHEAD,
@@ -72,17 +72,37 @@ from durastream_server.storage.records import (
 from durastream_server.storage.state import StreamState, apply_entry
 from durastream_server.storage.txnfile import HandleHeader, Tombstone
 
-if TYPE_CHECKING:
-    from durastream_server.engine.engine import Engine
-
 logger = logging.getLogger(__name__)
+
+
+class EngineSide(Protocol):
+    """What ``TxnManager`` uses of the engine that owns it, named here so that this module does not
+    import ``engine.py`` (which imports this one): a commit is validated and answered like an append."""
+
+    _data: DataDir
+    _registry: Registry
+    _clock: Callable[[], float]
+
+    def _lookup(self, path: str) -> Incarnation: ...
+
+    def _touch(self, inc: Incarnation) -> None: ...
+
+    async def _append_to_closed(
+        self, inc: Incarnation, request: AppendRequest, digest: bytes
+    ) -> AppendResult: ...
+
+    async def _duplicate(self, inc: Incarnation, decision: producers.Duplicate) -> AppendResult: ...
+
+    def _notify_appended(
+        self, durable: asyncio.Future[None], path: str, next_offset: str
+    ) -> None: ...
 
 
 class TxnManager:
     """Staged appends for every stream of one engine. Uses the engine's lookup, clock, producer
     validation helpers and executor, so staged appends follow exactly the rules appends follow."""
 
-    def __init__(self, engine: Engine, limits: TxnLimits | None = None) -> None:
+    def __init__(self, engine: EngineSide, limits: TxnLimits | None = None) -> None:
         self._engine = engine
         self.limits = limits or TxnLimits()
         self._spaces: dict[str, StreamTxns] = {}
@@ -565,18 +585,31 @@ class TxnManager:
             if paths:
                 self._background_io(txnfile.remove_files, paths)
 
-    async def start(self) -> None:
-        """Rebuild every stream's handles from its staging files; finish interrupted cleanups."""
+    async def start(self) -> list[tuple[Incarnation, str]]:
+        """Rebuild every stream's handles from its staging files; finish interrupted cleanups.
+
+        Returns the streams whose staged-append state could not be read, with the reason, for the
+        engine to quarantine: one unreadable ``txn/`` must not stop the server.
+        """
         incs = [
             inc
             for inc in self._engine._registry.by_id.values()
             if os.path.isdir(os.path.join(inc.log.directory, txnfile.TXN_DIR))
         ]
-        results = await asyncio.gather(*(self._io(self._load, inc) for inc in incs))
+        results = await asyncio.gather(
+            *(self._io(self._load, inc) for inc in incs), return_exceptions=True
+        )
+        unreadable: list[tuple[Incarnation, str]] = []
         for inc, loaded in zip(incs, results, strict=True):
+            if isinstance(loaded, BaseException):
+                if not isinstance(loaded, Exception):
+                    raise loaded
+                unreadable.append((inc, f"staged appends cannot be read: {loaded!r}"))
+                continue
             stale = self._space(inc).adopt(loaded, inc.log.state, inc.path)
             if stale:
                 self._background_io(txnfile.remove_files, stale)
+        return unreadable
 
     def _load(self, inc: Incarnation) -> txnspace.Loaded:
         """Blocking: read the tombstones and every staging file of ``inc``."""

@@ -304,6 +304,15 @@ def test_a_fork_never_gets_times_before_its_source_even_when_the_clock_steps_bac
             assert [item.timestamp_ms for item in read.slices] == [BASE_MS + 1000] * 3
             got = await engine.lookup_time(TimeRequest(path="f", offset="-1", at_ms=BASE_MS + 1))
             assert parse_position(got.offset) == 0  # the inherited message is the first that late
+            await engine.create(CreateRequest(path="e", content_type=JSON, forked_from="s"))
+            await engine.close()
+            await data.close()
+            # The floor is in the fork's header: a restarted server keeps it for a fork that has no
+            # message of its own yet.
+            data, engine = await open_engine(tmp_path, clock, snapshots=False)
+            await engine.append(AppendRequest(path="e", content_type=JSON, body=b'["gh"]'))
+            read = await engine.read_messages(ReadRequest(path="e", offset="-1", max_bytes=1 << 20))
+            assert [item.timestamp_ms for item in read.slices] == [BASE_MS + 1000] * 2
         finally:
             await engine.close()
             await data.close()

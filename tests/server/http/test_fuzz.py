@@ -45,7 +45,45 @@ queries = st.lists(
     ),
     max_size=4,
 ).map(lambda pairs: "&".join(f"{k}={v.replace('&', '%26').replace('#', '%23')}" for k, v in pairs))
+# Expiry times at and past the ends of the datetime range: years 0000..10000 (zero-padded or not),
+# out-of-range fields, offsets up to +-24:00 (at the ends, -23:59/+23:59 move the UTC instant into year
+# 10000 or 0), fractions of any length, and garbage.
+extreme_dates = st.one_of(
+    st.builds(
+        "{}-{:02d}-{:02d}T{:02d}:{:02d}:{:02d}{}{}".format,
+        st.one_of(
+            st.integers(0, 10000).map("{:04d}".format),
+            st.sampled_from(["0001", "9999", "999", "1", "10000", "0000"]),
+        ),
+        st.integers(0, 13),
+        st.integers(0, 32),
+        st.integers(0, 24),
+        st.integers(0, 60),
+        st.integers(0, 61),
+        st.one_of(st.just(""), st.text("0123456789", min_size=1, max_size=12).map(".{}".format)),
+        st.one_of(
+            st.sampled_from(["Z", "z", "+23:59", "-23:59", "+00:00", "-00:00", ""]),
+            st.builds(
+                "{}{:02d}:{:02d}".format,
+                st.sampled_from("+-"),
+                st.integers(0, 24),
+                st.integers(0, 60),
+            ),
+        ),
+    ),
+    st.sampled_from(
+        [
+            "0999-12-31T00:00:00Z",
+            "9999-12-31T23:59:59-23:59",
+            "0001-01-01T00:00:00+23:59",
+            "0001-01-01T00:00:00-23:59",
+            "9999-12-31T23:59:59.999999999+23:59",
+        ]
+    ),
+    st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40),
+)
 header_values = st.one_of(
+    extreme_dates,
     st.sampled_from(
         [
             "0",
@@ -141,6 +179,37 @@ def test_random_requests_never_get_a_5xx(server_factory) -> None:
 
     check()
     assert requests.get(server.base_url + "/healthz").status_code == 200
+
+
+def test_extreme_expiry_times_never_get_a_5xx_and_the_server_starts_again(server_factory) -> None:
+    """Every Stream-Expires-At is answered 201 or 400 (naming the header), and whatever was stored
+    lets the server start again: once, year 999 was written as "999-..." and no start-up could read
+    it back."""
+    server = server_factory()
+    assert requests.put(
+        server.stream_url("fuzz/kept"), data=b"x", headers={"Content-Type": "a/b"}
+    ).ok
+    counter = iter(range(10**6))
+    created = 0
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(value=extreme_dates)
+    def check(value: str) -> None:
+        nonlocal created
+        url = server.stream_url(f"fuzz/dates/{next(counter)}")
+        response = requests.put(url, headers={"Stream-Expires-At": value})
+        assert response.status_code in (201, 400), (value, response.status_code, response.text)
+        if response.status_code == 400:
+            assert "Stream-Expires-At" in response.json()["error"]["message"], value
+        else:
+            created += 1
+
+    check()
+    assert created > 0
+    server.kill()
+    server.restart()
+    assert server.health()["quarantined"] == []
+    assert requests.get(server.stream_url("fuzz/kept"), params={"offset": "-1"}).content == b"x"
 
 
 def test_garbage_on_the_wire_does_not_hurt_the_server(server_factory) -> None:
