@@ -43,11 +43,26 @@ option                       default          meaning
                                               (values may also be ``"earliest"``/``"latest"``; unlisted
                                               streams start at ``earliest``). Only for a new checkpoint.
 ``endingOffsets``            ``latest``       Batch reads only: ``latest`` or JSON (unlisted: ``latest``).
+``startingTimestamp``        \\-               Start every stream at its first message appended at or after
+                                              an instant (epoch ms, or ISO-8601 with a zone). Needs the
+                                              server's time lookups.
+``startingOffsetsBy          \\-               Per stream: ``{"path": <instant>}``; unlisted streams follow
+Timestamp``                                   ``startingOffsets``.
+``startingOffsetsBy          ``error``        A stream with no message that late: ``error`` fails the
+TimestampStrategy``                           query, ``latest`` starts it at its tail.
+``endingTimestamp``,         \\-               Batch reads only: end before the first message at or after
+``endingOffsetsBy                             an instant (every stream, or per stream as JSON).
+Timestamp``
 ``maxMessagesPerTrigger``    (none)           Spark >= 4.2: at most this many messages per micro-batch,
                                               shared across streams in proportion to their lag.
 ``maxBytesPerTrigger``       (none)           Spark >= 4.2: about this many payload bytes per micro-batch
                                               (``512k``, ``64m``, ``1g``); soft, like Spark's option of that
                                               name: a single larger message is still read whole.
+``minMessagesPerTrigger``,   (none)           Spark >= 4.2: a trigger skips the batch until this many
+``minBytesPerTrigger``                        messages (or bytes) wait, or ``maxTriggerDelay`` passed since
+                                              the last batch. AvailableNow ignores them.
+``maxTriggerDelay``          ``15m``          ... the longest wait after the last batch (its time is in the
+                                              checkpoint, so restarts wait only what is left).
 ``failOnDataLoss``           ``true``         A deleted stream, a ``410 Gone`` or a stream now shorter than the
                                               checkpoint fails the query (naming stream and offsets). With
                                               ``false`` a warning is logged and the query continues.
@@ -105,8 +120,10 @@ Servers without the extensions
 ==============================
 Against the Node reference server (no ``Durastream-Extensions``), batches stay replay-deterministic by
 reading each range through a closed fork pinned at the batch's end (``durastream_spark.source.fallback``).
-Rows then have a null ``timestamp`` and, as ``offset``, the offset their read started from; ``pattern``,
-the per-trigger limits and task splitting need the extensions and are refused or skipped.
+Rows then have a null ``timestamp`` and, as ``offset``, the offset their read started from. ``pattern`` lists
+streams through the protocol's subscriptions (section 6) when the server has them; per-trigger limits run
+as one batch under AvailableNow and are refused otherwise; instants and task splitting need the
+extensions. A server that cannot fork either (rakaia) is refused. See docs/compatibility.md.
 """
 
 from __future__ import annotations

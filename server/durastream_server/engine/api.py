@@ -176,3 +176,24 @@ class LimitResult:
     bytes: int  # payload bytes in [start, end)
     tail_offset: str
     closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TimeRequest:
+    """A time lookup (extension): the first message at or after ``offset`` (and before ``end_offset``)
+    whose append time is at or after ``at_ms`` (milliseconds since the Unix epoch)."""
+
+    path: str
+    offset: str  # "-1", "now" or a token
+    at_ms: int
+    end_offset: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimeResult:
+    start_offset: str
+    end_offset: str  # the end of the searched range (the durable tail unless one was given)
+    offset: str  # the message found, or ``end_offset`` when there is none
+    found: bool
+    tail_offset: str
+    closed: bool

@@ -49,6 +49,7 @@ from durastream_server.engine import (
     lookup,
     producers,
     rendering,
+    time_lookup,
 )
 from durastream_server.engine.api import (
     AppendRequest,
@@ -63,6 +64,8 @@ from durastream_server.engine.api import (
     StreamInfo,
     StreamListing,
     StreamPage,
+    TimeRequest,
+    TimeResult,
 )
 from durastream_server.engine.bodies import request_messages
 from durastream_server.engine.registry import Incarnation, KeyedLocks, Registry, build
@@ -122,6 +125,9 @@ class _ForkPlan:
     anchor: int
     position: int
     lifetime: expiry.Lifetime
+    # The source's latest append time: the fork's own messages never get an earlier one, so append
+    # times never go backwards along the chain (time lookups, docs/extensions.md section 7).
+    append_time_floor_ms: int
 
 
 class Engine:
@@ -294,6 +300,7 @@ class Engine:
             fork_position=position,
             fork_offset_requested=request.fork_offset if plan else None,
             fork_sub_offset=sub_offset if plan else 0,
+            append_time_floor_ms=plan.append_time_floor_ms if plan else 0,
         )
         initial = None
         if messages or request.closed:
@@ -301,7 +308,7 @@ class Engine:
             initial = AppendEntry(
                 position=position,
                 messages=messages,
-                timestamp_ms=int(now * 1000),
+                timestamp_ms=max(int(now * 1000), header.append_time_floor_ms),
                 closes=request.closed,
             )
         return await self._data.create_stream(header, initial)
@@ -351,6 +358,7 @@ class Engine:
             anchor=anchor,
             position=position,
             lifetime=expiry.for_fork(source.lifetime, lifetime),
+            append_time_floor_ms=source.log.state.last_timestamp_ms,
         )
 
     def _check_same_config(
@@ -651,19 +659,9 @@ class Engine:
     async def lookup_limit(self, request: LimitRequest) -> LimitResult:
         """The furthest message boundary within a message/byte budget, without reading data (limit
         lookups extension; ``lookup.py``)."""
-        inc = self._lookup(request.path)
-        self._touch(inc)
-        view = self._view(inc)
-        tail = view.tail
-        start = self._start_position(request.offset, tail)
-        end = tail
-        if request.end_offset is not None:
-            end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=True)
-        if start != end and not await view.is_boundary(start):
-            raise InvalidReadOffset(
-                f"offset {format_offset(start)!r} is inside a message; a limit lookup starts at a "
-                "message boundary"
-            )
+        inc, view, start, end = await self._lookup_range(
+            request.path, request.offset, request.end_offset, "limit lookup"
+        )
         found = await lookup.advance(view, start, end, request.max_messages, request.max_bytes)
         log = inc.log
         return LimitResult(
@@ -674,6 +672,42 @@ class Engine:
             tail_offset=format_offset(log.durable_tail),
             closed=log.durable_closed,
         )
+
+    async def lookup_time(self, request: TimeRequest) -> TimeResult:
+        """The first message at or after ``offset`` whose append time is at or after an instant,
+        without reading data (time lookups extension; ``time_lookup.py``)."""
+        inc, view, start, end = await self._lookup_range(
+            request.path, request.offset, request.end_offset, "time lookup"
+        )
+        found = await time_lookup.first_at(view, start, end, request.at_ms)
+        log = inc.log
+        return TimeResult(
+            start_offset=format_offset(start),
+            end_offset=format_offset(end),
+            offset=format_offset(end if found is None else found),
+            found=found is not None,
+            tail_offset=format_offset(log.durable_tail),
+            closed=log.durable_closed,
+        )
+
+    async def _lookup_range(
+        self, path: str, offset: str, end_offset: str | None, what: str
+    ) -> tuple[Incarnation, StreamView, int, int]:
+        """The stream and the ``[start, end)`` a lookup searches: both message boundaries (400
+        ``INVALID_OFFSET``/``INVALID_END`` otherwise), ``end`` defaulting to the durable tail."""
+        inc = self._lookup(path)
+        self._touch(inc)
+        view = self._view(inc)
+        start = self._start_position(offset, view.tail)
+        end = view.tail
+        if end_offset is not None:
+            end = await bounds.resolve_end(view, start, end_offset, whole_messages=True)
+        if start != end and not await view.is_boundary(start):
+            raise InvalidReadOffset(
+                f"offset {format_offset(start)!r} is inside a message; a {what} starts at a "
+                "message boundary"
+            )
+        return inc, view, start, end
 
     @staticmethod
     def _start_position(offset: str, tail: int) -> int:

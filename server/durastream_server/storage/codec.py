@@ -256,6 +256,7 @@ _HEADER_TYPES: dict[str, tuple[type, ...]] = {
     "fork_position": (int,),
     "fork_offset_requested": _NULLABLE,
     "fork_sub_offset": (int,),
+    "append_time_floor_ms": (int,),
 }
 
 

@@ -276,7 +276,9 @@ class DataDir:
         ``StorageFailure``/``InsufficientStorage`` on I/O errors (nothing is left behind then).
         """
         self._check_open()
-        state = StreamState(tail=header.fork_position)
+        state = StreamState(
+            tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
+        )
         if initial is not None:
             apply_entry(state, initial)
         log_id = new_storage_id()
@@ -290,11 +292,13 @@ class DataDir:
                 raise errors.InsufficientStorage(f"no space to create {header.path!r}") from exc
             raise errors.StorageFailure(f"could not create {header.path!r}: {exc}") from exc
         header_end = len(header_frame)
-        index = LogIndex(SparseIndex(self.config.index_interval_bytes))
+        index = LogIndex(
+            SparseIndex(self.config.index_interval_bytes, last_time=header.append_time_floor_ms)
+        )
         index.sparse.note(header.fork_position, header_end, 0)
         file_end = header_end
         if initial is not None:
-            index.note(initial.position, header_end, len(initial.messages))
+            index.note(initial.position, header_end, len(initial.messages), initial.timestamp_ms)
             file_end += len(initial_frame)  # type: ignore[arg-type]
         stream = StreamLog(
             self._ctx,

@@ -60,6 +60,7 @@ from durastream_server.storage.recovery import Quarantine, recover_stream
 from durastream_server.storage.segments import SegmentTable
 from durastream_server.storage.snapshot import encode_snapshot, state_to_dict, write_snapshot
 from durastream_server.storage.state import StreamState, apply_entry
+from durastream_server.storage.times import first_at_or_after
 from durastream_server.storage.writer import BatchResult, WriteTarget, write_batch
 
 log = logging.getLogger(__name__)
@@ -279,13 +280,13 @@ class StreamLog:
         closed = False
         for (item, _), offset in zip(batch, result.offsets, strict=True):
             if type(item) is AppendEntry:
-                index.note(item.position, offset, len(item.messages))
+                index.note(item.position, offset, len(item.messages), item.timestamp_ms)
                 tail = item.position + item.size
                 closed = closed or item.closes
             elif type(item) is GroupCommit:
                 assert isinstance(result, GroupResult)
                 for position, record_offset, n_messages in result.records:
-                    index.note(position, record_offset, n_messages)
+                    index.note(position, record_offset, n_messages, item.timestamp_ms)
                 tail = item.end
                 closed = closed or item.closes
         if result.new_segments:
@@ -699,6 +700,30 @@ class StreamLog:
             for (i, _, _), answer in zip(pending, await self._scan(scan), strict=True):
                 answers[i] = answer
         return answers  # type: ignore[return-value]
+
+    async def first_at_time(self, at_ms: int) -> tuple[int, int] | None:
+        """``(position, append time)`` of the first durable message of this log whose append time is
+        ``>= at_ms`` (effective times, ``index.py``), or None if there is none yet.
+
+        A bisect over the sparse index, then one header scan of about one index interval in the read
+        executor (``times.py``); answered from memory when no message is that late.
+        """
+        self._check_open()
+        sparse = self._index.sparse
+        if not self._index.messages or sparse.last_time < at_ms:
+            return None
+        point = sparse.floor_time(at_ms)
+        if point is None:  # even the first point is that late: the first message is the answer
+            offset, running = sparse.offsets[0], -(2**63)
+        else:
+            _, offset, running = point
+        view = self._segments.view(self._file_end)
+        cache = self._ctx.cache
+
+        def scan() -> list[tuple[int, int] | None]:
+            return [first_at_or_after(view, cache, offset, running, at_ms)]
+
+        return (await self._scan(scan))[0]
 
     async def _scan(self, work: Callable[[], list[_T]]) -> list[_T]:
         try:

@@ -52,6 +52,9 @@ class StreamHeader:
     # The fork request as sent, for idempotent re-create matching (section 4.2).
     fork_offset_requested: str | None = None
     fork_sub_offset: int = 0
+    # No message of this incarnation gets an earlier append time: a fork starts at the latest append
+    # time of its source, so append times never go backwards along a fork chain (time lookups).
+    append_time_floor_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,7 +137,7 @@ class _GroupBuffer:
         except ValueError as exc:
             raise _Inconsistent(f"record group at {self.records[0][1]}: {exc}") from None
         for position, offset, n_messages in self.records:
-            index.note(position, offset, n_messages)
+            index.note(position, offset, n_messages, last.timestamp_ms)
         self.records = []
 
     def torn(self, reason: str, cut: _Bad | None) -> _TornGroup:
@@ -317,8 +317,8 @@ def _recover(
             "stream %s (%s): discarding snapshot: %s; replaying the whole log", log_id, path, reason
         )
         _drop_snapshot(segs.directory, sync)  # stale: must never be trusted again
-    state = StreamState(tail=header.fork_position)
-    index = LogIndex(SparseIndex(index_interval))
+    state = StreamState(tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms)
+    index = LogIndex(SparseIndex(index_interval, last_time=header.append_time_floor_ms))
     index.sparse.note(header.fork_position, header_end, 0)
     progress = _Progress(0)
     try:
@@ -417,7 +417,7 @@ def _replay(
                         apply_entry(state, entry)
                     except ValueError as exc:
                         raise _Inconsistent(f"append record at {base + off}: {exc}") from None
-                    index.note(entry.position, base + off, len(entry.messages))
+                    index.note(entry.position, base + off, len(entry.messages), entry.timestamp_ms)
             elif group:
                 raise _Inconsistent(f"record kind {kind} inside a record group at {base + off}")
             elif kind == Kind.SOFT_DELETE:

@@ -63,6 +63,7 @@ def test_header_and_soft_delete_round_trip() -> None:
         fork_position=123,
         fork_offset_requested="0000000000000000_0000000000000123",
         fork_sub_offset=2,
+        append_time_floor_ms=1_700_000_000_123,
     )
     info, body = _split(codec.encode_header(header))
     assert info.kind == Kind.HEADER and codec.body_crc_ok(info, body)
