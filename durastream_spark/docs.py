@@ -34,6 +34,8 @@ from typing import Any
 from durastream_spark.errors import OptionError
 from durastream_spark.options import HEADER_PREFIX
 from durastream_spark.sink.options import ORDERED, TRANSACTIONAL, SinkOptions
+from durastream_spark.sizes import SYNTAX as SIZE_SYNTAX
+from durastream_spark.sizes import format_byte_size
 from durastream_spark.source.options import SourceOptions
 
 CONNECTION = "connection"
@@ -47,6 +49,7 @@ SCOPE_TITLES = {
 }
 
 URL_EXAMPLE = "http://127.0.0.1:4437/v1/stream"
+BYTE_SIZE = "byte size"  # the type of every option read with OptionReader.byte_size
 # The smallest options each parser accepts; the defaults are read from what they parse into.
 BASE: dict[str, dict[str, str]] = {
     SOURCE: {"url": URL_EXAMPLE, "streams": "events"},
@@ -94,10 +97,8 @@ def _human_ms(ms: int) -> str:
 
 
 def _bytes(n: int) -> str:
-    for unit, size in (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"`{n}` ({n // size}{unit})"
-    return f"`{n}`"
+    short = format_byte_size(n)
+    return f"`{n}` ({short})" if short != str(n) else f"`{n}`"
 
 
 def _code(value: object) -> str:
@@ -359,13 +360,12 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "maxBytesPerTrigger",
         SOURCE,
-        "byte size",
+        BYTE_SIZE,
         "About this many payload bytes per micro-batch; soft: a larger single message is read whole.",
         "64m",
         "64 megabytes",
         lambda o: _code(o.max_bytes_per_trigger),
-        details="Needs Spark >= 4.2, like `maxMessagesPerTrigger`. Sizes take binary units: `512k`, "
-        "`64m`, `1g` (`kb`, `mib` and similar spellings too).",
+        details="Needs Spark >= 4.2, like `maxMessagesPerTrigger`.",
     ),
     OptionDoc(
         "minMessagesPerTrigger",
@@ -437,13 +437,14 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "maxBytesPerPartition",
         SOURCE,
-        "byte size",
+        BYTE_SIZE,
         "A stream's range in one batch is split into tasks of at most about this many bytes.",
         "256m",
         "100",
         lambda o: _bytes(o.max_bytes_per_partition),
-        details="Every Python task costs Spark a fixed 50-100 ms, so tasks should be large; the default "
-        "is Spark's `spark.sql.files.maxPartitionBytes`.",
+        details="Every Python task costs Spark a fixed 50-100 ms, so tasks should be large: the default "
+        "is twice Spark's file-source default (`spark.sql.files.maxPartitionBytes`, 128 MiB). "
+        "`minPartitions` still spreads a smaller backlog over every core.",
     ),
     OptionDoc(
         "maxMessagesPerPartition",
@@ -545,10 +546,10 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "maxBytesPerRequest",
         SINK,
-        "integer (bytes)",
+        BYTE_SIZE,
         "Request body bytes at most; a larger row goes alone.",
-        "2097152",
-        "4m",
+        "2m",
+        "100",
         lambda o: (
             f"{_bytes(o.request_bytes(TRANSACTIONAL))} transactional, "
             f"{_bytes(o.request_bytes(ORDERED))} ordered"
@@ -761,8 +762,11 @@ def render() -> str:
         "produced by the parsers for the value shown.",
         "",
         "**Durations** take a whole number of milliseconds (`1500`) or a number with a unit: `250ms`,",
-        "`1.5s`, `30s`, `5m`, `1h`. **Byte sizes** (`maxBytesPerTrigger`, `maxBytesPerPartition`) take a",
-        "number of bytes or binary units: `512k`, `64m`, `1g`.",
+        "`1.5s`, `30s`, `5m`, `1h`.",
+        "",
+        f"**Byte sizes** ({', '.join(f'`{d.key}`' for d in docs if d.type == BYTE_SIZE)}) take {SIZE_SYNTAX}.",
+        "`kb`/`kib`, `mb`/`mib`, ... mean the same binary units, as `128mb` does in Spark's own size settings.",
+        "durastream-server's size flags (`--max-body-bytes`, `--chunk-bytes`, ...) take the same values.",
         "",
     ]
     for scope in SCOPES:

@@ -45,7 +45,7 @@ extend ``spark.redaction.regex`` with ``|header\\.``.
 Toolkit
 =======
 ``OptionReader`` wraps the raw mapping and gives typed getters (string, integer with bounds, boolean, choice,
-duration, JSON, prefixed keys) whose errors are ``OptionError``s naming option, value and accepted values.
+duration, byte size, JSON, prefixed keys) whose errors are ``OptionError``s naming option, value and accepted values.
 ``OptionReader.ensure_known`` rejects keys that no option class knows, with a "did you mean" hint. The source
 and sink option classes build on it::
 
@@ -67,6 +67,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from durastream_spark.errors import OptionError
 from durastream_spark.protocol.retry import RetryPolicy
+from durastream_spark.sizes import SYNTAX as BYTE_SIZE_SYNTAX
+from durastream_spark.sizes import format_byte_size, parse_byte_size
 
 # ---- option keys (canonical spelling; matching is case-insensitive) ----------------------------------------
 URL = "url"
@@ -114,6 +116,9 @@ _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _INTEGER = re.compile(r"^[+-]?\d+$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h)?$", re.IGNORECASE)
 _DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
+MAX_BYTE_SIZE = (
+    2**53 - 1
+)  # the largest count the server's limit lookups and JSON numbers carry exactly
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,29 @@ class OptionReader:
         if scaled != int(scaled):
             raise OptionError(key, value, accepted, reason="not a whole number of milliseconds")
         number = int(scaled)
+        _check_bounds(key, value, number, minimum, maximum, accepted)
+        return number
+
+    def byte_size(
+        self,
+        key: str,
+        default: int | None,
+        *,
+        minimum: int = 1,
+        maximum: int = MAX_BYTE_SIZE,
+    ) -> int | None:
+        """Bytes, in the grammar of ``durastream_spark.sizes``: ``1048576``, ``512k``, ``64m``, ``1g``."""
+        accepted = (
+            f"a byte size from {format_byte_size(minimum)} to {format_byte_size(maximum)}: "
+            f"{BYTE_SIZE_SYNTAX}"
+        )
+        value = self.raw(key)
+        if value is None:
+            return default
+        try:
+            number = parse_byte_size(value)
+        except ValueError:
+            raise OptionError(key, value, accepted) from None
         _check_bounds(key, value, number, minimum, maximum, accepted)
         return number
 

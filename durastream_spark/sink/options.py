@@ -156,14 +156,12 @@ class SinkOptions:
                 minimum=1,
                 maximum=1_000_000,
             ),
-            max_bytes_per_request=reader.integer(
+            max_bytes_per_request=reader.byte_size(
                 MAX_BYTES_PER_REQUEST,
-                0,  # not used: only read when given
+                None,  # None: the mode's default (request_bytes)
                 minimum=1024,
                 maximum=1024 * 1024 * 1024,
-            )
-            if reader.has(MAX_BYTES_PER_REQUEST)
-            else None,
+            ),
             max_in_flight=reader.integer(
                 MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT, minimum=1, maximum=64
             ),

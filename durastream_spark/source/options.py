@@ -6,12 +6,11 @@ value and what is accepted. The table users read is in the docstring of ``durast
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from durastream_spark.errors import OptionError
-from durastream_spark.options import CONNECTION_KEYS, ConnectionOptions, OptionReader
+from durastream_spark.options import CONNECTION_KEYS, MAX_BYTE_SIZE, ConnectionOptions, OptionReader
 from durastream_spark.source.discovery import glob_matches, normalize_pattern
 from durastream_spark.source.offsets import (
     EarliestSpec,
@@ -82,34 +81,10 @@ DEFAULT_MAX_BYTES_PER_PARTITION = 256 * 1024 * 1024
 DEFAULT_PIN_PREFIX = "__durastream_pins"
 DEFAULT_PIN_TTL_SECONDS = 24 * 3600
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60_000  # Kafka's maxTriggerDelay default
-MAX_INT = 2**53 - 1  # what the server's limit lookups accept
+MAX_INT = MAX_BYTE_SIZE  # what the server's limit lookups accept
 # startingOffsetsByTimestampStrategy, as Kafka's: what a stream with no message at or after the instant does
 STRATEGY_ERROR = "error"
 STRATEGY_LATEST = "latest"
-
-_SIZE = re.compile(r"^(\d+)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?$", re.IGNORECASE)
-_SIZE_UNITS = {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def byte_size(
-    reader: OptionReader, key: str, default: int | None, *, minimum: int = 1
-) -> int | None:
-    """Bytes: ``1048576``, or with a binary unit ``512k``, ``32m``, ``1g`` (``kb``/``mib`` spellings too)."""
-    accepted = (
-        f"a number of bytes >= {minimum}, optionally with a unit: 512k, 32m, 1g "
-        f"(binary multiples), at most {MAX_INT}"
-    )
-    value = reader.raw(key)
-    if value is None:
-        return default
-    match = _SIZE.match(value.strip())
-    if not match:
-        raise OptionError(key, value, accepted)
-    unit = (match.group(2) or "b").lower()[0]
-    number = int(match.group(1)) * _SIZE_UNITS[unit]
-    if not minimum <= number <= MAX_INT:
-        raise OptionError(key, value, accepted, reason="out of range")
-    return number
 
 
 @dataclass(frozen=True)
@@ -237,14 +212,14 @@ class SourceOptions:
             )
 
         max_messages = reader.integer(MAX_MESSAGES_PER_TRIGGER, 0, minimum=1, maximum=MAX_INT)
-        max_bytes = byte_size(reader, MAX_BYTES_PER_TRIGGER, None)
+        max_bytes = reader.byte_size(MAX_BYTES_PER_TRIGGER, None)
         min_messages, min_bytes, max_delay_ms = _parse_minimum(reader, max_messages, max_bytes)
         min_partitions = reader.integer(MIN_PARTITIONS, 0, minimum=1, maximum=100_000)
         per_partition_messages = reader.integer(
             MAX_MESSAGES_PER_PARTITION, 0, minimum=1, maximum=MAX_INT
         )
-        per_partition_bytes = byte_size(
-            reader, MAX_BYTES_PER_PARTITION, DEFAULT_MAX_BYTES_PER_PARTITION, minimum=1024
+        per_partition_bytes = reader.byte_size(
+            MAX_BYTES_PER_PARTITION, DEFAULT_MAX_BYTES_PER_PARTITION, minimum=1024
         )
 
         pin_prefix_raw = reader.string(
@@ -297,7 +272,7 @@ def _parse_minimum(
     """``minMessagesPerTrigger``, ``minBytesPerTrigger`` and ``maxTriggerDelay``, checked against each
     other and against the maxima."""
     min_messages = reader.integer(MIN_MESSAGES_PER_TRIGGER, 0, minimum=1, maximum=MAX_INT)
-    min_bytes = byte_size(reader, MIN_BYTES_PER_TRIGGER, None)
+    min_bytes = reader.byte_size(MIN_BYTES_PER_TRIGGER, None)
     delay_ms = reader.duration_ms(
         MAX_TRIGGER_DELAY, DEFAULT_MAX_TRIGGER_DELAY_MS, minimum=1, maximum=7 * 86_400_000
     )

@@ -48,6 +48,7 @@ from durastream_server.config import (
 from durastream_server.http.cors import normalize_origin
 from durastream_server.http.hosts import normalize_allowed_host
 from durastream_server.logformat import FORMAT, EscapingFormatter
+from durastream_server.sizes import format_byte_size, parse_byte_size
 from durastream_server.storage.datadir import AlreadyLocked, Durability
 
 EXIT_OK = 0
@@ -121,10 +122,21 @@ def _allowed_host(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _byte_size(text: str) -> int:
+    """A positive byte size: ``67108864``, ``64m``, ``1g`` (the grammar of ``sizes.py``, as the connector's)."""
+    try:
+        value = parse_byte_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive byte size, got {text!r}")
+    return value
+
+
 def _min_header_bytes(text: str) -> int:
-    value = _positive_int(text)
+    value = _byte_size(text)
     if value < 1024:
-        raise argparse.ArgumentTypeError(f"expected at least 1024 bytes, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected at least 1k (1024 bytes), got {text!r}")
     return value
 
 
@@ -175,10 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-body-bytes",
-        type=_positive_int,
+        type=_byte_size,
         default=DEFAULT_MAX_BODY_BYTES,
         metavar="BYTES",
-        help=f"largest accepted request body; larger ones get 413 (default: {DEFAULT_MAX_BODY_BYTES})",
+        help="largest accepted request body; larger ones get 413 "
+        f"(default: {format_byte_size(DEFAULT_MAX_BODY_BYTES)})",
     )
     parser.add_argument(
         "--max-messages-per-request",
@@ -197,10 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--chunk-bytes",
-        type=_positive_int,
+        type=_byte_size,
         default=DEFAULT_CHUNK_BYTES,
         metavar="BYTES",
-        help=f"largest catch-up response body (default: {DEFAULT_CHUNK_BYTES})",
+        help=f"largest catch-up response body (default: {format_byte_size(DEFAULT_CHUNK_BYTES)})",
     )
     parser.add_argument(
         "--sse-reconnect-seconds",
@@ -218,11 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-staged-bytes",
-        type=_positive_int,
+        type=_byte_size,
         default=DEFAULT_MAX_STAGED_BYTES,
         metavar="BYTES",
         help="largest payload one staged-append handle may hold, each message counting 24 bytes "
-        f"more; more gets 413 (default: {DEFAULT_MAX_STAGED_BYTES})",
+        f"more; more gets 413 (default: {format_byte_size(DEFAULT_MAX_STAGED_BYTES)})",
     )
     security = parser.add_argument_group(
         "security and exposure", "authentication, TLS, CORS and request limits (docs/security.md)"
@@ -274,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_min_header_bytes,
         default=DEFAULT_MAX_HEADER_BYTES,
         metavar="BYTES",
-        help=f"largest request line plus headers; larger get 431 (default: {DEFAULT_MAX_HEADER_BYTES})",
+        help="largest request line plus headers; larger get 431 "
+        f"(default: {format_byte_size(DEFAULT_MAX_HEADER_BYTES)})",
     )
     security.add_argument(
         "--header-timeout-seconds",
@@ -294,11 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     security.add_argument(
         "--min-body-bytes-per-second",
-        type=_positive_int,
+        type=_byte_size,
         default=DEFAULT_MIN_BODY_BYTES_PER_SECOND,
         metavar="BYTES",
         help="after its first --body-timeout-seconds, a request body must arrive at least this fast "
-        f"on average, or the connection is closed (default: {DEFAULT_MIN_BODY_BYTES_PER_SECOND})",
+        "on average, or the connection is closed "
+        f"(default: {format_byte_size(DEFAULT_MIN_BODY_BYTES_PER_SECOND)})",
     )
     security.add_argument(
         "--webhook-localhost",
