@@ -1,5 +1,10 @@
 """``durastream-server``: command-line entry point.
 
+Every flag can also come from an environment variable, ``DURASTREAM_`` and the flag's name in capitals with
+``_`` for ``-`` (``--data-dir`` is ``DURASTREAM_DATA_DIR``), as ``PGDATA`` configures Postgres: containers
+and service managers set variables more easily than arguments. The variables are derived from the argparse
+definitions (``environment.py``), so a new flag gets one without further code, and ``--help`` shows each.
+
 Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a usage error (argparse's convention, also
 used when the data directory is locked by another server: the operator asked for something that cannot
 be), 1 for any other startup failure.
@@ -10,10 +15,11 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import signal
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from durastream_server import __version__
@@ -45,8 +51,10 @@ from durastream_server.config import (
     ServerConfig,
     normalize_public_url,
 )
+from durastream_server.environment import parse_with_environment, with_environment
 from durastream_server.http.cors import normalize_origin
 from durastream_server.http.hosts import normalize_allowed_host
+from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.logformat import FORMAT, EscapingFormatter
 from durastream_server.sizes import format_byte_size, parse_byte_size
 from durastream_server.storage.datadir import AlreadyLocked, Durability
@@ -329,7 +337,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="INFO",
         help=f"one of {', '.join(LOG_LEVELS)} (default: INFO)",
     )
-    return parser
+    return with_environment(parser)
+
+
+def parse_args(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> argparse.Namespace:
+    """The command line, completed from ``environ`` (``DURASTREAM_*``), then from the defaults."""
+    return parse_with_environment(parser, argv, os.environ if environ is None else environ)
 
 
 def auth_tokens_from_args(args: argparse.Namespace) -> tuple[tuple[AuthToken, ...], list[str]]:
@@ -382,6 +399,19 @@ def config_from_args(
     )
 
 
+def startup_line(config: ServerConfig, bound_url: str) -> str:
+    """The first line on stdout: the stream root first, because it is the connector's ``url`` option.
+
+    ``--public-url`` names the root when set (clients reach the server there); the bound address follows,
+    for whoever reads the line on the host.
+    """
+    root = (config.public_url or bound_url) + STREAM_ROOT
+    return (
+        f"durastream-server {__version__} serving {root} "
+        f"(data dir: {config.data_dir}; listening on {bound_url})"
+    )
+
+
 def _check_tls(config: ServerConfig) -> str | None:
     """Load the certificate and key once now, so a bad pair is a clear error rather than a traceback."""
     if config.tls_certfile is None or config.tls_keyfile is None:
@@ -424,7 +454,7 @@ def _quiet_signals() -> Callable[[], None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, os.environ)
     try:
         tokens, token_warnings = auth_tokens_from_args(args)
         config = config_from_args(args, tokens)
@@ -459,10 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _warn(warning)
 
     def announce(url: str) -> None:
-        print(
-            f"durastream-server {__version__} listening on {url} (data dir: {config.data_dir})",
-            flush=True,
-        )
+        print(startup_line(config, url), flush=True)
 
     restore = _quiet_signals()
     try:

@@ -177,7 +177,7 @@ def test_tls_serves_https(tmp_path: Path) -> None:
             verify=str(server.cert),
         )  # fmt: skip
         assert created.status_code == 201
-        assert f"listening on {server.base}" in server.log.read_text()
+        assert f"serving {server.base}/v1/stream (data dir: " in server.log.read_text()
         with pytest.raises(requests.exceptions.ConnectionError):
             requests.get(f"http://127.0.0.1:{server.port}/healthz", timeout=2)
 
