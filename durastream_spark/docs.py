@@ -711,6 +711,12 @@ def general_errors() -> list[tuple[str, str, str]]:
     url = {"url": URL_EXAMPLE}
     cases = [
         ("A misspelt option", SOURCE, {**BASE[SOURCE], "maxMessagePerTrigger": "1000"}),
+        (
+            "An option of Spark's Kafka connector",
+            SOURCE,
+            {"url": URL_EXAMPLE, "subscribe": "events"},
+        ),
+        ("A Kafka client setting", SINK, {**url, "kafka.bootstrap.servers": "broker:9092"}),
         ("A required option missing", SINK, {"stream": "events"}),
         ("A path given to `save(path)`/`start(path)`", SINK, {**url, "path": "events"}),
     ]

@@ -180,6 +180,9 @@ class OptionReader:
         for lowered, spelled in self._spelling.items():
             if lowered in canonical or lowered.startswith(lowered_prefixes):
                 continue
+            kafka = kafka_habit(spelled, self._values[lowered], canonical)
+            if kafka is not None:
+                raise kafka
             close = difflib.get_close_matches(lowered, list(canonical), n=1, cutoff=0.75)
             hint = f"did you mean '{canonical[close[0]]}'? " if close else ""
             listing = ", ".join(sorted(canonical.values(), key=str.lower))
@@ -327,6 +330,80 @@ class OptionReader:
             for key, value in self._values.items()
             if key.startswith(lowered)
         }
+
+
+@dataclass(frozen=True)
+class KafkaEquivalent:
+    """What a Spark Kafka connector option is called here. ``targets``: ours, most fitting first (the first
+    one the parser knows is named). ``example``: the value shown in the fix; ``None`` shows the user's own
+    value, for options whose values are stream names or counts (never secrets)."""
+
+    targets: tuple[str, ...]
+    what: str
+    example: str | None = None
+
+
+# Spark's Kafka connector options (lower-cased) that users bring along. Matching is by the parser's own
+# keys, so an entry pointing at an option this side does not have falls back to the "did you mean" listing.
+KAFKA_EQUIVALENTS: dict[str, KafkaEquivalent] = {
+    "subscribe": KafkaEquivalent(("streams",), "comma-separated stream paths relative to 'url'"),
+    "subscribepattern": KafkaEquivalent(
+        ("pattern",),
+        "a glob over stream paths, not a regex: '*' matches one path segment, '**' any number",
+        example="events/*",
+    ),
+    "assign": KafkaEquivalent(
+        ("streams",),
+        "streams have no partitions and are read whole: list them, and give per-stream offsets in "
+        "'startingOffsets' if needed",
+        example="events/a,events/b",
+    ),
+    "topic": KafkaEquivalent(("stream", "streams"), "stream path(s) relative to 'url'"),
+    "maxoffsetspertrigger": KafkaEquivalent(
+        ("maxMessagesPerTrigger",), "the most messages per micro-batch"
+    ),
+    "minoffsetspertrigger": KafkaEquivalent(
+        ("minMessagesPerTrigger",), "the fewest messages a micro-batch waits for"
+    ),
+    "startingoffsetsbytimestamp": KafkaEquivalent(
+        ("startingTimestamp",), "where a new query starts, by append time", example="..."
+    ),
+    "kafka.bootstrap.servers": KafkaEquivalent(
+        (URL,), "the server's stream root", example="http://<host>:4437/v1/stream"
+    ),
+}
+KAFKA_CLIENT_PREFIX = "kafka."
+
+
+def kafka_habit(key: str, value: str, canonical: Mapping[str, str]) -> OptionError | None:
+    """The error for a Kafka connector option, pointing at ours; ``None`` for any other unknown key.
+
+    ``canonical``: the parser's keys, lower-cased to their spelling.
+    """
+    lowered = key.lower()
+    equivalent = KAFKA_EQUIVALENTS.get(lowered)
+    target = None
+    if equivalent is not None:
+        target = next(
+            (canonical[t.lower()] for t in equivalent.targets if t.lower() in canonical), None
+        )
+    if target is not None and equivalent is not None:
+        shown = value if equivalent.example is None else equivalent.example
+        message = (
+            f"Option '{key}' is Spark's Kafka connector's; here it is '{target}' "
+            f'({equivalent.what}): .option("{target}", "{shown}").'
+        )
+        secret = equivalent.example is not None
+        return OptionError(key, value, f"'{target}'", secret=secret, message=message)
+    if lowered.startswith(KAFKA_CLIENT_PREFIX):
+        message = (
+            f"Option '{key}' is a Kafka client setting; this connector speaks HTTP to a Durable Streams "
+            f"server instead: the server is '{URL}' (its stream root, e.g. "
+            f"http://127.0.0.1:4437/v1/stream), credentials go in '{TOKEN_FILE}' or "
+            f"'{HEADER_PREFIX}Authorization', TLS in '{TLS_VERIFY}'/'{TLS_CA_BUNDLE}'."
+        )
+        return OptionError(key, value, f"'{URL}'", secret=True, message=message)
+    return None
 
 
 def _bounds_text(what: str, minimum: int | None, maximum: int | None, unit: str = "") -> str:
