@@ -17,8 +17,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from durastream_spark import sink, source
+from durastream_spark.boundary import spark_entry_points
 
 
+@spark_entry_points
 class DurableStreamDataSource(DataSource):
     """Spark format ``durastream``: read and write Durable Streams, exactly once.
 

@@ -786,9 +786,8 @@ class StreamClient:
             raise self._error(context, reply, attempts, idempotent)
         return reply
 
-    @staticmethod
     def _error(
-        context: RequestContext, reply: Reply, attempts: int = 1, idempotent: bool = True
+        self, context: RequestContext, reply: Reply, attempts: int = 1, idempotent: bool = True
     ) -> DurastreamError:
         if reply.status < 300 or reply.status == 304:
             return MalformedResponse(
@@ -801,6 +800,7 @@ class StreamClient:
             reply.body,
             attempts=attempts,
             idempotent=idempotent,
+            root=self.connection.url,
         )
 
     @staticmethod

@@ -16,7 +16,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from durastream_spark.errors import DurastreamError
+from durastream_spark.boundary import spark_entry_points
+from durastream_spark.errors import DurastreamError, stream_root_hint
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.source.arrow import OutputLayout
 from durastream_spark.source.data_loss import DataLossReporter
@@ -32,6 +33,7 @@ class StreamsNotFound(DurastreamError):
     """A batch read names streams that do not exist."""
 
 
+@spark_entry_points
 class DurableStreamBatchReader(DataSourceReader):
     """Plans on the driver (``partitions``), reads on the executors (``read``)."""
 
@@ -55,9 +57,11 @@ class DurableStreamBatchReader(DataSourceReader):
         states = catalog.snapshot()
         missing = [path for path in selection.streams if path not in states]
         if missing:
+            url = self.options.connection.url
+            fix = stream_root_hint(url) or "check the names, or create the streams first"
             raise StreamsNotFound(
                 f"Stream(s) {', '.join(repr(p) for p in missing)} (option 'streams') do not exist under "
-                f"{self.options.connection.url}. Check the names, or create the streams first."
+                f"{url}: {fix}."
             )
         tails = {path: state.tail for path, state in states.items()}
         times = TimeResolver(self.options, client)

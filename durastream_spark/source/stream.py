@@ -39,6 +39,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from durastream_spark import compat
+from durastream_spark.boundary import spark_entry_points
 from durastream_spark.errors import (
     EndBeyondTail,
     ExtensionNotSupported,
@@ -109,6 +110,7 @@ def initial_offset(options: SourceOptions) -> SourceOffset:
     return SourceOffset.of({path: spec.value_for(path) for path in selection.streams})
 
 
+@spark_entry_points
 class _StreamReaderBase(DataSourceStreamReader):
     """Everything but the version-specific ``latestOffset`` signature."""
 
@@ -457,6 +459,7 @@ if compat.HAS_ADMISSION_CONTROL:
         SupportsTriggerAvailableNow,
     )
 
+    @spark_entry_points
     class DurableStreamStreamReader(_StreamReaderBase, SupportsTriggerAvailableNow):
         """Stream reader with admission control and ``Trigger.AvailableNow`` (Spark >= 4.2)."""
 
@@ -501,6 +504,7 @@ if compat.HAS_ADMISSION_CONTROL:
 
 else:  # Spark 4.0 / 4.1
 
+    @spark_entry_points
     class DurableStreamStreamReader(_StreamReaderBase):  # type: ignore[no-redef]
         """Stream reader without admission control (Spark 4.0/4.1): every batch reads all available."""
 
