@@ -46,6 +46,7 @@ from durastream_spark.errors import (
     OptionError,
     StreamGone,
     StreamNotFound,
+    stream_root_hint,
 )
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.extensions import LIMIT_LOOKUP
@@ -80,12 +81,15 @@ from durastream_spark.source.planner import (
     plan_next_end,
     ranges_between,
 )
+from durastream_spark.source.progress import BatchSummary, Lag
 from durastream_spark.source.scan import RangeScanner
 from durastream_spark.source.time_resolution import TimeResolver
 
 log = logging.getLogger(__name__)
 
 _SIZE_CACHE_LIMIT = 4096
+_PLANNED_LAG_KEPT = 16  # Spark plans the next batch before committing the last: a few ends suffice
+_MISSING_NAMED = 10  # missing streams named in the start-up warning; the rest are counted
 
 
 def initial_offset(options: SourceOptions) -> SourceOffset:
@@ -209,7 +213,11 @@ class _DriverState:
         self.reported: set[tuple[str, str | None, str | None]] = set()
         self.pins: set[tuple[str, str, str]] = set()
         self.started_ms = int(time.time() * 1000)
+        # batch end (its positions) -> the lag measured when it was planned (progress.py)
+        self.planned_lag: dict[tuple[tuple[str, str], ...], Lag] = {}
+        self.last_batch: BatchSummary | None = None
         self._checked_extensions = False
+        self._checked_missing = False
         self._warned_unlimited = False
 
     # ---- capabilities -----------------------------------------------------------------------------------
@@ -228,6 +236,9 @@ class _DriverState:
     def snapshot(self) -> dict[str, StreamState]:
         self.check_capabilities()
         states = self.catalog.snapshot()
+        if not self._checked_missing:
+            self._checked_missing = True
+            self.warn_missing(states)
         for path, state in states.items():
             self.content_types[path] = state.content_type
             if state.closed:
@@ -236,6 +247,25 @@ class _DriverState:
                 self.finished.pop(path, None)
         self.latest_tails = {path: state.tail for path, state in states.items()}
         return states
+
+    def warn_missing(self, states: dict[str, StreamState]) -> None:
+        """Once per query run: name the listed streams that do not exist (yet). Not an error, as in
+        Kafka: a stream created later is read from its beginning; but a typo would read nothing, forever."""
+        missing = [path for path in self.options.selection.streams if path not in states]
+        if not missing:
+            return
+        url = self.options.connection.url
+        shown = ", ".join(repr(path) for path in missing[:_MISSING_NAMED])
+        if len(missing) > _MISSING_NAMED:
+            shown += f" and {len(missing) - _MISSING_NAMED} more"
+        fix = stream_root_hint(url) or "check the names if that is not expected"
+        log.warning(
+            "Stream(s) %s (option 'streams') do not exist under %s: the query reads each one from its "
+            "beginning once it is created; %s.",
+            shown,
+            url,
+            fix,
+        )
 
     def prepare_available_now(self) -> None:
         states = self.snapshot()
@@ -276,12 +306,16 @@ class _DriverState:
             log.debug("below %s: waiting for more data or maxTriggerDelay", minimum)
             return start  # unchanged: Spark sees no new data and asks again next trigger
         ends = dict(plan.fixed)
+        behind: dict[
+            str, RangeSize
+        ] = {}  # stays empty without a limit: every stream read to its tail
         pending = [item for item in plan.pending if lags is None or item.stream in lags]
         if pending and lags is not None and limited:
-            ends.update(self.admit(pending, lags, max_messages, max_bytes))
+            ends.update(self.admit(pending, lags, max_messages, max_bytes, behind))
         else:
             ends.update({item.stream: item.end for item in pending})
         end = SourceOffset.of(ends)
+        self.remember_lag(end, Lag.of(behind))
         if minimum is None:
             return end
         if end.same_positions(start):
@@ -353,8 +387,11 @@ class _DriverState:
         lags: dict[str, RangeSize],
         max_messages: int | None,
         max_bytes: int | None,
+        behind: dict[str, RangeSize] | None = None,
     ) -> dict[str, str]:
-        """Ends of ``pending`` ranges within the per-trigger budget, shared in proportion to lag."""
+        """Ends of ``pending`` ranges within the per-trigger budget, shared in proportion to lag.
+        ``behind`` receives what each stream has left after its share (the lag after the batch)."""
+        behind = {} if behind is None else behind
         message_shares = allocate({p: s.messages for p, s in lags.items()}, max_messages)
         byte_shares = allocate({p: s.bytes for p, s in lags.items()}, max_bytes)
         ends: dict[str, str] = {}
@@ -370,6 +407,7 @@ class _DriverState:
             if messages == 0 or size == 0:
                 # No share this trigger; an EARLIEST start stays "nothing read yet".
                 ends[item.stream] = item.start
+                behind[item.stream] = lag
                 continue
             found = self.client.lookup_limit(
                 item.stream,
@@ -379,11 +417,17 @@ class _DriverState:
                 end=item.end,
             )
             ends[item.stream] = found.end
+            behind[item.stream] = RangeSize(lag.messages - found.messages, lag.bytes - found.bytes)
             self.remember_size(
                 StreamRange(item.stream, item.start, found.end),
                 RangeSize(found.messages, found.bytes),
             )
         return ends
+
+    def remember_lag(self, end: SourceOffset, lag: Lag) -> None:
+        if len(self.planned_lag) >= _PLANNED_LAG_KEPT:
+            self.planned_lag.pop(next(iter(self.planned_lag)))
+        self.planned_lag[end.positions] = lag
 
     def remember_size(self, item: StreamRange, size: RangeSize) -> None:
         if len(self.sizes) > _SIZE_CACHE_LIMIT:
@@ -415,9 +459,14 @@ class _DriverState:
             self.report(loss)
         if any(item.stream not in self.content_types for item in ranges):
             self.snapshot()  # after a restart: learn the content types
-        return self.partitioner.partitions(
+        planned = self.partitioner.partitions(
             ranges, self.content_types, self.sizes, on_pin=self.remember_pin
         )
+        if ranges:
+            behind = self.planned_lag.get(end.positions)
+            self.last_batch = BatchSummary.of(ranges, len(planned), self.sizes, behind)
+            log.info("%s", self.last_batch.describe())
+        return planned
 
     def remember_pin(self, stream: str, end: str, prefix: str) -> None:
         self.pins.add((stream, end, prefix))
