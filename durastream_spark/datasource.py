@@ -26,7 +26,7 @@ class DurableStreamDataSource(DataSource):
 
     Register it with ``spark.dataSource.register(DurableStreamDataSource)``, then use
     ``spark.read/readStream.format("durastream")`` and ``df.write/writeStream.format("durastream")``.
-    Options are documented in ``durastream_spark.source`` and ``durastream_spark.sink``.
+    Options are documented in ``docs/options.md``.
     """
 
     @classmethod

@@ -4,33 +4,14 @@ Spark hands a data source its options as a case-insensitive dict of strings (PyS
 They are validated here, where ``load()``/``start()`` runs, so that a typo fails the query before any task
 starts and the error names the option, the value and what is accepted. Nothing downstream re-parses strings.
 
-Connection options (shared by the source and the sink)
-======================================================
-
-=========================  ==========  ===================================================================
-option                     default     meaning
-=========================  ==========  ===================================================================
-``url``                    (required)  Stream root, e.g. ``http://127.0.0.1:4437/v1/stream``. http or https,
-                                       no query, no fragment, no ``user:password@`` (use a header instead).
-``header.<Name>``          (none)      Sent as request header ``<Name>`` on every request, e.g.
-                                       ``header.Authorization``. Values are secret: never shown in a repr,
-                                       log line or error. Protocol headers (``Content-Type``,
-                                       ``Stream-*``, ``Producer-*``, ``Durastream-*``, ...) are refused.
-``tokenFile``              (none)      A file holding a bearer token: every request carries
-                                       ``Authorization: Bearer <file content, stripped>``.
-``tls.verify``             ``true``    Verify the server's TLS certificate (``true``/``false``).
-``tls.caBundle``           (system)    PEM file or directory of CA certificates to verify against.
-``requestTimeoutMs``       ``30000``   Socket timeout for connecting and for each read of a response.
-``maxConnections``         ``32``      Keep-alive connections kept per worker process and server.
-``retry.maxAttempts``      ``10``      Attempts per request, including the first (1 = no retries).
-``retry.maxElapsedMs``     ``120000``  Give up retrying once this much time has passed since the first try.
-``retry.initialBackoffMs`` ``100``     Backoff cap of the first retry; doubles per retry ...
-``retry.maxBackoffMs``     ``10000``   ... up to this cap. Each wait is uniform in [0, cap] (full jitter),
-                                       and never shorter than the server's ``Retry-After``.
-=========================  ==========  ===================================================================
+Connection options (shared by the source and the sink): ``url``, ``header.<Name>``, ``tokenFile``,
+``tls.verify``, ``tls.caBundle``, ``requestTimeoutMs``, ``maxConnections`` and ``retry.*``. Their defaults,
+accepted values and errors are in ``docs/options.md``, generated from the parsers here and in
+``source/options.py`` and ``sink/options.py`` (``python -m durastream_spark.docs``), so this docstring does
+not repeat them.
 
 Durations accept a whole number of milliseconds (``1500``) or a number with a unit: ``250ms``, ``30s``,
-``5m``, ``1h``.
+``5m``, ``1h``. Byte sizes take the grammar of ``durastream_spark.sizes`` (``512k``, ``64m``, ``1g``).
 
 ``tokenFile`` is read when a request is sent, in whichever process sends it (driver or executor), and re-read
 whenever the file changes (size, mtime or inode), so rotated tokens (Kubernetes service-account tokens, secret

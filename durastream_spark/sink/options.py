@@ -3,7 +3,7 @@
 ``df.writeStream.format("durastream")`` and ``df.write.format("durastream")`` hand the sink Spark's string
 options; ``SinkOptions.parse`` validates every one of them where ``start()``/``save()`` runs, so a typo or a
 bad value fails before any task starts, with an error naming the option, the value and what is accepted.
-The table of options is in the package docstring (``durastream_spark.sink``).
+Users read the options in ``docs/options.md``, generated from this module.
 """
 
 from __future__ import annotations

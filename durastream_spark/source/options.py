@@ -1,7 +1,7 @@
 """The source's options, parsed once on the driver into a frozen, picklable ``SourceOptions``.
 
 Every key is a named constant here and validated in ``SourceOptions.parse``; errors name the option, the
-value and what is accepted. The table users read is in the docstring of ``durastream_spark.source``.
+value and what is accepted. Users read them in ``docs/options.md``, generated from this module.
 """
 
 from __future__ import annotations
