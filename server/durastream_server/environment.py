@@ -48,11 +48,12 @@ def configurable(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 def with_environment(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``parser`` with every flag's variable in its ``--help`` line, and the rules in the epilog."""
     for action in configurable(parser):
-        if action.help == argparse.SUPPRESS:
-            continue
         note = f"[env: {variable(action)}]"
+        if action.help == argparse.SUPPRESS or note in (action.help or ""):
+            continue
         action.help = f"{action.help} {note}" if action.help else note
-    parser.epilog = f"{parser.epilog} {_EPILOG}" if parser.epilog else _EPILOG
+    if _EPILOG not in (parser.epilog or ""):
+        parser.epilog = f"{parser.epilog} {_EPILOG}" if parser.epilog else _EPILOG
     return parser
 
 
@@ -62,15 +63,19 @@ def parse_with_environment(
     """Parse ``argv``; every flag it does not give comes from ``environ``, else from its default."""
     actions = configurable(parser)
     defaults = {action.dest: action.default for action in actions}
+    required = {action.dest: action.required for action in actions}
     # With SUPPRESS as default, argparse leaves a flag that was not given off the namespace entirely,
-    # which tells "not given" apart from "given with the default's value".
+    # which tells "not given" apart from "given with the default's value". A required flag whose
+    # variable is set is not required on the command line.
     for action in actions:
         action.default = argparse.SUPPRESS
+        action.required = action.required and variable(action) not in environ
     try:
         args = parser.parse_args(argv)
     finally:
         for action in actions:
             action.default = defaults[action.dest]
+            action.required = required[action.dest]
     for action in actions:
         if hasattr(args, action.dest):
             continue

@@ -55,6 +55,11 @@ def test_a_flag_added_later_gets_its_variable_without_more_code() -> None:
     assert (args.max_frobs, args.loud, args.tag) == (7, True, ["a", "b"])
     args = environment.parse_with_environment(parser, [], {})
     assert (args.max_frobs, args.loud, args.tag) == (3, False, [])
+    parser.add_argument("--zone", required=True)
+    environment.with_environment(parser)
+    assert environment.parse_with_environment(parser, [], {"DURASTREAM_ZONE": "z"}).zone == "z"
+    with pytest.raises(SystemExit):
+        environment.parse_with_environment(parser, [], {})
 
 
 def test_the_environment_configures_every_kind_of_flag(tmp_path: Path) -> None:
