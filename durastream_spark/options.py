@@ -49,7 +49,7 @@ from urllib.parse import urlsplit, urlunsplit
 from durastream_spark.errors import OptionError
 from durastream_spark.protocol.retry import RetryPolicy
 from durastream_spark.sizes import SYNTAX as BYTE_SIZE_SYNTAX
-from durastream_spark.sizes import format_byte_size, parse_byte_size
+from durastream_spark.sizes import parse_byte_size
 
 # ---- option keys (canonical spelling; matching is case-insensitive) ----------------------------------------
 URL = "url"
@@ -278,10 +278,8 @@ class OptionReader:
         maximum: int = MAX_BYTE_SIZE,
     ) -> int | None:
         """Bytes, in the grammar of ``durastream_spark.sizes``: ``1048576``, ``512k``, ``64m``, ``1g``."""
-        accepted = (
-            f"a byte size from {format_byte_size(minimum)} to {format_byte_size(maximum)}: "
-            f"{BYTE_SIZE_SYNTAX}"
-        )
+        bounds = _bounds_text("a byte size", minimum, None if maximum == MAX_BYTE_SIZE else maximum)
+        accepted = f"{bounds}: {BYTE_SIZE_SYNTAX}"
         value = self.raw(key)
         if value is None:
             return default

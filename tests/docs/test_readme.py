@@ -138,7 +138,8 @@ def test_the_quick_start_runs_and_shows_what_the_readme_says(
     assert len(rows) == 100 and {r["stream"] for r in rows} == {"orders"}
     shown = re.search(r"`(\{\"id\":0[^`]*\})` above", text)
     assert shown, "the sink rules show the first row's JSON"
-    assert min(rows, key=lambda r: r["offset"])["value"].decode() == shown.group(1)
+    (first,) = [r["value"].decode() for r in rows if json.loads(r["value"])["id"] == 0]
+    assert first == shown.group(1)
     typed = ns["typed"].collect()
     assert sorted(r["id"] for r in typed) == list(range(100))
     assert {r["customer"] for r in typed} == {0, 1, 2}
@@ -164,7 +165,10 @@ def test_the_sink_rules_in_the_readme(spark, durastream_server) -> None:
     values.write.format("durastream").option("url", url).option("stream", f"{base}/values").mode(
         "append"
     ).save()
-    assert read(f"{base}/values") == [b'{"a":1}', b'{"a":2}']
+    assert sorted(read(f"{base}/values")) == [
+        b'{"a":1}',
+        b'{"a":2}',
+    ]  # partitions commit in any order
 
     routed = spark.createDataFrame(
         [(f"{base}/one", 1), (f"{base}/two", 2), (f"{base}/one", 3)], "stream STRING, n INT"

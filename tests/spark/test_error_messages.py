@@ -74,7 +74,7 @@ def test_a_bad_sink_option_names_option_value_and_what_is_accepted(
     )
     assert connector_line(error).startswith(
         "durastream_spark.errors.OptionError: Option 'maxBytesPerRequest' has an invalid value "
-        "'4 megabytes'. Accepted: a byte size from 1k to 1g: "
+        "'4 megabytes'. Accepted: a byte size from 1024 to 1073741824: "
     )
 
 
