@@ -308,3 +308,19 @@ def test_a_contradiction_is_found(text: str) -> None:
 def test_agreeing_defaults_pass(text: str) -> None:
     claims = list(claims_in("example.md", text))
     assert claims and not [p for p in map(contradiction, claims) if p]
+
+
+def test_the_default_schema_is_quoted_as_the_source_returns_it() -> None:
+    from durastream_spark import source
+
+    quoted = re.compile(r"[Dd]efault schema(?: is)?\W+`+(stream [^`]+)`+")
+    found = [
+        (where, m.group(1))
+        for where, text in [
+            *((str(p.relative_to(REPO)), p.read_text("utf-8")) for p in MARKDOWN),
+            *docstrings(),
+        ]
+        for m in quoted.finditer(text)
+    ]
+    assert len(found) >= 3, found
+    assert all(schema == source.DEFAULT_SCHEMA for _, schema in found), found
