@@ -344,9 +344,6 @@ KAFKA_EQUIVALENTS: dict[str, KafkaEquivalent] = {
     "minoffsetspertrigger": KafkaEquivalent(
         ("minMessagesPerTrigger",), "the fewest messages a micro-batch waits for"
     ),
-    "startingoffsetsbytimestamp": KafkaEquivalent(
-        ("startingTimestamp",), "where a new query starts, by append time", example="..."
-    ),
     "kafka.bootstrap.servers": KafkaEquivalent(
         (URL,), "the server's stream root", example="http://<host>:4437/v1/stream"
     ),
