@@ -32,6 +32,7 @@ def refused(parse, options: dict[str, str]) -> OptionError:
         ("assign", '{"events":[0,1]}', '.option("streams", "events/a,events/b")'),
         ("topic", "events", '.option("streams", "events")'),
         ("maxOffsetsPerTrigger", "1000", '.option("maxMessagesPerTrigger", "1000")'),
+        ("minOffsetsPerTrigger", "100", '.option("minMessagesPerTrigger", "100")'),
         (
             "kafka.bootstrap.servers",
             "broker:9092",
