@@ -32,6 +32,7 @@ import enum
 import logging
 import random
 import socket
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -301,10 +302,13 @@ def explain_failure(exc: requests.RequestException, url: str) -> TransportProble
     causes = _causes(exc)
     not_answering = f"The server at {server} is not answering"
     if isinstance(exc, requests.exceptions.SSLError):
+        tls = next((c for c in causes if isinstance(c, ssl.SSLError)), None)
+        reason = getattr(tls, "verify_message", None) or getattr(tls, "reason", None) or "TLS error"
         return TransportProblem(
-            f"TLS with the server at {server} failed: check its certificate, or set option "
-            "'tls.caBundle' to the CA that signed it ('tls.verify=false' only for a test server)",
-            "TLS failed",
+            f"TLS with the server at {server} failed ({reason}): check its certificate, or set "
+            "option 'tls.caBundle' to the CA that signed it ('tls.verify=false' only for a test "
+            "server)",
+            f"TLS with {server} failed ({reason})",
         )
     if any(isinstance(cause, socket.gaierror) for cause in causes):
         return TransportProblem(

@@ -1,4 +1,5 @@
-"""A ``url`` that is not a stream root (``http://host:4437`` without ``/v1/stream``) gets its fix on a 404.
+"""A ``url`` that is not a stream root (``http://host:4437`` without ``/v1/stream``) gets its fix on a 404,
+and a server certificate the connector does not trust gets the TLS options named.
 
 Against the real server: the 404 says which option to change and to what; a right root with a missing
 stream keeps the plain "does not exist" message.
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from durastream_spark.errors import StreamNotFound, stream_root_hint
+from durastream_spark.errors import StreamNotFound, TransportError, stream_root_hint
 from durastream_spark.options import ConnectionOptions
 from durastream_spark.protocol.client import StreamClient
+from tests.server.http.test_cors_tls import needs_openssl, tls_server
 
 
 def head_error(url: str, path: str) -> StreamNotFound:
@@ -45,3 +47,23 @@ def test_what_looks_like_a_stream_root() -> None:
     assert stream_root_hint("https://h/proxy/v1/stream") is None
     assert '"http://h:4437/v1/stream"' in (stream_root_hint("http://h:4437") or "")
     assert '"https://h/ds/v1/stream"' in (stream_root_hint("https://h/ds") or "")
+
+
+@needs_openssl
+def test_an_untrusted_certificate_names_tls_and_the_options(tmp_path) -> None:
+    with tls_server(tmp_path) as server:
+        client = StreamClient(ConnectionOptions.parse({"url": server.base + "/v1/stream"}))
+        with pytest.raises(TransportError) as caught:
+            client.head("anything")
+        trusted = StreamClient(
+            ConnectionOptions.parse(
+                {"url": server.base + "/v1/stream", "tls.caBundle": str(server.cert)}
+            )
+        )
+        with pytest.raises(StreamNotFound):
+            trusted.head("anything")  # the fix the message names works
+    text = str(caught.value)
+    assert text.startswith(
+        f"TLS with the server at {server.base} failed (self-signed certificate): "
+    )
+    assert "set option 'tls.caBundle' to the CA that signed it" in text
