@@ -24,6 +24,7 @@ LIMIT_LOOKUP = "limit-lookup"
 LISTING = "listing"
 STAGED_APPEND = "staged-append"
 PAYLOAD_DIGEST = "payload-digest"
+TIME_LOOKUP = "time-lookup"
 
 # Versions that add to an extension (a server advertising a version has every earlier one too).
 # staged-append 2: handle lists in the request body (``Durastream-Commit: @body``) and commit keys.
@@ -107,6 +108,10 @@ class Extensions:
     @property
     def payload_digest(self) -> bool:
         return self.supports(PAYLOAD_DIGEST)
+
+    @property
+    def time_lookup(self) -> bool:
+        return self.supports(TIME_LOOKUP)
 
     def __bool__(self) -> bool:
         return bool(self.versions)

@@ -22,6 +22,7 @@ EXTENSIONS: Final = MappingProxyType(
         "listing": 1,
         "staged-append": 2,
         "payload-digest": 1,
+        "time-lookup": 1,
     }
 )
 

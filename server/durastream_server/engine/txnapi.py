@@ -47,7 +47,7 @@ MAX_HANDLES_PER_COMMIT: Final = 10000
 class TxnLimits:
     """Server-side bounds on staged appends."""
 
-    max_handle_bytes: int = GIB  # payload one handle may hold
+    max_handle_bytes: int = GIB  # payload one handle may hold, plus MESSAGE_OVERHEAD per message
     default_ttl_seconds: int = 3600
     max_ttl_seconds: int = 604800  # 7 days
     max_handles_per_commit: int = MAX_HANDLES_PER_COMMIT

@@ -5,9 +5,9 @@ fsync dir), checksummed, and ignored (full replay) when missing, damaged, for an
 past the end of the files.
 
 File: ``magic (8) | crc32 (u32) | length (u64) | payload`` where payload is
-``json_len (u32) | json | index positions (i64 x n) | index offsets (i64 x n) | index ordinals (i64 x n)``.
-A snapshot without ordinals (written before they existed) is ignored like a damaged one: the full
-replay rebuilds them.
+``json_len (u32) | json | index positions | offsets | ordinals | effective append times`` (each i64 x n).
+A snapshot without ordinals or append times (written before they existed) is ignored like a damaged
+one: the full replay rebuilds them.
 """
 
 from __future__ import annotations
@@ -96,6 +96,14 @@ def _native_i64(values: array) -> bytes:
     return swapped.tobytes()
 
 
+def _i64_array(data: memoryview) -> array:
+    values = array("q")
+    values.frombytes(data)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
+
+
 def encode_snapshot(
     log_id: str, covered_end: int, last_record: int, state: dict[str, Any], index: SparseIndex
 ) -> bytes:
@@ -108,6 +116,7 @@ def encode_snapshot(
             "index_interval": index.interval,
             "index_count": len(index),
             "index_messages": index.messages,
+            "index_last_time": index.last_time,
         },
         separators=(",", ":"),
     ).encode()
@@ -118,6 +127,7 @@ def encode_snapshot(
             _native_i64(index.positions),
             _native_i64(index.offsets),
             _native_i64(index.ordinals),
+            _native_i64(index.times),
         )
     )
     return _HEAD.pack(_MAGIC, zlib.crc32(payload), len(payload)) + payload
@@ -136,19 +146,14 @@ def decode_snapshot(data: bytes) -> Snapshot:
     count = int(meta["index_count"])
     if "index_messages" not in meta:
         raise ValueError("snapshot predates message ordinals")
+    if "index_last_time" not in meta:
+        raise ValueError("snapshot predates indexed append times")
     rest = payload[4 + meta_len :]
-    if len(rest) != 24 * count:
+    if len(rest) != 32 * count:
         raise ValueError("snapshot index size mismatch")
-    positions = array("q")
-    positions.frombytes(rest[: 8 * count])
-    offsets = array("q")
-    offsets.frombytes(rest[8 * count : 16 * count])
-    ordinals = array("q")
-    ordinals.frombytes(rest[16 * count :])
-    if sys.byteorder != "little":
-        positions.byteswap()
-        offsets.byteswap()
-        ordinals.byteswap()
+    positions, offsets, ordinals, times = (
+        _i64_array(rest[8 * count * i : 8 * count * (i + 1)]) for i in range(4)
+    )
     return Snapshot(
         log_id=str(meta["log_id"]),
         covered_end=int(meta["covered_end"]),
@@ -160,6 +165,8 @@ def decode_snapshot(data: bytes) -> Snapshot:
             offsets,
             ordinals,
             messages=int(meta["index_messages"]),
+            times=times,
+            last_time=int(meta["index_last_time"]),
         ),
     )
 

@@ -19,6 +19,7 @@ EXPECTED = {
     "listing": 1,
     "staged-append": 2,
     "payload-digest": 1,
+    "time-lookup": 1,
 }
 
 
