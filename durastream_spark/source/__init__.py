@@ -91,16 +91,19 @@ from collections.abc import Mapping
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
-from durastream_spark.source.arrow import DEFAULT_SCHEMA
+from durastream_spark.source import arrow
 from durastream_spark.source.options import SourceOptions
+
+# The default schema as users read it in the docs; ``arrow.DEFAULT_SCHEMA`` is the same columns, with the
+# ``stream`` column marked as the source's (``columns.SOURCE_STREAM_MARK``: the sink refuses to route by it).
+DEFAULT_SCHEMA = "stream STRING, offset STRING, value BINARY, timestamp TIMESTAMP"
 
 
 def default_schema(options: Mapping[str, str]) -> StructType:
-    """The schema of a read without a user schema (``stream STRING, offset STRING, value BINARY,
-    timestamp TIMESTAMP``; ``stream`` carries ``columns.SOURCE_STREAM_MARK``). Validates the options, so
-    bad ones fail ``load()``."""
+    """The schema of a read without a user schema (``DEFAULT_SCHEMA``, the ``stream`` column marked).
+    Validates the options, so bad ones fail ``load()``."""
     SourceOptions.parse(options)
-    return DEFAULT_SCHEMA
+    return arrow.DEFAULT_SCHEMA
 
 
 def batch_reader(options: Mapping[str, str], schema: StructType) -> DataSourceReader:

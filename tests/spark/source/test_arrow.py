@@ -202,3 +202,18 @@ def test_layout_pickles_and_rebuilds_its_arrow_schema() -> None:
     copy = pickle.loads(pickle.dumps(layout))
     assert copy.arrow_schema == layout.arrow_schema
     assert isinstance(copy.batch("s", ValuesBlock([b"v"], "-1")), pa.RecordBatch)
+
+
+def test_the_default_schema_marks_its_stream_column_for_the_sink() -> None:
+    """The documented DDL and the schema Spark gets are the same columns; only ``stream`` carries the
+    mark that makes the sink refuse to route a copy back into its sources (issue 15)."""
+    from durastream_spark import source
+    from durastream_spark.columns import SOURCE_STREAM_MARK, is_source_stream
+
+    schema = source.default_schema({"url": "http://h:1/v1/stream", "streams": "a"})
+    ddl = [column.split() for column in source.DEFAULT_SCHEMA.split(", ")]
+    assert schema.simpleString() == "struct<{}>".format(
+        ",".join(f"{name}:{kind.lower()}" for name, kind in ddl)
+    )
+    assert [f.name for f in schema.fields if is_source_stream(f.metadata)] == ["stream"]
+    assert schema["stream"].metadata == SOURCE_STREAM_MARK
