@@ -148,7 +148,7 @@ def test_wheel_metadata_is_complete(wheels: dict[str, Path], distribution: str) 
         assert not [r for r in requirements if r.name.lower() == "pyspark"], requirements
     else:
         runtime = {r.name.lower() for r in requirements if r.marker is None}
-        assert runtime == {"pyspark", "pyarrow", "requests"}
+        assert runtime == {"pyspark", "pyarrow", "requests", "msgspec"}
 
 
 @pytest.mark.parametrize("distribution", [CONNECTOR, SERVER])

@@ -177,8 +177,13 @@ def test_reordered_retry_fails_loudly_in_ordered_mode(durastream_server) -> None
     harness.write(
         _truncated(record_batches(ARROW_SCHEMA, rows, 40), 15), epoch=0, partition=0, attempt=0
     )
-    with pytest.raises(ReorderedRetryError, match="sortWithinPartitions"):
+    with pytest.raises(ReorderedRetryError, match="sortWithinPartitions") as raised:
         harness.write(record_batches(ARROW_SCHEMA, rows[::-1], 40), epoch=0, partition=0, attempt=1)
+    # Issue 15, item 1: the advice must not be a mode switch, which cannot finish this batch (a
+    # transactional replay refuses a batch that ordered mode started).
+    advice = str(raised.value)
+    assert "use exactlyOnce=transactional" not in advice
+    assert "Switching exactlyOnce does not finish it" in advice
     # The batch failed loudly; what is visible is the first attempt's full requests, each row once.
     visible = read_stream(root, stream)
     assert [m["n"] for m in visible] == list(range(len(visible)))

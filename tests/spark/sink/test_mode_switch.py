@@ -83,8 +83,11 @@ def test_ordered_batch_replayed_as_transactional_fails_loudly_then_ordered_finis
     messages = _write_all(transactional, epoch=0)
     with pytest.raises(CommitError, match=r"restart the query .* exactlyOnce=ordered") as raised:
         transactional.commit(messages, 0)
-    conflict = raised.value.__cause__
-    assert isinstance(conflict, BatchModeConflict)
+    # Partitions 0 and 1 (started by run 1) conflict; partition 2 commits.
+    failures = raised.value.failures
+    assert [type(e) for e in failures] == [BatchModeConflict, BatchModeConflict]
+    assert sorted(e.partition for e in failures) == [0, 1]
+    conflict = failures[0]
     text = str(raised.value)
     assert "Batch 0, partition" in text and "ordered mode" in text and "transactional" in text
     assert "exactlyOnce=transactional" in text  # names this run's option
@@ -159,7 +162,7 @@ def test_auto_flips_when_a_proxy_hides_the_extensions(durastream_server) -> None
         assert direct_auto.plan.mode == "transactional"
         with pytest.raises(CommitError, match="exactlyOnce=auto chose transactional") as raised:
             direct_auto.commit(_write_all(direct_auto, epoch=0), 0)
-        assert isinstance(raised.value.__cause__, BatchModeConflict)
+        assert [type(e) for e in raised.value.failures] == [BatchModeConflict] * 2
         _write_and_commit(_harness(direct, stream, "ordered", query), epoch=0)
         assert_exactly_once(read_stream(direct, stream), _all_keys())
 
@@ -194,7 +197,7 @@ def test_an_ordered_run_longer_than_the_digest_window_is_still_recognised(durast
     )
     with pytest.raises(CommitError) as raised:
         transactional.commit([message], 0)
-    conflict = raised.value.__cause__
+    (conflict,) = raised.value.failures
     assert isinstance(conflict, BatchModeConflict) and conflict.visible_requests == 75
     ordered.commit(
         [ordered.write(record_batches(ARROW_SCHEMA, rows, 5), epoch=0, partition=0, attempt=0)], 0
