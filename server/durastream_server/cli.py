@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from durastream_server import __version__
+from durastream_server import __version__, tools
 from durastream_server.allocator import keep_freed_memory
 from durastream_server.auth import (
     MODES,
@@ -469,6 +469,9 @@ def _quiet_signals() -> Callable[[], None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments and arguments[0] in tools.COMMANDS:  # offline tools: check, inspect (tools.py)
+        return tools.main(arguments)
     parser = build_parser()
     args = parse_args(parser, argv, os.environ)
     try:
