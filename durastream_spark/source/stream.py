@@ -439,6 +439,7 @@ class _DriverState:
     # ---- partitions, commits ----------------------------------------------------------------------------
 
     def partitions(self, start: SourceOffset, end: SourceOffset) -> list:
+        planning_started = time.perf_counter()
         self.check_capabilities()
         initial = start
         # Starts at an instant, bounded by this batch's end: a replay finds the same message. The
@@ -466,7 +467,10 @@ class _DriverState:
         )
         if ranges:
             behind = self.planned_lag.get(end.positions)
-            self.last_batch = BatchSummary.of(ranges, len(planned), self.sizes, behind)
+            planning_ms = (time.perf_counter() - planning_started) * 1000
+            self.last_batch = BatchSummary.of(
+                ranges, len(planned), self.sizes, behind, planning_ms=planning_ms
+            )
             log.info("%s", self.last_batch.describe())
         return planned
 

@@ -30,7 +30,9 @@ from durastream_server.http.app import DurastreamApp
 from durastream_server.http.guard import protocol_class
 from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
+from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.storage.datadir import DataDir, StorageConfig
+from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.subscriptions.service import SubscriptionService
 
 logger = logging.getLogger(__name__)
@@ -45,8 +47,10 @@ class Backend:
         self.subscriptions = subscriptions
 
     @classmethod
-    async def open(cls, config: ServerConfig) -> Backend:
-        data = await DataDir.open(StorageConfig(root=config.data_dir, durability=config.durability))
+    async def open(cls, config: ServerConfig, metrics: WriteMetrics = NO_METRICS) -> Backend:
+        data = await DataDir.open(
+            StorageConfig(root=config.data_dir, durability=config.durability), metrics
+        )
         try:
             engine = Engine(
                 data,
@@ -199,10 +203,12 @@ def exposure_warnings(config: ServerConfig, bound_host: str) -> list[str]:
 
 
 def build_app(config: ServerConfig) -> DurastreamApp:
-    async def open_backend() -> Backend:
-        return await Backend.open(config)
+    metrics = ServerMetrics()  # the app counts requests, the storage writer its group commits
 
-    return DurastreamApp(config, open_backend)
+    async def open_backend() -> Backend:
+        return await Backend.open(config, metrics)
+
+    return DurastreamApp(config, open_backend, metrics)
 
 
 def _loop_setting() -> str:
@@ -223,7 +229,7 @@ def run(
         ws="none",
         lifespan="on",
         log_config=None,  # the CLI configures logging; uvicorn's loggers propagate to it
-        access_log=False,  # the app logs one line per request at DEBUG
+        access_log=False,  # the app writes its own access log (--access-log, http/access.py)
         server_header=False,
         timeout_graceful_shutdown=config.shutdown_grace_seconds,
         ssl_certfile=None if config.tls_certfile is None else str(config.tls_certfile),
