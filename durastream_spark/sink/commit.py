@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from durastream_spark.errors import ProducerForgottenError, UnverifiedDuplicate
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink import ordered, transactional
 from durastream_spark.sink.errors import CommitError
@@ -96,8 +97,8 @@ def commit_batch(
         )
         raise CommitError(
             f"Committing batch {_batch_text(batch_id, chosen)} failed for {len(failures)} of "
-            f"{len(jobs)} (stream, partition) parts; the others are committed. Replaying the batch "
-            f"(restart the query from its checkpoint) completes it without duplicates. {listed}"
+            f"{len(jobs)} (stream, partition) parts; the others are committed. "
+            f"{_after_failure(error for _, _, error in failures)} {listed}"
         ) from failures[0][2]
     summaries = summarize(results)
     _log_summary(batch_id, chosen, summaries)
@@ -199,6 +200,18 @@ def _choose_attempts(
             f"Commit messages of one batch come from different writers {sorted(keys)}; refusing to commit."
         )
     return chosen, extra
+
+
+def _after_failure(errors: Iterable[BaseException]) -> str:
+    """What a replay of the failed batch would do."""
+    if any(isinstance(e, ProducerForgottenError | UnverifiedDuplicate) for e in errors):
+        return (
+            "The server can no longer tell whether an earlier run of this batch already wrote these "
+            "parts (its producers were idle past the server's --producer-expiry-seconds), so it refused "
+            "them rather than risk a duplicate, and a replay will be refused the same way. See "
+            "docs/guarantees.md, 'When the server has forgotten a producer', for how to go on."
+        )
+    return "Replaying the batch (restart the query from its checkpoint) completes it without duplicates."
 
 
 def _batch_text(batch_id: int | None, chosen: dict[int, SinkCommitMessage]) -> str:

@@ -42,6 +42,12 @@ from durastream_server.config import (
     WEBHOOK_LOCALHOST_CHOICES,
     ServerConfig,
 )
+from durastream_server.engine.producer_sweep import (
+    DEFAULT_EXPIRY_SECONDS,
+    DEFAULT_GROUP_EXPIRY_SECONDS,
+    DEFAULT_QUIET_SECONDS,
+    ProducerPolicy,
+)
 from durastream_server.http.cors import normalize_origin
 from durastream_server.storage.datadir import AlreadyLocked, Durability
 
@@ -188,6 +194,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest payload one staged-append handle may hold; more gets 413 "
         f"(default: {DEFAULT_MAX_STAGED_BYTES})",
     )
+    producers = parser.add_argument_group(
+        "producer state",
+        "how long idle idempotent producers are remembered in memory (docs/server.md, "
+        "docs/decisions/0005-producer-state.md); 0 = forever",
+    )
+    producers.add_argument(
+        "--producer-quiet-seconds",
+        type=_non_negative_seconds,
+        default=DEFAULT_QUIET_SECONDS,
+        metavar="SECONDS",
+        help="after this long without a request, a producer's request digests are shortened to 8 "
+        f"bytes (default: {DEFAULT_QUIET_SECONDS:g}, a day)",
+    )
+    producers.add_argument(
+        "--producer-expiry-seconds",
+        type=_non_negative_seconds,
+        default=DEFAULT_EXPIRY_SECONDS,
+        metavar="SECONDS",
+        help="after this long without a request, a producer is forgotten: a later request of it is a "
+        "new producer, or 409 PRODUCER_FORGOTTEN for clients that ask (the Spark sink does) "
+        f"(default: {DEFAULT_EXPIRY_SECONDS:g}, 7 days)",
+    )
+    producers.add_argument(
+        "--producer-group-expiry-seconds",
+        type=_non_negative_seconds,
+        default=DEFAULT_GROUP_EXPIRY_SECONDS,
+        metavar="SECONDS",
+        help="how long a stream keeps the highest epoch of a group of forgotten producers, which is "
+        f"what PRODUCER_FORGOTTEN is decided by (default: {DEFAULT_GROUP_EXPIRY_SECONDS:g}, 30 days)",
+    )
     security = parser.add_argument_group(
         "security and exposure", "authentication, TLS, CORS and request limits (docs/security.md)"
     )
@@ -306,6 +342,11 @@ def config_from_args(
         header_timeout_seconds=args.header_timeout_seconds,
         body_timeout_seconds=args.body_timeout_seconds,
         webhook_localhost=args.webhook_localhost,
+        producer_policy=ProducerPolicy(
+            quiet_seconds=args.producer_quiet_seconds,
+            expiry_seconds=args.producer_expiry_seconds,
+            group_expiry_seconds=args.producer_group_expiry_seconds,
+        ),
     )
 
 

@@ -44,7 +44,11 @@ class Backend:
     async def open(cls, config: ServerConfig) -> Backend:
         data = await DataDir.open(StorageConfig(root=config.data_dir, durability=config.durability))
         try:
-            engine = Engine(data, txn_limits=TxnLimits(max_handle_bytes=config.max_staged_bytes))
+            engine = Engine(
+                data,
+                txn_limits=TxnLimits(max_handle_bytes=config.max_staged_bytes),
+                producer_policy=config.producer_policy,
+            )
             await engine.start()
             state_dir = data.meta_path("subscriptions")
             state_dir.mkdir(parents=True, exist_ok=True)

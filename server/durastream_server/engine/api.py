@@ -54,6 +54,8 @@ class AppendRequest:
     close: bool = False
     stream_seq: str | None = None
     producer: ProducerTuple | None = None
+    # Durastream-Forgotten-Producer: refuse (docs/extensions.md, section 7).
+    refuse_forgotten: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +65,8 @@ class AppendResult:
     duplicate: bool = False  # producer duplicate / idempotent close: 204
     producer_epoch: int | None = None
     producer_seq: int | None = None  # highest accepted seq for (stream, producer, epoch)
+    # A producer duplicate: whether its digest was compared with the accepted request's (section 6).
+    verified: bool = False
 
 
 @dataclass(frozen=True, slots=True)

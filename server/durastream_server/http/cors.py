@@ -45,6 +45,8 @@ EXPOSED_HEADERS: Final = (
     "Durastream-Txn-Messages",  # staged appends
     "Durastream-Txn-Bytes",
     "Durastream-Txn-Expires-At",
+    "Durastream-Digest",  # producer duplicates and forgotten producers (extensions.md 6, 7)
+    "Durastream-Forgotten-Epoch",
 )
 
 ALLOWED_REQUEST_HEADERS: Final = (
@@ -65,6 +67,7 @@ ALLOWED_REQUEST_HEADERS: Final = (
     "Durastream-Txn-TTL",
     "Durastream-Commit",
     "Durastream-Abort",
+    "Durastream-Forgotten-Producer",
 )
 
 ALLOWED_METHODS: Final = ("GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS")
