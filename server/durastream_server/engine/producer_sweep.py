@@ -17,11 +17,12 @@ in it is due (``StreamState.producers_due_ms``), and at least once per ``Produce
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from durastream_server.storage.state import compact_producer, forget_producer
+from durastream_server.storage.state import ProducerState, compact_producer, forget_producer
+from durastream_server.storage.table import CowTable
 
 if TYPE_CHECKING:  # only for annotations: the CLI imports ProducerPolicy without the storage stack
     from durastream_server.storage.log import StreamLog
@@ -128,8 +129,10 @@ async def _sweep_stream(
     group_ms = int(policy.group_expiry_seconds * 1000) if expiry_ms else 0
     due = now_ms + int(policy.revisit_seconds * 1000)
     producers = state.producers
-    for index, pid in enumerate(list(producers)):
-        if index and index % SLICE == 0:
+    done = 0
+    for pid in _keys_in_slices(producers):
+        done += 1
+        if done % SLICE == 0:
             await asyncio.sleep(0)
             if log.state is not state:  # rebuilt from disk meanwhile (log healing): look again soon
                 return
@@ -151,10 +154,17 @@ async def _sweep_stream(
         if expiry_ms:
             due = min(due, current.last_ms + expiry_ms)
     if group_ms:
-        for group, forgotten in list(state.forgotten.items()):
+        for group, forgotten in list(state.forgotten.items()):  # at most one per group
             if now_ms - forgotten.last_ms >= group_ms:
                 del state.forgotten[group]
                 counts.groups_dropped += 1
             else:
                 due = min(due, forgotten.last_ms + group_ms)
     state.producers_due_ms = due
+
+
+def _keys_in_slices(table: CowTable[ProducerState]) -> Iterator[str]:
+    """The table's keys, copied one part at a time (``list`` of a part is a C-level copy of at most
+    ``SPLIT_AT`` or ``1/PARTS`` of the table), so the loop is never held by a copy of the whole."""
+    for part in table.parts():
+        yield from list(part)

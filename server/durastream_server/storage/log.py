@@ -62,7 +62,7 @@ from durastream_server.storage.snapshot import (
     IndexImage,
     StateImage,
     capture,
-    encode_snapshot,
+    snapshot_pieces,
     write_snapshot,
 )
 from durastream_server.storage.state import StreamState, apply_entry
@@ -507,8 +507,8 @@ class StreamLog:
         pruned = self._pruned
 
         def encode_and_write() -> None:
-            data = encode_snapshot(self.id, covered_end, last_record, state, index)
-            write_snapshot(self.directory, data, sync=self._ctx.sync)
+            pieces = snapshot_pieces(self.id, covered_end, last_record, state, index)
+            write_snapshot(self.directory, pieces, sync=self._ctx.sync)
 
         try:
             await asyncio.get_running_loop().run_in_executor(self._ctx.executor, encode_and_write)

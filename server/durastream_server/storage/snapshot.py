@@ -4,12 +4,12 @@ A snapshot is an optimization, never a source of truth: it is written atomically
 fsync dir), checksummed, and ignored (full replay) when missing, damaged, for another log, or pointing
 past the end of the files.
 
-Taking one costs the event loop a shallow copy of the state's tables (``capture``: C-level dict copies,
-no per-producer Python work); everything proportional to the number of producers, committed handles or
-index points is encoded by ``encode_snapshot`` in a worker thread, in a Python loop, so the loop gets the
-GIL back every switch interval (a single big ``json.dumps`` would hold it throughout). That works because
-what the copies refer to never changes: ``ProducerState``s are replaced, not mutated; their digest
-buffers only grow past what the copy reads; index arrays only grow (``_heal`` replaces them whole).
+Taking one costs the event loop O(1) whatever the number of producers, committed handles or index
+points (``capture``): the state's tables are frozen copy-on-write (``storage/table.py``) and the index
+arrays only grow (``_heal`` replaces them whole), so their length is all it takes. Everything else is done
+by ``encode_snapshot`` in a worker thread, piece by piece, so the loop gets the GIL back every switch
+interval (one big ``json.dumps`` or ``b"".join`` would hold it throughout). ``ProducerState``s are
+replaced, never mutated, and their digest buffers only grow past what a frozen state reads.
 
 File: ``magic (8) | crc32 (u32) | length (u64) | payload``. Payload (``DSSNAP02``)::
 
@@ -32,11 +32,13 @@ import logging
 import os
 import struct
 import sys
+import time
 import zlib
 from array import array
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import chain
+from typing import Any, TypeVar
 
 from durastream_server.storage.files import fsync_dir
 from durastream_server.storage.index import SparseIndex
@@ -47,6 +49,7 @@ from durastream_server.storage.state import (
     ProducerState,
     StreamState,
 )
+from durastream_server.storage.table import CowTable, Frozen
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +63,13 @@ _U16 = struct.Struct("<H")
 _PRODUCER = struct.Struct("<qqqqBI")
 _FORGOTTEN = struct.Struct("<qq")
 _COMMITTED = struct.Struct("<q")
+V = TypeVar("V")
+_YIELD_EVERY = 1024  # records encoded between two explicit GIL hand-overs
 
 
 @dataclass(frozen=True, slots=True)
 class StateImage:
-    """A stream's state as of one moment, cheap to take on the loop (``capture``)."""
+    """A stream's state as of one moment, taken on the loop in O(1) (``capture``)."""
 
     tail: int
     closed: bool
@@ -73,9 +78,9 @@ class StateImage:
     soft_deleted: bool
     last_timestamp_ms: int
     entries: int
-    producers: dict[str, ProducerState]
-    forgotten: dict[str, ForgottenGroup]
-    txn_committed: dict[str, int]
+    producers: Frozen[ProducerState]
+    forgotten: Frozen[ForgottenGroup]
+    txn_committed: Frozen[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +97,7 @@ class IndexImage:
 
 
 def capture(state: StreamState) -> StateImage:
-    """The state as of now: shallow copies of its tables (see the module docstring)."""
+    """The state as of now: its tables frozen (copy-on-write, storage/table.py), the rest copied."""
     return StateImage(
         tail=state.tail,
         closed=state.closed,
@@ -101,9 +106,9 @@ def capture(state: StreamState) -> StateImage:
         soft_deleted=state.soft_deleted,
         last_timestamp_ms=state.last_timestamp_ms,
         entries=state.entries,
-        producers=state.producers.copy(),
-        forgotten=state.forgotten.copy(),
-        txn_committed=state.txn_committed.copy(),
+        producers=state.producers.freeze(),
+        forgotten=state.forgotten.freeze(),
+        txn_committed=state.txn_committed.freeze(),
     )
 
 
@@ -140,37 +145,47 @@ def state_scalars(state: StateImage | StreamState) -> dict[str, Any]:
     }
 
 
-def _producers_section(producers: dict[str, ProducerState]) -> bytes:
-    parts: list[bytes] = []
-    for pid, p in producers.items():
+def _items(frozen: Frozen[V]) -> Iterator[tuple[str, V]]:
+    return chain.from_iterable(part.items() for part in frozen)
+
+
+def _producers_section(producers: Frozen[ProducerState]) -> bytearray:
+    # Appended piece by piece (not one ``b"".join`` of a list): the GIL is given back between them.
+    out = bytearray()
+    for n, (pid, p) in enumerate(_items(producers), start=1):
+        if n % _YIELD_EVERY == 0:
+            time.sleep(0)  # hand the GIL to the event loop now, not at the next switch interval
         name = pid.encode()
         digests = p.digest_bytes()
-        parts += (
-            _U16.pack(len(name)),
-            name,
-            _PRODUCER.pack(
-                p.epoch, p.last_seq, p.last_ms, p.digest_base, p.width, len(digests) // p.width
-            ),
-            digests,
+        out += _U16.pack(len(name))
+        out += name
+        out += _PRODUCER.pack(
+            p.epoch, p.last_seq, p.last_ms, p.digest_base, p.width, len(digests) // p.width
         )
-    return b"".join(parts)
+        out += digests
+    return out
 
 
-def _named_section(items: Iterable[tuple[str, tuple[int, ...]]], fixed: struct.Struct) -> bytes:
-    parts: list[bytes] = []
-    for name, values in items:
+def _named_section(items: Iterable[tuple[str, tuple[int, ...]]], fixed: struct.Struct) -> bytearray:
+    out = bytearray()
+    for n, (name, values) in enumerate(items, start=1):
+        if n % _YIELD_EVERY == 0:
+            time.sleep(0)
         encoded = name.encode()
-        parts += (_U16.pack(len(encoded)), encoded, fixed.pack(*values))
-    return b"".join(parts)
+        out += _U16.pack(len(encoded))
+        out += encoded
+        out += fixed.pack(*values)
+    return out
 
 
-def encode_snapshot(
+def snapshot_pieces(
     log_id: str, covered_end: int, last_record: int, state: StateImage, index: IndexImage
-) -> bytes:
-    """The snapshot file's bytes. Runs in a worker thread (module docstring)."""
+) -> list[bytes | bytearray]:
+    """The snapshot file's bytes, as the pieces to write one after the other (the header first; never
+    joined: a copy of a large snapshot would hold the GIL). Runs in a worker thread (module docstring)."""
     producers = _producers_section(state.producers)
-    forgotten = _named_section(state.forgotten.items(), _FORGOTTEN)
-    committed = _named_section(((n, (e,)) for n, e in state.txn_committed.items()), _COMMITTED)
+    forgotten = _named_section(_items(state.forgotten), _FORGOTTEN)
+    committed = _named_section(((n, (e,)) for n, e in _items(state.txn_committed)), _COMMITTED)
     count = index.count
     meta = json.dumps(
         {
@@ -186,19 +201,27 @@ def encode_snapshot(
         separators=(",", ":"),
     ).encode()
     sparse = index.index
-    payload = b"".join(
-        (
-            _U32.pack(len(meta)),
-            meta,
-            producers,
-            forgotten,
-            committed,
-            _native_i64(sparse.positions[:count]),
-            _native_i64(sparse.offsets[:count]),
-            _native_i64(sparse.ordinals[:count]),
-        )
-    )
-    return _HEAD.pack(_MAGIC, zlib.crc32(payload), len(payload)) + payload
+    payload = [
+        _U32.pack(len(meta)),
+        meta,
+        producers,
+        forgotten,
+        committed,
+        _native_i64(sparse.positions[:count]),
+        _native_i64(sparse.offsets[:count]),
+        _native_i64(sparse.ordinals[:count]),
+    ]
+    crc = 0
+    for piece in payload:
+        crc = zlib.crc32(piece, crc)  # releases the GIL for large pieces
+    return [_HEAD.pack(_MAGIC, crc, sum(map(len, payload))), *payload]
+
+
+def encode_snapshot(
+    log_id: str, covered_end: int, last_record: int, state: StateImage, index: IndexImage
+) -> bytes:
+    """``snapshot_pieces`` joined: the whole file."""
+    return b"".join(snapshot_pieces(log_id, covered_end, last_record, state, index))
 
 
 def _read_producer(data: memoryview, pid: str, at: int) -> tuple[ProducerState, int]:
@@ -278,17 +301,17 @@ def decode_snapshot(data: bytes) -> Snapshot:
         for size in sizes:
             sections.append(rest[:size])
             rest = rest[size:]
-        state.producers = _read_named(sections[0], _read_producer)
+        state.producers = CowTable(_read_named(sections[0], _read_producer))
         forgotten = _read_named(sections[1], _fixed_reader(_FORGOTTEN))
-        state.forgotten = {name: ForgottenGroup(*values) for name, values in forgotten.items()}
+        state.forgotten = CowTable({n: ForgottenGroup(*values) for n, values in forgotten.items()})
         committed = _read_named(sections[2], _fixed_reader(_COMMITTED))
-        state.txn_committed = {name: expires for name, (expires,) in committed.items()}
+        state.txn_committed = CowTable({n: expires for n, (expires,) in committed.items()})
     else:
         legacy = meta["state"]
-        state.producers = _legacy_producers(legacy["producers"], state.last_timestamp_ms)
-        state.txn_committed = {
-            str(name): int(expires) for name, expires in legacy.get("txn_committed", ())
-        }
+        state.producers = CowTable(_legacy_producers(legacy["producers"], state.last_timestamp_ms))
+        state.txn_committed = CowTable(
+            {str(name): int(expires) for name, expires in legacy.get("txn_committed", ())}
+        )
     if len(rest) != 24 * count:
         raise ValueError("snapshot index size mismatch")
     positions = array("q")
@@ -316,14 +339,15 @@ def decode_snapshot(data: bytes) -> Snapshot:
     )
 
 
-def write_snapshot(directory: str, data: bytes, *, sync: bool) -> None:
-    """Replace ``<directory>/snapshot`` atomically."""
+def write_snapshot(directory: str, pieces: Sequence[bytes | bytearray], *, sync: bool) -> None:
+    """Replace ``<directory>/snapshot`` atomically with ``pieces``, written in order."""
     tmp = os.path.join(directory, SNAPSHOT_TMP)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        for piece in pieces:
+            view = memoryview(piece)
+            while view:
+                view = view[os.write(fd, view) :]
         if sync:
             os.fsync(fd)
     finally:

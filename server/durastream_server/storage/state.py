@@ -15,6 +15,7 @@ from durastream_server.storage.records import (
     GroupCommit,
     ProducerTuple,
 )
+from durastream_server.storage.table import CowTable
 
 # Producer request digests (``engine/producers.py`` computes them; the fold only stores them).
 DIGEST_BYTES = 24
@@ -38,8 +39,8 @@ class ProducerState:
     in a full-width window, a short digest kept while the producer was quiet is zero-padded).
 
     Never changed after it is made: the fold puts a new one in place for every accepted request, so a
-    snapshot can take a shallow copy of the producer table on the loop and serialise it in a worker
-    thread while appends go on. ``digests`` may be shared with the state that follows it and grow at
+    snapshot can freeze the producer table on the loop and serialise it in a worker thread while
+    appends go on (storage/snapshot.py). ``digests`` may be shared with the state that follows it and grow at
     its end (never change before it): readers use only the first ``width * count`` bytes.
     """
 
@@ -140,18 +141,19 @@ class StreamState:
     closed: bool = False
     closed_by: ProducerTuple | None = None
     last_stream_seq: str | None = None
-    producers: dict[str, ProducerState] = field(default_factory=dict)
+    # Tables a snapshot takes in O(1) (storage/table.py).
+    producers: CowTable[ProducerState] = field(default_factory=CowTable)
     soft_deleted: bool = False
     last_timestamp_ms: int = 0
     entries: int = 0  # number of AppendEntry records applied (a record group counts once)
     # Staged-append handles committed into this stream -> when their names may be forgotten (their
     # expiry). Rebuilt by the fold, so a staging file left behind by a crash between a commit and its
     # cleanup is recognised at start-up (docs/decisions/0003-staged-appends.md).
-    txn_committed: dict[str, int] = field(default_factory=dict)
+    txn_committed: CowTable[int] = field(default_factory=CowTable)
     txn_pruned_size: int = 0  # size of ``txn_committed`` after its last pruning (not persisted)
     # Groups of producers that were forgotten after being idle (``forget_producer``), persisted in
     # snapshots (docs/decisions/0005-producer-state.md).
-    forgotten: dict[str, ForgottenGroup] = field(default_factory=dict)
+    forgotten: CowTable[ForgottenGroup] = field(default_factory=CowTable)
     # When the producer sweep next has something to do here (engine/producer_sweep.py; not persisted:
     # 0 means "look now", which is what a state rebuilt from disk needs).
     producers_due_ms: int = 0

@@ -213,13 +213,13 @@ def test_snapshots_are_encoded_off_the_event_loop(tmp_path: Path, monkeypatch) -
     """The loop only takes shallow copies; encoding (proportional to producers) runs in a worker
     thread. Issue 14: 6,000 producers took 64 ms of loop time per snapshot."""
     threads: list[int] = []
-    encode = storage_log.encode_snapshot
+    encode = storage_log.snapshot_pieces
 
     def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         threads.append(threading.get_ident())
         return encode(*args, **kwargs)
 
-    monkeypatch.setattr(storage_log, "encode_snapshot", spy)
+    monkeypatch.setattr(storage_log, "snapshot_pieces", spy)
 
     async def main() -> None:
         data, engine = await open_engine(tmp_path, policy=POLICY)

@@ -1,0 +1,214 @@
+"""Measure what idempotent producer state costs (docs/decisions/0005-producer-state.md, issue 14 item 5).
+
+Two parts, both in one process against the real storage and engine:
+
+1. ``memory``: ``--streams`` streams (10,000) with ``--per-stream`` producers each (100: 1 M in all), each
+   producer one request (``<group>-<n>``, epoch 3, seq 0: the Spark sink's transactional commit). Prints the
+   RSS after the streams are created, after every producer wrote, after the producers went quiet
+   (compacted) and after they were forgotten (a fake clock moves past the flags' defaults; ``sweep``
+   runs as the server's background task would). RSS is read after ``gc.collect()`` and glibc's
+   ``malloc_trim(0)``, so it shows what the process still holds. ``durability=none``: the disk is not
+   what is measured.
+2. ``snapshot``: one stream's state with ``--producers`` producers (6,000, issue 14's case; then 100,000
+   and 1,000,000), each with one 24-byte digest. Times what a snapshot costs the event loop: ``capture``
+   (the only part on the loop now) and, for comparison, the encoding (now in a worker thread). While the
+   worker encodes, a probe on the loop measures its worst stall (the GIL is shared). With
+   ``PYTHONPATH=<main>/server`` (a checkout before this change), it times the old path instead, which
+   ran ``state_to_dict`` and ``encode_snapshot`` both on the loop.
+
+Run: ``python bench/producer_state_bench.py memory [--streams 10000 --per-stream 100]``
+     ``python bench/producer_state_bench.py snapshot [--producers 6000 100000 1000000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import gc
+import resource
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from durastream_server.engine.api import AppendRequest, CreateRequest
+from durastream_server.engine.engine import Engine
+from durastream_server.storage import DataDir, Durability, StorageConfig
+from durastream_server.storage import snapshot as snap
+from durastream_server.storage.index import SparseIndex
+from durastream_server.storage.records import AppendEntry, ProducerTuple
+from durastream_server.storage.state import StreamState, apply_entry
+
+MIB = 1024 * 1024
+DIGEST = bytes(range(24))
+
+
+def _rss_mib() -> float:
+    gc.collect()
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / MIB
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def memory(streams: int, per_stream: int) -> None:
+    clock = FakeClock()
+    with tempfile.TemporaryDirectory(dir=".") as root:
+        data = await DataDir.open(StorageConfig(root=Path(root), durability=Durability.NONE))
+        engine = Engine(data, clock=clock, sweep_interval=0)
+        await engine.start()
+        base = _rss_mib()
+        print(f"RSS at start: {base:.0f} MiB")
+        for s in range(streams):
+            await engine.create(CreateRequest(path=f"s{s}", content_type="text/plain"))
+        created = _rss_mib()
+        print(f"{streams} streams created: {created:.0f} MiB (+{created - base:.0f})")
+        started = time.perf_counter()
+        query = "3f6b2a9e-0d1c-4e55-9a7b-2c1d5e8f9a01"
+        for s in range(streams):
+            path = f"s{s}"
+            for n in range(per_stream):
+                await engine.append(
+                    AppendRequest(
+                        path=path,
+                        content_type="text/plain",
+                        body=b"x",
+                        producer=ProducerTuple(f"spark-{query}-{n + s}", 3, 0),
+                    )
+                )
+        total = streams * per_stream
+        took = time.perf_counter() - started
+        active = _rss_mib()
+        print(
+            f"{total:,} producers ({per_stream} per stream) written in {took:.0f} s: {active:.0f} MiB "
+            f"(+{active - created:.0f} over the streams, {(active - created) * MIB / total:.0f} B each)"
+        )
+        sweep = getattr(engine, "sweep_producers", None)
+        if sweep is not None:
+            policy = engine.producer_policy
+            clock.now += policy.quiet_seconds + 1
+            counts, loop_s = await _timed(sweep())
+            quiet = _rss_mib()
+            print(
+                f"after the quiet period: {counts.compacted:,} compacted in {loop_s:.1f} s of sweep: "
+                f"{quiet:.0f} MiB (+{quiet - created:.0f}, {(quiet - created) * MIB / total:.0f} B each)"
+            )
+            clock.now += policy.expiry_seconds
+            counts, loop_s = await _timed(sweep())
+            forgotten = _rss_mib()
+            print(
+                f"after the expiry: {counts.forgotten:,} forgotten in {loop_s:.1f} s of sweep: "
+                f"{forgotten:.0f} MiB (+{forgotten - created:.0f}; one group entry per stream)"
+            )
+        await engine.close()
+        await data.close()
+
+
+async def _timed(coro):  # noqa: ANN001, ANN202
+    started = time.perf_counter()
+    result = await coro
+    return result, time.perf_counter() - started
+
+
+def _state(producers: int) -> StreamState:
+    state = StreamState(tail=0)
+    for n in range(producers):
+        apply_entry(
+            state,
+            AppendEntry(
+                position=state.tail,
+                messages=(b"x",),
+                timestamp_ms=1_900_000_000_000,
+                producer=ProducerTuple(f"spark-3f6b2a9e-0d1c-4e55-9a7b-2c1d5e8f9a01-{n}", 3, 0),
+                digest=DIGEST,
+            ),
+        )
+    return state
+
+
+def _old_snapshot(state: StreamState) -> float:
+    """Before this change: both steps on the loop."""
+    started = time.perf_counter()
+    snap.encode_snapshot("log", 0, 0, snap.state_to_dict(state), SparseIndex(65536))
+    return time.perf_counter() - started
+
+
+async def _new_snapshot(state: StreamState) -> tuple[float, float, float]:
+    """Now: ``capture`` on the loop, encoding in a worker thread; the loop's worst stall meanwhile."""
+    loop = asyncio.get_running_loop()
+    started = time.perf_counter()
+    image = snap.capture(state)
+    index = snap.IndexImage.of(SparseIndex(65536))
+    on_loop = time.perf_counter() - started
+    done = threading.Event()
+    worst = 0.0
+
+    async def probe() -> None:
+        nonlocal worst
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            worst = max(worst, now - last - 0.001)
+            last = now
+
+    def encode() -> float:
+        began = time.perf_counter()
+        snap.snapshot_pieces("log", 0, 0, image, index)
+        done.set()
+        return time.perf_counter() - began
+
+    prober = asyncio.create_task(probe())
+    encoded = await loop.run_in_executor(None, encode)
+    await prober
+    return on_loop, encoded, worst
+
+
+async def snapshot(sizes: list[int], rounds: int) -> None:
+    new = hasattr(snap, "capture")
+    print("snapshot of one stream's state, ms, median of", rounds, "rounds")
+    for producers in sizes:
+        state = _state(producers)
+        if new:
+            results = [await _new_snapshot(state) for _ in range(rounds)]
+            on_loop, encoded, worst = (statistics.median(r[i] for r in results) for i in range(3))
+            print(
+                f"{producers:>9,} producers: on the loop {on_loop * 1000:.2f} (capture); encoded in a "
+                f"worker in {encoded * 1000:.0f}; worst loop stall meanwhile {worst * 1000:.1f}"
+            )
+        else:
+            on_loop = statistics.median(_old_snapshot(state) for _ in range(rounds))
+            print(
+                f"{producers:>9,} producers: on the loop {on_loop * 1000:.1f} (state_to_dict + encode)"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="part", required=True)
+    mem = sub.add_parser("memory")
+    mem.add_argument("--streams", type=int, default=10_000)
+    mem.add_argument("--per-stream", type=int, default=100)
+    snp = sub.add_parser("snapshot")
+    snp.add_argument("--producers", type=int, nargs="+", default=[6_000, 100_000, 1_000_000])
+    snp.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if args.part == "memory":
+        asyncio.run(memory(args.streams, args.per_stream))
+    else:
+        asyncio.run(snapshot(args.producers, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
