@@ -3,12 +3,13 @@
 Two parts, both in one process against the real storage and engine:
 
 1. ``memory``: ``--streams`` streams (10,000) with ``--per-stream`` producers each (100: 1 M in all), each
-   producer one request (``<group>-<n>``, epoch 3, seq 0: the Spark sink's transactional commit). Prints the
-   RSS after the streams are created, after every producer wrote, after the producers went quiet
-   (compacted) and after they were forgotten (a fake clock moves past the flags' defaults; ``sweep``
-   runs as the server's background task would). RSS is read after ``gc.collect()`` and glibc's
-   ``malloc_trim(0)``, so it shows what the process still holds. ``durability=none``: the disk is not
-   what is measured.
+   producer one request (``spark-<query>-<n>``, epoch 3, seq 0: the Spark sink's transactional commit).
+   Prints the RSS after the streams are created, after every producer wrote, after the producers went
+   quiet (compacted) and after they were forgotten (a fake clock moves past the flags' defaults;
+   ``sweep_producers`` runs as the server's background task would); then ``--rounds`` more times with a
+   new query's producers, which shows whether the memory is reused. RSS is read after ``gc.collect()``
+   and glibc's ``malloc_trim(0)``. ``durability=none``: the disk is not what is measured. With
+   ``PYTHONPATH=<main>/server`` (before this change) it runs one round without sweeps.
 2. ``snapshot``: one stream's state with ``--producers`` producers (6,000, issue 14's case; then 100,000
    and 1,000,000), each with one 24-byte digest. Times what a snapshot costs the event loop: ``capture``
    (the only part on the loop now) and, for comparison, the encoding (now in a worker thread). While the
@@ -29,6 +30,7 @@ import ctypes
 import gc
 import resource
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -62,7 +64,7 @@ class FakeClock:
         return self.now
 
 
-async def memory(streams: int, per_stream: int) -> None:
+async def memory(streams: int, per_stream: int, rounds: int) -> None:
     clock = FakeClock()
     with tempfile.TemporaryDirectory(dir=".") as root:
         data = await DataDir.open(StorageConfig(root=Path(root), durability=Durability.NONE))
@@ -70,55 +72,88 @@ async def memory(streams: int, per_stream: int) -> None:
         await engine.start()
         base = _rss_mib()
         print(f"RSS at start: {base:.0f} MiB")
-        for s in range(streams):
-            await engine.create(CreateRequest(path=f"s{s}", content_type="text/plain"))
+        paths = [f"s{s}" for s in range(streams)]
+        for path in paths:
+            await engine.create(CreateRequest(path=path, content_type="text/plain"))
         created = _rss_mib()
         print(f"{streams} streams created: {created:.0f} MiB (+{created - base:.0f})")
-        started = time.perf_counter()
-        query = "3f6b2a9e-0d1c-4e55-9a7b-2c1d5e8f9a01"
-        for s in range(streams):
-            path = f"s{s}"
-            for n in range(per_stream):
-                await engine.append(
-                    AppendRequest(
-                        path=path,
-                        content_type="text/plain",
-                        body=b"x",
-                        producer=ProducerTuple(f"spark-{query}-{n + s}", 3, 0),
-                    )
-                )
         total = streams * per_stream
-        took = time.perf_counter() - started
-        active = _rss_mib()
-        print(
-            f"{total:,} producers ({per_stream} per stream) written in {took:.0f} s: {active:.0f} MiB "
-            f"(+{active - created:.0f} over the streams, {(active - created) * MIB / total:.0f} B each)"
-        )
         sweep = getattr(engine, "sweep_producers", None)
-        if sweep is not None:
+        for round_ in range(rounds if sweep is not None else 1):
+            query = f"{round_:08x}-0d1c-4e55-9a7b-2c1d5e8f9a01"  # a new query each round
+            started = time.perf_counter()
+            for n in range(per_stream):
+                for at in range(0, streams, 500):  # 500 streams at once: their appends overlap
+                    await asyncio.gather(
+                        *(
+                            _produce(engine, path, f"spark-{query}-{n}", epoch=3)
+                            for path in paths[at : at + 500]
+                        )
+                    )
+            took = time.perf_counter() - started
+            active = _rss_mib()
+            print(
+                f"round {round_ + 1}: {total:,} new producers ({per_stream} per stream) written in "
+                f"{took:.0f} s: {active:.0f} MiB (+{active - created:.0f} over the streams); Python "
+                f"blocks in use: {sys.getallocatedblocks():,}"
+            )
+            if sweep is None:
+                break
             policy = engine.producer_policy
             clock.now += policy.quiet_seconds + 1
-            counts, loop_s = await _timed(sweep())
+            counts, took, worst = await _timed(sweep())
             quiet = _rss_mib()
             print(
-                f"after the quiet period: {counts.compacted:,} compacted in {loop_s:.1f} s of sweep: "
-                f"{quiet:.0f} MiB (+{quiet - created:.0f}, {(quiet - created) * MIB / total:.0f} B each)"
+                f"  quiet: {counts.compacted:,} compacted by a {took:.1f} s sweep (worst loop stall "
+                f"{worst * 1000:.1f} ms): {quiet:.0f} MiB (+{quiet - created:.0f}); Python blocks in "
+                f"use: {sys.getallocatedblocks():,}"
             )
             clock.now += policy.expiry_seconds
-            counts, loop_s = await _timed(sweep())
+            counts, took, worst = await _timed(sweep())
             forgotten = _rss_mib()
             print(
-                f"after the expiry: {counts.forgotten:,} forgotten in {loop_s:.1f} s of sweep: "
-                f"{forgotten:.0f} MiB (+{forgotten - created:.0f}; one group entry per stream)"
+                f"  expired: {counts.forgotten:,} forgotten by a {took:.1f} s sweep (worst loop stall "
+                f"{worst * 1000:.1f} ms): {forgotten:.0f} MiB (+{forgotten - created:.0f}); Python "
+                f"blocks in use: {sys.getallocatedblocks():,}"
             )
         await engine.close()
         await data.close()
 
 
+async def _produce(engine: Engine, path: str, producer_id: str, *, epoch: int) -> None:
+    await engine.append(
+        AppendRequest(
+            path=path,
+            content_type="text/plain",
+            body=b"x",
+            producer=ProducerTuple(producer_id, epoch, 0),
+        )
+    )
+
+
 async def _timed(coro):  # noqa: ANN001, ANN202
+    """``coro``'s result, its duration and the worst stall of the event loop meanwhile (a probe that
+    sleeps 1 ms at a time measures how late it wakes)."""
+    done = False
+    worst = 0.0
+
+    async def probe() -> None:
+        nonlocal worst
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            worst = max(worst, now - last - 0.001)
+            last = now
+
+    prober = asyncio.create_task(probe())
+    await asyncio.sleep(0)
     started = time.perf_counter()
     result = await coro
-    return result, time.perf_counter() - started
+    took = time.perf_counter() - started
+    done = True
+    await prober
+    return result, took, worst
 
 
 def _state(producers: int) -> StreamState:
@@ -200,12 +235,15 @@ def main() -> None:
     mem = sub.add_parser("memory")
     mem.add_argument("--streams", type=int, default=10_000)
     mem.add_argument("--per-stream", type=int, default=100)
+    mem.add_argument(
+        "--rounds", type=int, default=2, help="rounds of new producers (a new query each)"
+    )
     snp = sub.add_parser("snapshot")
     snp.add_argument("--producers", type=int, nargs="+", default=[6_000, 100_000, 1_000_000])
     snp.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     if args.part == "memory":
-        asyncio.run(memory(args.streams, args.per_stream))
+        asyncio.run(memory(args.streams, args.per_stream, args.rounds))
     else:
         asyncio.run(snapshot(args.producers, args.rounds))
 

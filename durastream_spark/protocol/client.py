@@ -363,12 +363,14 @@ class StreamClient:
         close: bool = False,
         stream_seq: str | None = None,
         require_verified: bool = False,
+        refuse_forgotten: bool = True,
     ) -> AppendResult:
         """POST ``body``. With ``producer=(id, epoch, seq)`` it is retried safely and a 204 is a duplicate
         (delivered). Without, it is sent once (hazard 11). ``close=True`` closes the stream atomically.
 
         Producer requests ask the server to refuse (``ProducerForgottenError``) rather than accept a
-        request that may repeat one of a producer it has forgotten. ``require_verified``: a duplicate
+        request that may repeat one of a producer it has forgotten (``refuse_forgotten=False``: a
+        forgotten producer is new, the protocol's rule; for ids whose groups do not count epochs alike). ``require_verified``: a duplicate
         the server says it could not compare (``Durastream-Digest: unknown``, from servers with
         ``payload-digest`` >= 2) raises ``UnverifiedDuplicate`` (docs/extensions.md, sections 6 and 7).
 
@@ -381,7 +383,7 @@ class StreamClient:
                 "an append needs a non-empty body (an empty body is only valid with close=True)"
             )
         checked = _producer(producer)
-        headers = _producer_headers(checked, refuse_forgotten=True)
+        headers = _producer_headers(checked, refuse_forgotten=refuse_forgotten)
         if body:
             headers["Content-Type"] = content_type
         if close:

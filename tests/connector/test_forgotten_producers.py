@@ -91,7 +91,10 @@ def test_a_duplicate_that_was_not_compared_fails_when_required(
             client.append("s", b"x", TEXT, producer=("p-0", 1, 0), require_verified=True)
 
 
-def test_plain_appends_do_not_ask() -> None:
+def test_plain_appends_and_callers_that_opt_out_do_not_ask() -> None:
     with FaultServer(default=Respond(204, {"Stream-Next-Offset": "0_0"})) as server:
-        _client(server.root).append("s", b"x", TEXT)
+        client = _client(server.root)
+        client.append("s", b"x", TEXT)
+        assert "Durastream-Forgotten-Producer" not in server.requests[-1].headers
+        client.append("s", b"x", TEXT, producer=("p-0", 0, 0), refuse_forgotten=False)
         assert "Durastream-Forgotten-Producer" not in server.requests[-1].headers

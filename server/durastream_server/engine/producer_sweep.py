@@ -27,7 +27,7 @@ from durastream_server.storage.table import CowTable
 if TYPE_CHECKING:  # only for annotations: the CLI imports ProducerPolicy without the storage stack
     from durastream_server.storage.log import StreamLog
 
-SLICE = 2000  # producers (or streams) handled between two yields to the event loop
+SLICE = 500  # producers (or streams) handled between two yields to the event loop (~1-3 ms here)
 DAY = 86400.0
 # Defaults, with Kafka's as the yardstick: its idempotent producer ids (one per producer session) expire
 # after a day of silence (producer.id.expiration.ms), its transactional ids (stable across restarts, like
@@ -104,24 +104,42 @@ class SweepCounts:
         )
 
 
+class _Slices:
+    """Counts work (a stream looked at, a producer or group handled) and yields to the loop every
+    ``SLICE`` of it, across streams."""
+
+    __slots__ = ("work",)
+
+    def __init__(self) -> None:
+        self.work = 0
+
+    async def step(self) -> bool:
+        """Count one unit; True if it yielded to the loop."""
+        self.work += 1
+        if self.work % SLICE:
+            return False
+        await asyncio.sleep(0)
+        return True
+
+
 async def sweep(logs: Iterable[StreamLog], now_ms: int, policy: ProducerPolicy) -> SweepCounts:
-    """One pass over ``logs`` (consumed lazily, ``SLICE`` at a time): compact, forget and drop what is
-    due at ``now_ms``."""
+    """One pass over ``logs`` (consumed lazily): compact, forget and drop what is due at ``now_ms``,
+    yielding to the loop every ``SLICE`` streams or producers."""
     counts = SweepCounts()
-    for visited, log in enumerate(logs, start=1):
-        if visited % SLICE == 0:
-            await asyncio.sleep(0)
+    slices = _Slices()
+    for log in logs:
+        await slices.step()
         if log.state.producers_due_ms <= now_ms:
             counts.streams += 1
             before = counts.forgotten + counts.groups_dropped
-            await _sweep_stream(log, now_ms, policy, counts)
+            await _sweep_stream(log, now_ms, policy, counts, slices)
             if counts.forgotten + counts.groups_dropped != before:
                 log.note_pruned()
     return counts
 
 
 async def _sweep_stream(
-    log: StreamLog, now_ms: int, policy: ProducerPolicy, counts: SweepCounts
+    log: StreamLog, now_ms: int, policy: ProducerPolicy, counts: SweepCounts, slices: _Slices
 ) -> None:
     state = log.state
     quiet_ms = int(policy.quiet_seconds * 1000)
@@ -129,13 +147,9 @@ async def _sweep_stream(
     group_ms = int(policy.group_expiry_seconds * 1000) if expiry_ms else 0
     due = now_ms + int(policy.revisit_seconds * 1000)
     producers = state.producers
-    done = 0
     for pid in _keys_in_slices(producers):
-        done += 1
-        if done % SLICE == 0:
-            await asyncio.sleep(0)
-            if log.state is not state:  # rebuilt from disk meanwhile (log healing): look again soon
-                return
+        if await slices.step() and log.state is not state:
+            return  # rebuilt from disk meanwhile (log healing): its due time is 0, look again soon
         current = producers.get(pid)
         if current is None:
             continue
