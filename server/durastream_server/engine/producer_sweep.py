@@ -27,7 +27,7 @@ from durastream_server.storage.table import CowTable
 if TYPE_CHECKING:  # only for annotations: the CLI imports ProducerPolicy without the storage stack
     from durastream_server.storage.log import StreamLog
 
-SLICE = 500  # producers (or streams) handled between two yields to the event loop (~1-3 ms here)
+SLICE = 200  # producers (or streams) handled between two yields to the event loop (about 1 ms)
 DAY = 86400.0
 # Defaults, with Kafka's as the yardstick: its idempotent producer ids (one per producer session) expire
 # after a day of silence (producer.id.expiration.ms), its transactional ids (stable across restarts, like

@@ -70,8 +70,11 @@ class CowTable(Generic[V]):
         index = self._part(key)
         if key not in self._parts[index]:
             raise KeyError(key)
-        del self._writable(index)[key]
+        part = self._writable(index)
+        del part[key]
         self._len -= 1
+        if not part:  # a dict never shrinks: drop the emptied one (the sweep empties whole tables)
+            self._parts[index] = {}
 
     def pop(self, key: str, default: V | None = None) -> V | None:
         if key not in self:
