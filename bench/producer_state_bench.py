@@ -161,19 +161,23 @@ async def _timed(coro):  # noqa: ANN001, ANN202
     return result, took, worst
 
 
-def _state(producers: int) -> StreamState:
+def _state(producers: int, seqs: int = 1) -> StreamState:
+    """One stream's state after ``producers`` producers sent ``seqs`` requests each."""
     state = StreamState(tail=0)
     for n in range(producers):
-        apply_entry(
-            state,
-            AppendEntry(
-                position=state.tail,
-                messages=(b"x",),
-                timestamp_ms=1_900_000_000_000,
-                producer=ProducerTuple(f"spark-3f6b2a9e-0d1c-4e55-9a7b-2c1d5e8f9a01-{n}", 3, 0),
-                digest=DIGEST,
-            ),
-        )
+        for seq in range(seqs):
+            apply_entry(
+                state,
+                AppendEntry(
+                    position=state.tail,
+                    messages=(b"x",),
+                    timestamp_ms=1_900_000_000_000,
+                    producer=ProducerTuple(
+                        f"spark-3f6b2a9e-0d1c-4e55-9a7b-2c1d5e8f9a01-{n}", 3, seq
+                    ),
+                    digest=DIGEST,
+                ),
+            )
     return state
 
 
@@ -242,21 +246,7 @@ def state_bytes(producers: int, seqs: int) -> None:
 
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    state = StreamState(tail=0)
-    for n in range(producers):
-        for seq in range(seqs):
-            apply_entry(
-                state,
-                AppendEntry(
-                    position=state.tail,
-                    messages=(b"x",),
-                    timestamp_ms=1_900_000_000_000 + n,
-                    producer=ProducerTuple(
-                        f"spark-3f6b2a9e-0d1c-4e55-9a7b-2c1d5e8f9a01-{n}", 3, seq
-                    ),
-                    digest=DIGEST,
-                ),
-            )
+    state = _state(producers, seqs)
     active = tracemalloc.get_traced_memory()[0] - before
     print(f"{producers:,} producers x {seqs} request(s): {active / producers:.0f} B each")
     compact = getattr(state_module, "compact_producer", None)
