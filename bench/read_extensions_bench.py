@@ -1,5 +1,5 @@
 """Read-side extension throughput: plain catch-up reads vs bounded reads vs ``format=frames`` /
-``format=frames-lines`` over one JSON stream, plus limit-lookup latency.
+``format=frames-lines`` over one JSON stream, plus limit-lookup and time-lookup latency.
 
 Usage: ``.venv/bin/python bench/read_extensions_bench.py [--mb 100] [--message-bytes 1024]``
 
@@ -66,7 +66,9 @@ def main() -> None:
             host, port = server.host, server.port
             conn = http.client.HTTPConnection(host, port, timeout=120)
             path = "/v1/stream/bench/read-ext"
+            filled_from = int(time.time() * 1000)
             fill(conn, path, args.mb * 1_000_000, args.message_bytes)
+            filled_to = int(time.time() * 1000)
             conn.request("HEAD", path)
             response = conn.getresponse()
             response.read()
@@ -93,10 +95,23 @@ def main() -> None:
                     read_through(conn, path, query, target)
                     rates.append(payload / 1e6 / (time.perf_counter() - started))
                 print(f"{name:22s} {statistics.median(rates):8.1f} MB/s (median of {args.rounds})")
+            span = filled_to - filled_from
             for label, query in (
                 ("lookup from start, max_messages=50000", "&lookup=limit&max_messages=50000"),
                 ("lookup from start, max_bytes=64MB", "&lookup=limit&max_bytes=64000000"),
                 ("lookup to the tail (no limit)", "&lookup=limit"),
+                (
+                    "time lookup, 10% into the fill",
+                    f"&lookup=time&timestamp={filled_from + span // 10}",
+                ),
+                (
+                    "time lookup, 90% into the fill",
+                    f"&lookup=time&timestamp={filled_to - span // 10}",
+                ),
+                (
+                    "time lookup, after the last message",
+                    f"&lookup=time&timestamp={filled_to + 1000}",
+                ),
             ):
                 times = []
                 for _ in range(50):

@@ -1,7 +1,7 @@
 """What the running PySpark offers, detected once at import time.
 
 Spark 4.0/4.1 lack admission control for Python sources (``latestOffset(start, limit)``,
-``getDefaultReadLimit``, ``SupportsTriggerAvailableNow``, added in 4.2); ``DataSourceStreamArrowWriter``
+``getDefaultReadLimit``, ``SupportsTriggerAvailableNow`` and ``ReadMinRows``, added in 4.2); ``DataSourceStreamArrowWriter``
 arrived in 4.1. Code branches on these flags, never on version strings scattered around, and so do the
 tests' skip markers: ``make test-compat`` runs the connector's tests on pyspark 4.0 with the oldest
 supported pyarrow and requests (``constraints/minimum.txt``).
@@ -26,6 +26,7 @@ try:  # Spark >= 4.2
         ReadLimit,
         ReadMaxBytes,
         ReadMaxRows,
+        ReadMinRows,  # carries minMessagesPerTrigger; the source applies maxTriggerDelay itself
         SupportsTriggerAvailableNow,
     )
 

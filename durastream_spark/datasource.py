@@ -17,14 +17,16 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from durastream_spark import sink, source
+from durastream_spark.boundary import spark_entry_points
 
 
+@spark_entry_points
 class DurableStreamDataSource(DataSource):
     """Spark format ``durastream``: read and write Durable Streams, exactly once.
 
     Register it with ``spark.dataSource.register(DurableStreamDataSource)``, then use
     ``spark.read/readStream.format("durastream")`` and ``df.write/writeStream.format("durastream")``.
-    Options are documented in ``durastream_spark.source`` and ``durastream_spark.sink``.
+    Options are documented in ``docs/options.md``.
     """
 
     @classmethod

@@ -34,6 +34,8 @@ from typing import Any
 from durastream_spark.errors import OptionError
 from durastream_spark.options import HEADER_PREFIX
 from durastream_spark.sink.options import ORDERED, TRANSACTIONAL, SinkOptions
+from durastream_spark.sizes import SYNTAX as SIZE_SYNTAX
+from durastream_spark.sizes import format_byte_size
 from durastream_spark.source.options import SourceOptions
 
 CONNECTION = "connection"
@@ -47,6 +49,7 @@ SCOPE_TITLES = {
 }
 
 URL_EXAMPLE = "http://127.0.0.1:4437/v1/stream"
+BYTE_SIZE = "byte size"  # the type of every option read with OptionReader.byte_size
 # The smallest options each parser accepts; the defaults are read from what they parse into.
 BASE: dict[str, dict[str, str]] = {
     SOURCE: {"url": URL_EXAMPLE, "streams": "events"},
@@ -76,6 +79,9 @@ class OptionDoc:
     example_key: str | None = None  # for a key family (``header.<Name>``): the key the example uses
     bad_key: str | None = None  # ... and the key the bad example uses
     file_example: bool = False  # the example is a path: check it with a temporary file
+    # Options the example and the bad value are checked together with (an option that only makes
+    # sense next to another one, like a strategy for a starting instant).
+    together: tuple[tuple[str, str], ...] = ()
 
 
 def _ms(seconds: float) -> str:
@@ -91,10 +97,8 @@ def _human_ms(ms: int) -> str:
 
 
 def _bytes(n: int) -> str:
-    for unit, size in (("g", 1 << 30), ("m", 1 << 20), ("k", 1 << 10)):
-        if n >= size and n % size == 0:
-            return f"`{n}` ({n // size}{unit})"
-    return f"`{n}`"
+    short = format_byte_size(n)
+    return f"`{n}` ({short})" if short != str(n) else f"`{n}`"
 
 
 def _code(value: object) -> str:
@@ -281,6 +285,68 @@ OPTIONS: tuple[OptionDoc, ...] = (
         lambda o: _code(o.ending_text or "latest"),
     ),
     OptionDoc(
+        "startingTimestamp",
+        SOURCE,
+        "instant",
+        "Start every stream at its first message whose server append time is at or after this "
+        "instant: milliseconds since the Unix epoch, or ISO-8601 with a zone.",
+        "2024-01-31T12:00:00Z",
+        "2024-01-31 12:00",
+        "(none)",
+        details="Like Kafka's option of that name. Used only when the checkpoint is new, and not "
+        "together with `startingOffsets` or `startingOffsetsByTimestamp`. A stream with no message "
+        "that late fails the query unless `startingOffsetsByTimestampStrategy` is `latest`. Needs the "
+        "server's time lookups (durastream-server); on other servers the query fails when it plans "
+        "its first batch, naming the server and the missing extension.",
+    ),
+    OptionDoc(
+        "startingOffsetsByTimestamp",
+        SOURCE,
+        "JSON",
+        'Per stream: `{"<path>": <instant>}`, instants as for `startingTimestamp` (numbers or '
+        "strings); streams not named start as `startingOffsets` says.",
+        '{"events": 1706702400000}',
+        '{"events": "noon"}',
+        "(none)",
+        details="A stream may not be named here and in `startingOffsets` both. Needs the server's time "
+        "lookups, like `startingTimestamp`.",
+    ),
+    OptionDoc(
+        "startingOffsetsByTimestampStrategy",
+        SOURCE,
+        "`error` or `latest`",
+        "What a stream with no message at or after its starting instant does: `error` fails the query "
+        "naming the stream; `latest` starts it at its tail.",
+        "latest",
+        "earliest",
+        lambda o: _code(o.timestamp_strategy),
+        details="As Kafka's option of that name. Only together with `startingTimestamp` or "
+        "`startingOffsetsByTimestamp`.",
+        together=(("startingTimestamp", "0"),),
+    ),
+    OptionDoc(
+        "endingTimestamp",
+        SOURCE,
+        "instant",
+        "Batch reads only: every stream ends before its first message at or after this instant (at "
+        "its tail when there is none).",
+        "1706702400000",
+        "tomorrow",
+        "(none)",
+        details="Not together with `endingOffsets` or `endingOffsetsByTimestamp`, nor earlier than "
+        "`startingTimestamp`. Refused for streaming queries.",
+    ),
+    OptionDoc(
+        "endingOffsetsByTimestamp",
+        SOURCE,
+        "JSON",
+        'Batch reads only: per stream `{"<path>": <instant>}`, as `endingTimestamp` for the streams '
+        "named; the others end as `endingOffsets` says.",
+        '{"events": "2024-01-31T13:00:00+01:00"}',
+        '{"events": null}',
+        "(none)",
+    ),
+    OptionDoc(
         "maxMessagesPerTrigger",
         SOURCE,
         "integer",
@@ -294,13 +360,55 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "maxBytesPerTrigger",
         SOURCE,
-        "byte size",
+        BYTE_SIZE,
         "About this many payload bytes per micro-batch; soft: a larger single message is read whole.",
         "64m",
         "64 megabytes",
         lambda o: _code(o.max_bytes_per_trigger),
-        details="Needs Spark >= 4.2, like `maxMessagesPerTrigger`. Sizes take binary units: `512k`, "
-        "`64m`, `1g` (`kb`, `mib` and similar spellings too).",
+        details="Needs Spark >= 4.2, like `maxMessagesPerTrigger`.",
+    ),
+    OptionDoc(
+        "minMessagesPerTrigger",
+        SOURCE,
+        "integer",
+        "A trigger plans a batch only once at least this many messages wait (across all streams), or "
+        "`maxTriggerDelay` has passed since the last batch; otherwise it skips the batch.",
+        "10000",
+        "ten thousand",
+        lambda o: _code(o.min_messages_per_trigger),
+        details="As Kafka's `minOffsetsPerTrigger`. `maxMessagesPerTrigger`/`maxBytesPerTrigger` still "
+        "cap a batch the minimum let through (a minimum above the maximum is refused). "
+        "`Trigger.AvailableNow` ignores the minimum: its run must end, so it reads what is there. The "
+        "first batch of a new query is not held back. Needs Spark >= 4.2 (refused at start on Spark "
+        "4.0/4.1) and the server's limit lookups (durastream-server).",
+    ),
+    OptionDoc(
+        "minBytesPerTrigger",
+        SOURCE,
+        "byte size",
+        "... or at least this many payload bytes wait; with both minimums, either one lets the batch "
+        "through.",
+        "16m",
+        "-16m",
+        lambda o: _code(o.min_bytes_per_trigger),
+        details="Same rules as `minMessagesPerTrigger` (Spark >= 4.2, ignored by "
+        "`Trigger.AvailableNow`).",
+    ),
+    OptionDoc(
+        "maxTriggerDelay",
+        SOURCE,
+        "duration",
+        "With a minimum: the longest a trigger waits after the last batch before it plans a batch "
+        "with whatever is there.",
+        "5m",
+        "5 minutes",
+        lambda o: _ms(o.max_trigger_delay_ms / 1000),
+        details="As Kafka's option of that name (default 15 minutes). Measured from when the last batch "
+        "was planned, which is recorded in the checkpoint's offsets (key `/batchTimeMs`), so a restarted "
+        "query waits only what is left of the delay. A checkpoint written without that time (before "
+        "this option was set) measures from the restart. Only together with `minMessagesPerTrigger` or "
+        "`minBytesPerTrigger`.",
+        together=(("minMessagesPerTrigger", "100"),),
     ),
     OptionDoc(
         "failOnDataLoss",
@@ -329,13 +437,14 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "maxBytesPerPartition",
         SOURCE,
-        "byte size",
+        BYTE_SIZE,
         "A stream's range in one batch is split into tasks of at most about this many bytes.",
         "256m",
         "100",
         lambda o: _bytes(o.max_bytes_per_partition),
-        details="Every Python task costs Spark a fixed 50-100 ms, so tasks should be large; the default "
-        "is Spark's `spark.sql.files.maxPartitionBytes`.",
+        details="Every Python task costs Spark a fixed 50-100 ms, so tasks should be large: the default "
+        "is twice Spark's file-source default (`spark.sql.files.maxPartitionBytes`, 128 MiB). "
+        "`minPartitions` still spreads a smaller backlog over every core.",
     ),
     OptionDoc(
         "maxMessagesPerPartition",
@@ -437,10 +546,10 @@ OPTIONS: tuple[OptionDoc, ...] = (
     OptionDoc(
         "maxBytesPerRequest",
         SINK,
-        "integer (bytes)",
+        BYTE_SIZE,
         "Request body bytes at most; a larger row goes alone.",
-        "2097152",
-        "4m",
+        "2m",
+        "100",
         lambda o: (
             f"{_bytes(o.request_bytes(TRANSACTIONAL))} transactional, "
             f"{_bytes(o.request_bytes(ORDERED))} ordered"
@@ -569,7 +678,7 @@ def check_example(doc: OptionDoc) -> None:
         with _existing_file() as path:
             _parse(doc.scope, {key: path})
         return
-    extra = {key: doc.example}
+    extra = {**dict(doc.together), key: doc.example}
     if doc.key == "startingOffsets":
         extra["streams"] = "events/a"
     if doc.key == "pattern":
@@ -583,7 +692,7 @@ def bad_value_error(doc: OptionDoc) -> OptionError | None:
     if doc.bad is None:
         return None
     key = doc.bad_key or doc.key
-    extra = {key: doc.bad}
+    extra = {**dict(doc.together), key: doc.bad}
     if doc.key == "pattern":
         return _error(lambda: _PARSERS[SOURCE]({"url": URL_EXAMPLE, "pattern": doc.bad}), doc)
     return _error(lambda: _parse(doc.scope, extra), doc)
@@ -602,6 +711,12 @@ def general_errors() -> list[tuple[str, str, str]]:
     url = {"url": URL_EXAMPLE}
     cases = [
         ("A misspelt option", SOURCE, {**BASE[SOURCE], "maxMessagePerTrigger": "1000"}),
+        (
+            "An option of Spark's Kafka connector",
+            SOURCE,
+            {"url": URL_EXAMPLE, "subscribe": "events"},
+        ),
+        ("A Kafka client setting", SINK, {**url, "kafka.bootstrap.servers": "broker:9092"}),
         ("A required option missing", SINK, {"stream": "events"}),
         ("A path given to `save(path)`/`start(path)`", SINK, {**url, "path": "events"}),
     ]
@@ -653,8 +768,11 @@ def render() -> str:
         "produced by the parsers for the value shown.",
         "",
         "**Durations** take a whole number of milliseconds (`1500`) or a number with a unit: `250ms`,",
-        "`1.5s`, `30s`, `5m`, `1h`. **Byte sizes** (`maxBytesPerTrigger`, `maxBytesPerPartition`) take a",
-        "number of bytes or binary units: `512k`, `64m`, `1g`.",
+        "`1.5s`, `30s`, `5m`, `1h`.",
+        "",
+        f"**Byte sizes** ({', '.join(f'`{d.key}`' for d in docs if d.type == BYTE_SIZE)}) take {SIZE_SYNTAX}.",
+        "`kb`/`kib`, `mb`/`mib`, ... mean the same binary units, as `128mb` does in Spark's own size settings.",
+        "durastream-server's size flags (`--max-body-bytes`, `--chunk-bytes`, ...) take the same values.",
         "",
     ]
     for scope in SCOPES:

@@ -22,6 +22,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 # Response headers worth keeping on an error: protocol signals and hints, never anything credential-like.
 RELEVANT_HEADERS = (
@@ -157,6 +158,10 @@ class RequestContext:
 class TransportError(DurastreamError):
     """The server could not be reached or the exchange broke off (connection refused/reset, timeout, TLS).
 
+    The message leads with what is wrong and what to do, in the user's terms (``summary``: "the server at
+    URL is not answering (is it running? is the port right?)"), then the request, the attempts and the
+    time they took. The low-level exception chain is not part of it; the retry loop logs it at DEBUG.
+
     ``maybe_applied`` is true when a request that is not safe to repeat (a plain append) may have reached the
     server: it was not retried, and the caller cannot know whether it took effect.
     """
@@ -169,9 +174,13 @@ class TransportError(DurastreamError):
         attempts: int,
         maybe_applied: bool,
         hint: str | None = None,
+        summary: str | None = None,
+        elapsed_s: float | None = None,
     ) -> None:
-        reason = f"{type(cause).__name__}: {cause}"
-        message = f"{context.describe()} failed at the transport level after {attempts} attempt(s): {reason}."
+        if summary is None:
+            summary = f"{context.describe()} failed at the transport level: {type(cause).__name__}: {cause}"
+        over = f" in {elapsed_s:.1f} s" if elapsed_s is not None else ""
+        message = f"{summary} ({context.describe()}; {attempts} attempt(s){over})."
         if maybe_applied:
             message += " " + MAYBE_APPLIED
         if hint:
@@ -182,6 +191,7 @@ class TransportError(DurastreamError):
         self.stream = context.stream
         self.attempts = attempts
         self.maybe_applied = maybe_applied
+        self.reason = type(cause).__name__
 
 
 class ProtocolError(DurastreamError):
@@ -278,7 +288,7 @@ class DuplicatePayloadMismatch(ConflictError):
 
 
 class ProducerForgottenError(ConflictError):
-    """409 ``PRODUCER_FORGOTTEN`` (docs/extensions.md, section 7): the server no longer knows the producer,
+    """409 ``PRODUCER_FORGOTTEN`` (docs/extensions.md, section 8): the server no longer knows the producer,
     and forgot an idle producer of its group that reached this epoch, so this request may repeat one it
     already applied. Refused instead of being taken for new data; nothing of it was written.
     ``forgotten_epoch`` is the highest epoch the server forgot for the group."""
@@ -336,6 +346,11 @@ class PayloadTooLarge(ProtocolError):
     """413: the request body exceeds the server's limit."""
 
 
+class TooManyMessages(PayloadTooLarge):
+    """413 ``TOO_MANY_MESSAGES``: the request carries more messages than the server accepts in one request
+    (its ``--max-messages-per-request``)."""
+
+
 class RateLimited(ProtocolError):
     """429 that outlasted the retry budget."""
 
@@ -347,6 +362,26 @@ class ServerError(ProtocolError):
 # --------------------------------------------------------------------------------------------------------
 # Mapping a response to an error
 # --------------------------------------------------------------------------------------------------------
+
+
+STREAM_ROOT_PATH = "/v1/stream"
+
+
+def stream_root_hint(root: str) -> str | None:
+    """How to fix a ``url`` option that does not look like a stream root; ``None`` when it does.
+
+    The protocol lets a server put streams anywhere, but durastream-server and the reference server serve
+    them under ``/v1/stream``: a ``url`` without it (``http://host:4437``) is the usual slip, and its 404s
+    otherwise only say that the stream does not exist.
+    """
+    path = urlsplit(root).path.rstrip("/")
+    if path.endswith(STREAM_ROOT_PATH):
+        return None
+    suggestion = root.rstrip("/") + ("/stream" if path.endswith("/v1") else STREAM_ROOT_PATH)
+    return (
+        f"option 'url' ({root}) does not look like a stream root; durastream-server serves streams "
+        f'under {STREAM_ROOT_PATH}, so use .option("url", "{suggestion}")'
+    )
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -404,11 +439,13 @@ def error_from_response(
     *,
     attempts: int = 1,
     idempotent: bool = True,
+    root: str | None = None,
 ) -> ProtocolError:
     """Build the typed error for an error response (status >= 400, or an unexpected 3xx).
 
     ``idempotent=False`` marks a request that was sent once because repeating it is unsafe; a 5xx answer
-    then says the request may have been applied.
+    then says the request may have been applied. ``root``: the ``url`` option; a 404 under a root that
+    does not look like a stream root says how to fix the option.
     """
     code, server_message = parse_error_body(_header(headers, "Content-Type"), body)
     kept = {name: v for name in RELEVANT_HEADERS if (v := _header(headers, name)) is not None}
@@ -479,6 +516,9 @@ def error_from_response(
     if status == 404:
         if code == "TXN_NOT_FOUND":
             return make(TxnNotFound, f"{where}: the server does not know the transaction handle.")
+        root_fix = stream_root_hint(root) if root is not None else None
+        if root_fix is not None:
+            return make(StreamNotFound, f"{where}: not found (404): {root_fix}.")
         return make(
             StreamNotFound,
             f"{where}: the stream does not exist under {context.url.split('?')[0]} (never created, deleted "
@@ -504,6 +544,13 @@ def error_from_response(
             TxnTooLarge,
             f"{where}: the transaction handle's staged data would exceed the server's limit per handle. "
             "Stage less per handle (e.g. more, smaller tasks) or raise the server's --max-staged-bytes.",
+        )
+    if status == 413 and code == "TOO_MANY_MESSAGES":
+        return make(
+            TooManyMessages,
+            f"{where}: the request carries more messages than the server accepts in one request. "
+            "Lower the sink option maxMessagesPerRequest to at most the server's limit (named below), "
+            "or raise the server's --max-messages-per-request.",
         )
     if status == 413:
         size = f" of {context.body_bytes} bytes" if context.body_bytes is not None else ""

@@ -4,33 +4,14 @@ Spark hands a data source its options as a case-insensitive dict of strings (PyS
 They are validated here, where ``load()``/``start()`` runs, so that a typo fails the query before any task
 starts and the error names the option, the value and what is accepted. Nothing downstream re-parses strings.
 
-Connection options (shared by the source and the sink)
-======================================================
-
-=========================  ==========  ===================================================================
-option                     default     meaning
-=========================  ==========  ===================================================================
-``url``                    (required)  Stream root, e.g. ``http://127.0.0.1:4437/v1/stream``. http or https,
-                                       no query, no fragment, no ``user:password@`` (use a header instead).
-``header.<Name>``          (none)      Sent as request header ``<Name>`` on every request, e.g.
-                                       ``header.Authorization``. Values are secret: never shown in a repr,
-                                       log line or error. Protocol headers (``Content-Type``,
-                                       ``Stream-*``, ``Producer-*``, ``Durastream-*``, ...) are refused.
-``tokenFile``              (none)      A file holding a bearer token: every request carries
-                                       ``Authorization: Bearer <file content, stripped>``.
-``tls.verify``             ``true``    Verify the server's TLS certificate (``true``/``false``).
-``tls.caBundle``           (system)    PEM file or directory of CA certificates to verify against.
-``requestTimeoutMs``       ``30000``   Socket timeout for connecting and for each read of a response.
-``maxConnections``         ``32``      Keep-alive connections kept per worker process and server.
-``retry.maxAttempts``      ``10``      Attempts per request, including the first (1 = no retries).
-``retry.maxElapsedMs``     ``120000``  Give up retrying once this much time has passed since the first try.
-``retry.initialBackoffMs`` ``100``     Backoff cap of the first retry; doubles per retry ...
-``retry.maxBackoffMs``     ``10000``   ... up to this cap. Each wait is uniform in [0, cap] (full jitter),
-                                       and never shorter than the server's ``Retry-After``.
-=========================  ==========  ===================================================================
+Connection options (shared by the source and the sink): ``url``, ``header.<Name>``, ``tokenFile``,
+``tls.verify``, ``tls.caBundle``, ``requestTimeoutMs``, ``maxConnections`` and ``retry.*``. Their defaults,
+accepted values and errors are in ``docs/options.md``, generated from the parsers here and in
+``source/options.py`` and ``sink/options.py`` (``python -m durastream_spark.docs``), so this docstring does
+not repeat them.
 
 Durations accept a whole number of milliseconds (``1500``) or a number with a unit: ``250ms``, ``30s``,
-``5m``, ``1h``.
+``5m``, ``1h``. Byte sizes take the grammar of ``durastream_spark.sizes`` (``512k``, ``64m``, ``1g``).
 
 ``tokenFile`` is read when a request is sent, in whichever process sends it (driver or executor), and re-read
 whenever the file changes (size, mtime or inode), so rotated tokens (Kubernetes service-account tokens, secret
@@ -45,7 +26,7 @@ extend ``spark.redaction.regex`` with ``|header\\.``.
 Toolkit
 =======
 ``OptionReader`` wraps the raw mapping and gives typed getters (string, integer with bounds, boolean, choice,
-duration, JSON, prefixed keys) whose errors are ``OptionError``s naming option, value and accepted values.
+duration, byte size, JSON, prefixed keys) whose errors are ``OptionError``s naming option, value and accepted values.
 ``OptionReader.ensure_known`` rejects keys that no option class knows, with a "did you mean" hint. The source
 and sink option classes build on it::
 
@@ -67,6 +48,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from durastream_spark.errors import OptionError
 from durastream_spark.protocol.retry import RetryPolicy
+from durastream_spark.sizes import SYNTAX as BYTE_SIZE_SYNTAX
+from durastream_spark.sizes import parse_byte_size
 
 # ---- option keys (canonical spelling; matching is case-insensitive) ----------------------------------------
 URL = "url"
@@ -114,6 +97,9 @@ _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _INTEGER = re.compile(r"^[+-]?\d+$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h)?$", re.IGNORECASE)
 _DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000}
+MAX_BYTE_SIZE = (
+    2**53 - 1
+)  # the largest count the server's limit lookups and JSON numbers carry exactly
 
 
 @dataclass(frozen=True)
@@ -175,6 +161,9 @@ class OptionReader:
         for lowered, spelled in self._spelling.items():
             if lowered in canonical or lowered.startswith(lowered_prefixes):
                 continue
+            kafka = kafka_habit(spelled, self._values[lowered], canonical)
+            if kafka is not None:
+                raise kafka
             close = difflib.get_close_matches(lowered, list(canonical), n=1, cutoff=0.75)
             hint = f"did you mean '{canonical[close[0]]}'? " if close else ""
             listing = ", ".join(sorted(canonical.values(), key=str.lower))
@@ -280,6 +269,27 @@ class OptionReader:
         _check_bounds(key, value, number, minimum, maximum, accepted)
         return number
 
+    def byte_size(
+        self,
+        key: str,
+        default: int | None,
+        *,
+        minimum: int = 1,
+        maximum: int = MAX_BYTE_SIZE,
+    ) -> int | None:
+        """Bytes, in the grammar of ``durastream_spark.sizes``: ``1048576``, ``512k``, ``64m``, ``1g``."""
+        bounds = _bounds_text("a byte size", minimum, None if maximum == MAX_BYTE_SIZE else maximum)
+        accepted = f"{bounds}: {BYTE_SIZE_SYNTAX}"
+        value = self.raw(key)
+        if value is None:
+            return default
+        try:
+            number = parse_byte_size(value)
+        except ValueError:
+            raise OptionError(key, value, accepted) from None
+        _check_bounds(key, value, number, minimum, maximum, accepted)
+        return number
+
     def json_value(
         self, key: str, default: Any = None, *, accepted: str = "a JSON document"
     ) -> Any:
@@ -299,6 +309,77 @@ class OptionReader:
             for key, value in self._values.items()
             if key.startswith(lowered)
         }
+
+
+@dataclass(frozen=True)
+class KafkaEquivalent:
+    """What a Spark Kafka connector option is called here. ``targets``: ours, most fitting first (the first
+    one the parser knows is named). ``example``: the value shown in the fix; ``None`` shows the user's own
+    value, for options whose values are stream names or counts (never secrets)."""
+
+    targets: tuple[str, ...]
+    what: str
+    example: str | None = None
+
+
+# Spark's Kafka connector options (lower-cased) that users bring along. Matching is by the parser's own
+# keys, so an entry pointing at an option this side does not have falls back to the "did you mean" listing.
+KAFKA_EQUIVALENTS: dict[str, KafkaEquivalent] = {
+    "subscribe": KafkaEquivalent(("streams",), "comma-separated stream paths relative to 'url'"),
+    "subscribepattern": KafkaEquivalent(
+        ("pattern",),
+        "a glob over stream paths, not a regex: '*' matches one path segment, '**' any number",
+        example="events/*",
+    ),
+    "assign": KafkaEquivalent(
+        ("streams",),
+        "streams have no partitions and are read whole: list them, and give per-stream offsets in "
+        "'startingOffsets' if needed",
+        example="events/a,events/b",
+    ),
+    "topic": KafkaEquivalent(("stream", "streams"), "stream path(s) relative to 'url'"),
+    "maxoffsetspertrigger": KafkaEquivalent(
+        ("maxMessagesPerTrigger",), "the most messages per micro-batch"
+    ),
+    "minoffsetspertrigger": KafkaEquivalent(
+        ("minMessagesPerTrigger",), "the fewest messages a micro-batch waits for"
+    ),
+    "kafka.bootstrap.servers": KafkaEquivalent(
+        (URL,), "the server's stream root", example="http://<host>:4437/v1/stream"
+    ),
+}
+KAFKA_CLIENT_PREFIX = "kafka."
+
+
+def kafka_habit(key: str, value: str, canonical: Mapping[str, str]) -> OptionError | None:
+    """The error for a Kafka connector option, pointing at ours; ``None`` for any other unknown key.
+
+    ``canonical``: the parser's keys, lower-cased to their spelling.
+    """
+    lowered = key.lower()
+    equivalent = KAFKA_EQUIVALENTS.get(lowered)
+    target = None
+    if equivalent is not None:
+        target = next(
+            (canonical[t.lower()] for t in equivalent.targets if t.lower() in canonical), None
+        )
+    if target is not None and equivalent is not None:
+        shown = value if equivalent.example is None else equivalent.example
+        message = (
+            f"Option '{key}' is Spark's Kafka connector's; here it is '{target}' "
+            f'({equivalent.what}): .option("{target}", "{shown}").'
+        )
+        secret = equivalent.example is not None
+        return OptionError(key, value, f"'{target}'", secret=secret, message=message)
+    if lowered.startswith(KAFKA_CLIENT_PREFIX):
+        message = (
+            f"Option '{key}' is a Kafka client setting; this connector speaks HTTP to a Durable Streams "
+            f"server instead: the server is '{URL}' (its stream root, e.g. "
+            f"http://127.0.0.1:4437/v1/stream), credentials go in '{TOKEN_FILE}' or "
+            f"'{HEADER_PREFIX}Authorization', TLS in '{TLS_VERIFY}'/'{TLS_CA_BUNDLE}'."
+        )
+        return OptionError(key, value, f"'{URL}'", secret=True, message=message)
+    return None
 
 
 def _bounds_text(what: str, minimum: int | None, maximum: int | None, unit: str = "") -> str:

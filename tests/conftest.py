@@ -5,6 +5,8 @@
 - ``server_factory`` (function): starts private servers (e.g. for kill/restart crash tests) with optional
   settings, and stops them when the test ends.
 - ``reference_server`` (session): the Node reference server from npm, for compatibility tests.
+- ``rakaia_server`` (session): rakaia (``rakaia-streams`` from PyPI) on its file store, a third server
+  implementation, for compatibility tests (docs/compatibility.md).
 - ``spark`` (session): one local SparkSession with the ``durastream`` source registered; Spark is slow to
   start, so every Spark test shares it.
 """
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests.support.rakaia_server import RakaiaServer
 from tests.support.reference_server import ReferenceServer
 from tests.support.server_process import ServerProcess
 
@@ -56,6 +59,15 @@ def server_factory(
 @pytest.fixture(scope="session")
 def reference_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
     server = ReferenceServer(tmp_path_factory.mktemp("reference") / "data").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def rakaia_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RakaiaServer]:
+    server = RakaiaServer(tmp_path_factory.mktemp("rakaia") / "data").start()
     try:
         yield server
     finally:

@@ -21,7 +21,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 STREAM_ROOT = "/v1/stream"
-_ANNOUNCE = re.compile(r"listening on (https?://\S+)")
+_ANNOUNCE = re.compile(r"listening on (https?://[^\s)]+)")
 
 
 class DemoError(Exception):

@@ -27,6 +27,7 @@ import logging
 import random
 import re
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ from durastream_spark.errors import (
     RequestContext,
     UnverifiedDuplicate,
     error_from_response,
+    parse_error_body,
 )
 from durastream_spark.options import ConnectionOptions
 from durastream_spark.protocol import extensions as ext
@@ -63,6 +65,7 @@ from durastream_spark.protocol.models import (
     StageResult,
     StreamInfo,
     StreamMeta,
+    TimeLookup,
     normalize_content_type,
 )
 from durastream_spark.protocol.retry import Retrier, request_is_idempotent
@@ -119,7 +122,7 @@ def _producer_headers(
         "Producer-Seq": str(producer.seq),
     }
     if refuse_forgotten:
-        # docs/extensions.md section 7: a request that may repeat a forgotten producer's is refused
+        # docs/extensions.md section 8: a request that may repeat a forgotten producer's is refused
         # (409 PRODUCER_FORGOTTEN) instead of taken for new data. Other servers ignore the header.
         headers["Durastream-Forgotten-Producer"] = "refuse"
     return headers
@@ -604,17 +607,16 @@ class StreamClient:
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
             ):
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        base = self.stream_url(path)
-        params: dict[str, object | None] = {
-            "offset": start,
-            "lookup": "limit",
-            "max_messages": max_messages,
-            "max_bytes": max_bytes,
-            "end": end,
-        }
-        context = RequestContext("GET", base, stream=path, offset=start, end=end)
-        reply = self._checked("GET", base + query_string(params), context, {}, ok=(200,))
-        document = self._json(reply, context)
+        document, context = self._lookup(
+            path,
+            {
+                "offset": start,
+                "lookup": "limit",
+                "max_messages": max_messages,
+                "max_bytes": max_bytes,
+                "end": end,
+            },
+        )
         try:
             return LimitLookup(
                 start=str(document["start"]),
@@ -628,6 +630,48 @@ class StreamClient:
             raise MalformedResponse(
                 f"{context.describe()}: malformed limit lookup answer: missing or bad field {exc}"
             ) from None
+
+    def lookup_time(
+        self, path: str, timestamp_ms: int, *, start: str = "-1", end: str | None = None
+    ) -> TimeLookup:
+        """The first message in ``[start, end)`` (``end``: the tail) whose server append time is at or
+        after ``timestamp_ms`` (no data; an instant before 1970 is sent as 0, which every message is at
+        or after)."""
+        self._require(ext.TIME_LOOKUP, f"find the first message of stream '{path}' at an instant")
+        if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int):
+            raise ValueError(f"timestamp_ms must be an int, got {timestamp_ms!r}")
+        document, context = self._lookup(
+            path,
+            {"offset": start, "lookup": "time", "timestamp": max(0, timestamp_ms), "end": end},
+        )
+        try:
+            return TimeLookup(
+                timestamp=int(document["timestamp"]),
+                start=str(document["start"]),
+                end=str(document["end"]),
+                offset=str(document["offset"]),
+                found=bool(document["found"]),
+                tail=str(document["tail"]),
+                closed=bool(document["closed"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedResponse(
+                f"{context.describe()}: malformed time lookup answer: missing or bad field {exc}"
+            ) from None
+
+    def _lookup(self, path: str, params: dict[str, object | None]) -> tuple[Any, RequestContext]:
+        """One lookup GET (limit or time): the JSON answer and the request's context."""
+        base = self.stream_url(path)
+        start, end = params.get("offset"), params.get("end")
+        context = RequestContext(
+            "GET",
+            base,
+            stream=path,
+            offset=None if start is None else str(start),
+            end=None if end is None else str(end),
+        )
+        reply = self._checked("GET", base + query_string(params), context, {}, ok=(200,))
+        return self._json(reply, context), context
 
     def list_streams(
         self, prefix: str | None = None, pattern: str | None = None, *, page_size: int = 1000
@@ -663,6 +707,47 @@ class StreamClient:
             if following == after:
                 raise MalformedResponse(f"stream listing did not advance past {after!r}")
             after = str(following)
+
+    # ---- protocol section 6: subscriptions, as a stream listing -----------------------------------------
+
+    def subscriptions_supported(self) -> bool:
+        """Whether the server has the protocol's reserved subscription API (section 6): a GET of an
+        unknown subscription answers 404 with the JSON code ``SUBSCRIPTION_NOT_FOUND``. A server without
+        it treats the path as a stream (404 with another body): nothing is created by asking."""
+        url = f"{self.connection.url}/__ds/subscriptions/durastream-probe-{uuid.uuid4().hex}"
+        reply, attempts, _ = self._send("GET", url, RequestContext("GET", url), {})
+        if reply.status != 404:
+            if reply.status >= 500:
+                raise self._error(RequestContext("GET", url), reply, attempts)
+            return False
+        code, _ = parse_error_body(reply.header("Content-Type"), reply.body)
+        return code == "SUBSCRIPTION_NOT_FOUND"
+
+    def subscription_streams(self, pattern: str, wake_stream: str) -> list[str]:
+        """The paths of the streams that match ``pattern`` now, from a short-lived pull-wake subscription:
+        creating one links every existing matching stream (section 6.2, "eagerly backfill"); it is
+        read and deleted at once. ``wake_stream`` is only named (no wake is claimed, none is needed)."""
+        url = f"{self.connection.url}/__ds/subscriptions/durastream-spark-list-{uuid.uuid4().hex}"
+        body = json.dumps(
+            {
+                "type": "pull-wake",
+                "pattern": pattern,
+                "wake_stream": wake_stream,
+                "description": "durastream-spark: stream discovery, deleted right away",
+            }
+        ).encode()
+        context = RequestContext("PUT", url)
+        headers = {"Content-Type": "application/json"}
+        self._checked("PUT", url, context, headers, body=body, ok=(200, 201))
+        try:
+            reply = self._checked("GET", url, RequestContext("GET", url), {}, ok=(200,))
+            document = self._json(reply, context)
+        finally:
+            self._send("DELETE", url, RequestContext("DELETE", url), {})
+        try:
+            return [str(entry["path"]) for entry in document["streams"]]
+        except (KeyError, TypeError) as exc:
+            raise MalformedResponse(f"malformed subscription document: {exc!r}") from None
 
     # ---- plumbing ---------------------------------------------------------------------------------------
 
@@ -737,9 +822,8 @@ class StreamClient:
             raise self._error(context, reply, attempts, idempotent)
         return reply
 
-    @staticmethod
     def _error(
-        context: RequestContext, reply: Reply, attempts: int = 1, idempotent: bool = True
+        self, context: RequestContext, reply: Reply, attempts: int = 1, idempotent: bool = True
     ) -> DurastreamError:
         if reply.status < 300 or reply.status == 304:
             return MalformedResponse(
@@ -752,6 +836,7 @@ class StreamClient:
             reply.body,
             attempts=attempts,
             idempotent=idempotent,
+            root=self.connection.url,
         )
 
     @staticmethod

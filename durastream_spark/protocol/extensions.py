@@ -24,6 +24,7 @@ LIMIT_LOOKUP = "limit-lookup"
 LISTING = "listing"
 STAGED_APPEND = "staged-append"
 PAYLOAD_DIGEST = "payload-digest"
+TIME_LOOKUP = "time-lookup"
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,10 @@ class Extensions:
     @property
     def payload_digest(self) -> bool:
         return self.supports(PAYLOAD_DIGEST)
+
+    @property
+    def time_lookup(self) -> bool:
+        return self.supports(TIME_LOOKUP)
 
     def __bool__(self) -> bool:
         return bool(self.versions)

@@ -127,6 +127,20 @@ class LimitLookup:
 
 
 @dataclass(frozen=True)
+class TimeLookup:
+    """``lookup=time``: the first message in ``[start, end)`` whose append time is at or after
+    ``timestamp`` (``offset``), or ``found=False`` and ``offset == end``."""
+
+    timestamp: int
+    start: str
+    end: str
+    offset: str
+    found: bool
+    tail: str
+    closed: bool
+
+
+@dataclass(frozen=True)
 class StreamInfo:
     """One live stream from the listing extension."""
 

@@ -31,10 +31,13 @@ import email.utils
 import enum
 import logging
 import random
+import socket
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 import urllib3.exceptions
@@ -202,7 +205,12 @@ class Retrier:
         self, send: Callable[[], R], *, idempotent: bool, context: RequestContext
     ) -> tuple[R, int]:
         """``(reply, attempts)``. The reply may still carry a retryable status once the budget is spent;
-        the caller turns it into the typed error. Transport failures raise ``TransportError``."""
+        the caller turns it into the typed error. Transport failures raise ``TransportError``.
+
+        Logging: one WARNING when a request first needs a retry (what failed, and how long the retries may
+        take), DEBUG for every later attempt, so a server that is down for a minute costs one line per
+        request, not one per attempt. The low-level exception chain goes to DEBUG when the request gives up.
+        """
         started = self._clock()
         attempt = 0
         while True:
@@ -213,7 +221,11 @@ class Retrier:
                 phase = classify_failure(exc)
                 retryable = phase is _Phase.NOT_SENT or (phase is _Phase.MAYBE_SENT and idempotent)
                 delay = self.policy.delay(attempt, self._rng) if retryable else 0.0
+                problem = explain_failure(exc, context.url)
                 if not retryable or not self._within_budget(attempt, started, delay):
+                    log.debug(
+                        "%s gave up after %d attempt(s)", context.describe(), attempt, exc_info=exc
+                    )
                     raise TransportError(
                         context,
                         exc,
@@ -221,35 +233,42 @@ class Retrier:
                         maybe_applied=phase is _Phase.MAYBE_SENT
                         and not idempotent
                         and context.method not in ("GET", "HEAD"),
-                        hint=_hint(exc),
-                    ) from exc
-                log.warning(
-                    "%s: %s (%s); retry %d of %d in %.3f s",
-                    context.describe(),
-                    type(exc).__name__,
-                    phase.value,
-                    attempt,
-                    self.policy.max_attempts - 1,
-                    delay,
-                )
+                        summary=problem.summary,
+                        elapsed_s=self._clock() - started,
+                    ) from None
+                self._log_retry(context, attempt, delay, problem.short)
                 self._sleep(delay)
                 continue
             if not idempotent or reply.status not in self.policy.retry_statuses:
+                if attempt > 1:
+                    log.debug("%s answered after %d attempts", context.describe(), attempt)
                 return reply, attempt
             retry_after = parse_retry_after(_get(reply.headers, "Retry-After"), self._wall_clock())
             delay = self.policy.delay(attempt, self._rng, retry_after)
             if not self._within_budget(attempt, started, delay):
                 return reply, attempt
+            after = f", Retry-After {retry_after:g} s" if retry_after is not None else ""
+            self._log_retry(context, attempt, delay, f"HTTP {reply.status}{after}")
+            self._sleep(delay)
+
+    def _log_retry(self, context: RequestContext, attempt: int, delay: float, problem: str) -> None:
+        if attempt == 1:
             log.warning(
-                "%s: HTTP %d; retry %d of %d in %.3f s%s",
+                "%s: %s; retrying for up to %g s (at most %d attempts; retry.* options)",
                 context.describe(),
-                reply.status,
+                problem,
+                self.policy.max_elapsed_s,
+                self.policy.max_attempts,
+            )
+        else:
+            log.debug(
+                "%s: %s; retry %d of %d in %.3f s",
+                context.describe(),
+                problem,
                 attempt,
                 self.policy.max_attempts - 1,
                 delay,
-                f" (Retry-After {retry_after:g} s)" if retry_after is not None else "",
             )
-            self._sleep(delay)
 
     def _within_budget(self, attempt: int, started: float, delay: float) -> bool:
         if attempt >= self.policy.max_attempts:
@@ -266,11 +285,65 @@ def _get(headers: Mapping[str, str], name: str) -> str | None:
     return value
 
 
-def _hint(exc: requests.RequestException) -> str | None:
+@dataclass(frozen=True)
+class TransportProblem:
+    """A transport failure in the user's terms: ``summary`` leads the error (the problem and the fix),
+    ``short`` goes into the one retry line."""
+
+    summary: str
+    short: str
+
+
+def explain_failure(exc: requests.RequestException, url: str) -> TransportProblem:
+    """What went wrong talking to the server behind ``url``, and what to check. Never the raw exception
+    text: urllib3's (``HTTPConnectionPool(...): Max retries exceeded ... Caused by ...``) names none of it."""
+    parts = urlsplit(url)
+    server = f"{parts.scheme}://{parts.netloc}"
+    causes = _causes(exc)
+    not_answering = f"The server at {server} is not answering"
     if isinstance(exc, requests.exceptions.SSLError):
-        return "Check the server certificate, or the tls.caBundle / tls.verify options."
-    if isinstance(exc, requests.exceptions.Timeout):
-        return "Raise requestTimeoutMs if the server is just slow."
-    if isinstance(exc, requests.exceptions.ConnectionError):
-        return "Check that the server is running and that 'url' points at it."
-    return None
+        tls = next((c for c in causes if isinstance(c, ssl.SSLError)), None)
+        reason = getattr(tls, "verify_message", None) or getattr(tls, "reason", None) or "TLS error"
+        return TransportProblem(
+            f"TLS with the server at {server} failed ({reason}): check its certificate, or set "
+            "option 'tls.caBundle' to the CA that signed it ('tls.verify=false' only for a test "
+            "server)",
+            f"TLS with {server} failed ({reason})",
+        )
+    if any(isinstance(cause, socket.gaierror) for cause in causes):
+        return TransportProblem(
+            f"{not_answering} (is it running? is the host name right?): {parts.hostname!r} does not "
+            "resolve",
+            f"host name {parts.hostname!r} does not resolve",
+        )
+    if any(isinstance(cause, ConnectionRefusedError) for cause in causes):
+        return TransportProblem(
+            f"{not_answering} (is it running? is the port right?): connection refused",
+            f"{server} refused the connection",
+        )
+    if isinstance(exc, requests.exceptions.ConnectTimeout) or any(
+        isinstance(cause, urllib3.exceptions.ConnectTimeoutError) for cause in causes
+    ):
+        return TransportProblem(
+            f"{not_answering} (is it running? is the port right?): connecting timed out, so a "
+            "firewall may be dropping the connection",
+            f"connecting to {server} timed out",
+        )
+    if any(isinstance(cause, urllib3.exceptions.NewConnectionError) for cause in causes):
+        return TransportProblem(
+            f"{not_answering} (is it running? is the port right?)", f"{server} is not answering"
+        )
+    if isinstance(exc, requests.exceptions.Timeout) or any(
+        isinstance(cause, (TimeoutError, urllib3.exceptions.ReadTimeoutError)) for cause in causes
+    ):
+        return TransportProblem(
+            f"The server at {server} did not answer within option 'requestTimeoutMs': raise it if "
+            "the server is just slow",
+            f"no answer from {server} within requestTimeoutMs",
+        )
+    innermost = type(causes[-1]).__name__ if causes else type(exc).__name__
+    return TransportProblem(
+        f"The connection to the server at {server} broke off ({innermost}): the server may have "
+        "restarted, or a proxy closed the connection",
+        f"the connection to {server} broke off ({innermost})",
+    )

@@ -18,39 +18,10 @@ stream it names and wins over the ``stream`` option (which stays the target of r
 it is not part of the payload. For non-JSON streams the protocol keeps no message boundaries inside one
 request: values are concatenated, so end each with a delimiter (or set ``maxMessagesPerRequest=1``).
 
-Options (besides the connection options of ``durastream_spark.options``: ``url``, ``header.<Name>``,
-``tokenFile``, ``tls.verify``, ``tls.caBundle``, ``requestTimeoutMs``, ``maxConnections``, ``retry.*``):
-
-=========================  ====================  =========================================================
-option                     default               meaning
-=========================  ====================  =========================================================
-``stream``                 (none)                Target stream path relative to ``url``. Required unless
-                                                 the DataFrame has a ``stream`` column.
-``contentType``            ``application/json``  Content type of streams the sink creates. Writing to an
-                                                 existing stream of another type fails before any data is
-                                                 sent, naming both types.
-``createStreams``          ``true``              Create missing target streams; ``false`` fails instead.
-``exactlyOnce``            ``auto``              ``transactional`` (staged appends, committed by the
-                                                 driver), ``ordered`` (any server; needs a deterministic
-                                                 row order on retries) or ``auto`` (transactional where
-                                                 the server supports it). See docs/guarantees.md.
-``producerId``             ``spark``             Prefix of the producer ids: ``<prefix>-<query id>-<part>``
-                                                 (``df.write``: a job id instead of the query id).
-``maxMessagesPerRequest``  ``10000``             Rows per request at most.
-``maxBytesPerRequest``     ``4194304``           Request body bytes at most (a larger row goes alone);
-                           transactional,        default 4 MiB for staged requests, 1 MiB in ordered
-                           ``1048576`` ordered   mode, where each partition's last partial request
-                                                 travels to the driver: it holds up to this much per
-                                                 partition and target stream.
-``maxInFlight``            ``4``                 Requests per task in flight or queued, 1..64: the
-                                                 task keeps encoding while they are sent. Transactional
-                                                 mode sends that many at once; ordered mode keeps one in
-                                                 flight per target stream (a producer's seqs must arrive
-                                                 in order) and queues the rest.
-``transactionTtl``         ``1h``                How long the server keeps staged data that is neither
-                                                 committed nor aborted (transactional mode); a batch
-                                                 must commit within it. Whole seconds, 1s to 7d.
-=========================  ====================  =========================================================
+Options: ``stream``, ``contentType``, ``createStreams``, ``exactlyOnce``, ``producerId``,
+``maxMessagesPerRequest``, ``maxBytesPerRequest``, ``maxInFlight``, ``transactionTtl``, and the connection
+options shared with the source. Their defaults, accepted values and errors are in ``docs/options.md``,
+generated from ``sink/options.py`` (``python -m durastream_spark.docs``), so they are not repeated here.
 
 After each batch, the driver-side commit logs a summary per target stream (rows, bytes, partitions, final
 offset) at INFO on the ``durastream_spark.sink.commit`` logger, in Spark's Python commit process.

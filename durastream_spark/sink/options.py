@@ -3,7 +3,7 @@
 ``df.writeStream.format("durastream")`` and ``df.write.format("durastream")`` hand the sink Spark's string
 options; ``SinkOptions.parse`` validates every one of them where ``start()``/``save()`` runs, so a typo or a
 bad value fails before any task starts, with an error naming the option, the value and what is accepted.
-The table of options is in the package docstring (``durastream_spark.sink``).
+Users read the options in ``docs/options.md``, generated from this module.
 """
 
 from __future__ import annotations
@@ -156,14 +156,12 @@ class SinkOptions:
                 minimum=1,
                 maximum=1_000_000,
             ),
-            max_bytes_per_request=reader.integer(
+            max_bytes_per_request=reader.byte_size(
                 MAX_BYTES_PER_REQUEST,
-                0,  # not used: only read when given
+                None,  # None: the mode's default (request_bytes)
                 minimum=1024,
                 maximum=1024 * 1024 * 1024,
-            )
-            if reader.has(MAX_BYTES_PER_REQUEST)
-            else None,
+            ),
             max_in_flight=reader.integer(
                 MAX_IN_FLIGHT, DEFAULT_MAX_IN_FLIGHT, minimum=1, maximum=64
             ),

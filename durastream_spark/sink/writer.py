@@ -22,6 +22,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from durastream_spark.boundary import spark_entry_points
 from durastream_spark.compat import HAS_STREAM_ARROW_WRITER
 from durastream_spark.sink.commit import abort_batch, commit_batch
 from durastream_spark.sink.identity import TaskIdentity
@@ -30,6 +31,7 @@ from durastream_spark.sink.partition import PartitionWrite
 from durastream_spark.sink.plan import SinkPlan
 
 
+@spark_entry_points
 class DurastreamBatchWriter(DataSourceArrowWriter):
     """``df.write.format("durastream").mode("append").save()``."""
 
@@ -50,6 +52,7 @@ class DurastreamBatchWriter(DataSourceArrowWriter):
         abort_batch(self.plan.client, messages, batch_id=None)
 
 
+@spark_entry_points
 class _StreamingCommit:
     """``commit``/``abort`` of the streaming writers (one micro-batch, ``batchId`` = epoch)."""
 
@@ -65,6 +68,7 @@ class _StreamingCommit:
         abort_batch(self.plan.client, messages, batch_id=batchId)
 
 
+@spark_entry_points
 class DurastreamStreamWriter(_StreamingCommit, DataSourceStreamWriter):
     """``writeStream`` on Spark 4.0: rows."""
 
@@ -78,6 +82,7 @@ class DurastreamStreamWriter(_StreamingCommit, DataSourceStreamWriter):
 if HAS_STREAM_ARROW_WRITER:
     from pyspark.sql.datasource import DataSourceStreamArrowWriter
 
+    @spark_entry_points
     class DurastreamStreamArrowWriter(_StreamingCommit, DataSourceStreamArrowWriter):
         """``writeStream`` on Spark >= 4.1: Arrow record batches."""
 

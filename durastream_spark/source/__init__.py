@@ -26,44 +26,16 @@ Example
     # A bounded batch read of the same streams:
     snapshot = spark.read.format("durastream").option("url", ...).option("streams", "events/a").load()
 
-Options (names are case-insensitive)
-====================================
-
-===========================  ===============  ==============================================================
-option                       default          meaning
-===========================  ===============  ==============================================================
-``url``                      (required)       The stream root, e.g. ``http://127.0.0.1:4437/v1/stream``.
-``streams``                  \\-               Comma-separated stream paths relative to ``url``. Exactly one
-                                              of ``streams`` and ``pattern``.
-``pattern``                  \\-               A glob over stream paths: ``*`` one segment, ``**`` any
-                                              number, ``ev*`` inside a segment. Streams created while the
-                                              query runs are picked up (from their first message). Needs
-                                              the server's listing extension.
-``startingOffsets``          ``earliest``     ``earliest``, ``latest``, or JSON ``{"path": "<offset>"}``
-                                              (values may also be ``"earliest"``/``"latest"``; unlisted
-                                              streams start at ``earliest``). Only for a new checkpoint.
-``endingOffsets``            ``latest``       Batch reads only: ``latest`` or JSON (unlisted: ``latest``).
-``maxMessagesPerTrigger``    (none)           Spark >= 4.2: at most this many messages per micro-batch,
-                                              shared across streams in proportion to their lag.
-``maxBytesPerTrigger``       (none)           Spark >= 4.2: about this many payload bytes per micro-batch
-                                              (``512k``, ``64m``, ``1g``); soft, like Spark's option of that
-                                              name: a single larger message is still read whole.
-``failOnDataLoss``           ``true``         A deleted stream, a ``410 Gone`` or a stream now shorter than the
-                                              checkpoint fails the query (naming stream and offsets). With
-                                              ``false`` a warning is logged and the query continues.
-``maxBytesPerPartition``     ``128m``         A stream's range in one batch is split into tasks of at most
-                                              about this many bytes, at message boundaries.
-``maxMessagesPerPartition``  (none)           ... and of at most this many messages.
-``minPartitions``            (none)           At least this many tasks per batch (ranges are split further,
-                                              in proportion to their size), like Kafka's option. Set it to
-                                              the number of executor cores to let one stream use them all.
-``fallback.pinPrefix``       ``__durastream   Servers without bounded reads only: where batch ranges are
-                             _pins``          pinned as forks (see below).
-``fallback.pinTtl``          ``24h``          ... and how long an unused pin lives.
-``header.<Name>``,           \\-               Connection options shared with the sink (headers, bearer
-``tokenFile``, ``tls.*``,                     token file, TLS, timeouts, retries): see
-``retry.*``, ...                              ``durastream_spark.options``.
-===========================  ===============  ==============================================================
+Options
+=======
+Every option (names are case-insensitive), its default, accepted values and the error a bad value gets:
+``docs/options.md``, generated from ``source/options.py`` and ``durastream_spark/options.py``. In short:
+``url`` and one of ``streams``/``pattern`` are required; ``startingOffsets``/``endingOffsets`` and
+``startingTimestamp``/``endingTimestamp`` (with their per-stream ``...ByTimestamp`` forms) as in Kafka;
+``maxMessagesPerTrigger``/``maxBytesPerTrigger``, ``minMessagesPerTrigger``/``minBytesPerTrigger`` and
+``maxTriggerDelay`` (Spark >= 4.2), ``failOnDataLoss``, task sizing
+(``maxBytesPerPartition``, ``maxMessagesPerPartition``, ``minPartitions``) and the connection options
+(headers, token file, TLS, timeouts, retries) shared with the sink.
 
 Rows
 ====
@@ -90,23 +62,26 @@ batch: Python sources get no checkpoint directory, so the first batch is what re
 Tasks
 =====
 Each stream's range is at least one task. Every Python task costs Spark a fixed ~50-100 ms (scheduling,
-the Python worker round trip), so tasks should be large: the default ``maxBytesPerPartition`` is 256 MiB,
-twice Spark's file source's, and ``minPartitions`` (for example the executor core count) spreads a
+the Python worker round trip), so tasks should be large: ``maxBytesPerPartition`` defaults to 256 MiB,
+twice Spark's file source's 128 MiB, and ``minPartitions`` (for example the executor core count) spreads a
 smaller backlog over every core. Splits are found with the server's limit lookups, at message boundaries.
 
 Spark versions
 ==============
 Spark >= 4.2 has admission control for Python sources: ``maxMessagesPerTrigger``/``maxBytesPerTrigger`` and a
 native ``Trigger.AvailableNow`` (several batches, each within the limits, up to the tails at start).
-``progress.sources[].latestOffset`` shows every stream's tail, so lag is visible. On Spark 4.0/4.1 the source
+``progress.sources[].latestOffset`` shows every stream's tail; ``docs/source.md`` ("Lag") says how to read
+lag in messages and bytes. On Spark 4.0/4.1 the source
 works without limits (the options are refused at start), and AvailableNow runs as one batch.
 
 Servers without the extensions
 ==============================
 Against the Node reference server (no ``Durastream-Extensions``), batches stay replay-deterministic by
 reading each range through a closed fork pinned at the batch's end (``durastream_spark.source.fallback``).
-Rows then have a null ``timestamp`` and, as ``offset``, the offset their read started from; ``pattern``,
-the per-trigger limits and task splitting need the extensions and are refused or skipped.
+Rows then have a null ``timestamp`` and, as ``offset``, the offset their read started from. ``pattern`` lists
+streams through the protocol's subscriptions (section 6) when the server has them; per-trigger limits run
+as one batch under AvailableNow and are refused otherwise; instants and task splitting need the
+extensions. A server that cannot fork either (rakaia) is refused. See docs/compatibility.md.
 """
 
 from __future__ import annotations

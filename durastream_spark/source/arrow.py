@@ -90,6 +90,50 @@ class MalformedMessage(DurastreamError):
     """A message does not parse as a JSON object matching the user schema."""
 
 
+class SchemaMismatch(MalformedMessage):
+    """A message's field does not fit its column of the user schema. Named in Spark's terms: ``stream``,
+    ``offset`` (of the message), ``column`` and ``spark_type`` (``INT``, ``array<string>``, ...)."""
+
+    def __init__(self, stream: str, offset: str, column: str, data_type: DataType, value: object):
+        spark_type = spark_type_name(data_type)
+        shown = _clip(json.dumps({column: value}, ensure_ascii=False, default=str)[1:-1])
+        super().__init__(
+            f"Stream '{stream}': the message at offset {offset} does not fit column '{column}' "
+            f"{spark_type} of the query's schema: it has {shown} ({_json_kind(value)}). Fix the "
+            f"producer, or give '{column}' a type that fits in .schema(...) (or read the raw message "
+            "as '_value BINARY' and parse it with from_json)."
+        )
+        self.stream = stream
+        self.offset = offset
+        self.column = column
+        self.spark_type = spark_type
+
+
+def spark_type_name(data_type: DataType) -> str:
+    """``INT``, ``TIMESTAMP``, ``DECIMAL(10,2)``; nested types as Spark prints them (``array<int>``)."""
+    if isinstance(data_type, (ArrayType, StructType)):
+        return data_type.simpleString()
+    return data_type.simpleString().upper()
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "JSON null"
+    if isinstance(value, bool):
+        return "a JSON boolean"
+    if isinstance(value, (int, float)):
+        return "a JSON number"
+    if isinstance(value, str):
+        return "a JSON string"
+    if isinstance(value, list):
+        return "a JSON array"
+    return "a JSON object"
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def to_arrow_schema(schema: StructType) -> pa.Schema:
     """Spark's own conversion, so the layout matches what Spark checks (older signatures tolerated)."""
     from pyspark.sql.pandas.types import to_arrow_schema as spark_to_arrow
@@ -306,7 +350,10 @@ class OutputLayout:
                 assert parsed is not None
                 array = parsed.column(column.name).combine_chunks()
             if array.type != target.type:
-                array = pc.cast(array, target.type)
+                try:
+                    array = pc.cast(array, target.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    raise self._explain_cast(stream, block, column.name, array, target) from None
             arrays.append(array)
         return pa.RecordBatch.from_arrays(arrays, schema=self.arrow_schema)
 
@@ -323,7 +370,7 @@ class OutputLayout:
                 ),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-            raise _explain_bad_json(stream, block, self.parse_schema, error) from None
+            raise self._explain_bad_json(stream, block, error) from None
         if table.num_rows != block.count:
             raise MalformedMessage(
                 f"Stream '{stream}': {block.count} messages parsed into {table.num_rows} rows "
@@ -331,35 +378,79 @@ class OutputLayout:
             )
         return table
 
+    def _spark_type(self, column: str) -> DataType:
+        return next(f.dataType for f in self.spark_schema.fields if f.name == column)
+
+    def _fits(self, column: str, value: object) -> bool:
+        """Whether ``{column: value}`` parses as the column's type (pyarrow's rules, not a copy of them)."""
+        text = json.dumps({column: value}).encode()
+        try:
+            pajson.read_json(
+                pa.BufferReader(text),
+                parse_options=pajson.ParseOptions(
+                    explicit_schema=pa.schema([self.parse_schema.field(column)]),
+                    unexpected_field_behavior="ignore",
+                ),
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return False
+        return True
+
+    def _explain_bad_json(
+        self, stream: str, block: MessageBlock, error: Exception
+    ) -> MalformedMessage:
+        """The first message that does not parse: not JSON, not an object, or a field that does not fit
+        its column (named with its Spark type). Only runs once a block failed, so it may be slow."""
+        for index in range(block.count):
+            raw = block.raw_value(index)
+            try:
+                document = json.loads(raw)
+            except ValueError as exc:
+                reason = f"not valid JSON ({exc})"
+            else:
+                if isinstance(document, dict):
+                    for name in self.parse_schema.names:
+                        if name in document and not self._fits(name, document[name]):
+                            return SchemaMismatch(
+                                stream,
+                                block.offset_of(index),
+                                name,
+                                self._spark_type(name),
+                                document[name],
+                            )
+                    continue
+                reason = f"a JSON {type(document).__name__}, not an object"
+            return MalformedMessage(
+                f"Stream '{stream}': the message at offset {block.offset_of(index)} is {reason}, so it "
+                "cannot fill the columns of the user schema. Read without .schema() to get the raw "
+                "bytes, or fix the producer."
+            )
+        return MalformedMessage(
+            f"Stream '{stream}': messages from offset {block.offset_of(0)} do not match the user schema "
+            f"{self.spark_schema.simpleString()}: {error}"
+        )
+
+    def _explain_cast(
+        self, stream: str, block: MessageBlock, column: str, array: pa.Array, target: pa.Field
+    ) -> MalformedMessage:
+        """A parsed value that Spark's type cannot hold (``"2024-13-45"`` for a DATE): the first one."""
+        for index in range(len(array)):
+            try:
+                pc.cast(array.slice(index, 1), target.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                value = array[index].as_py()
+                return SchemaMismatch(
+                    stream, block.offset_of(index), column, self._spark_type(column), value
+                )
+        return MalformedMessage(
+            f"Stream '{stream}': column '{column}' of messages from offset {block.offset_of(0)} cannot "
+            f"be converted to {spark_type_name(self._spark_type(column))}."
+        )
+
 
 def _is_default_projection(schema: StructType) -> bool:
     """Exactly the default columns (any order, any nullability): metadata, not JSON fields."""
     names = [f.name for f in schema.fields]
     return sorted(names) == sorted(META_TYPES) and all(
         f.dataType == META_TYPES[f.name] for f in schema.fields
-    )
-
-
-def _explain_bad_json(
-    stream: str, block: MessageBlock, parse_schema: pa.Schema, error: Exception
-) -> MalformedMessage:
-    """Name the first message that is not a JSON object, or else the range and the parser's complaint."""
-    for index in range(block.count):
-        raw = block.raw_value(index)
-        try:
-            document = json.loads(raw)
-        except ValueError as exc:
-            reason = f"not valid JSON ({exc})"
-        else:
-            if isinstance(document, dict):
-                continue
-            reason = f"a JSON {type(document).__name__}, not an object"
-        return MalformedMessage(
-            f"Stream '{stream}': the message at offset {block.offset_of(index)} is {reason}, so it "
-            "cannot fill the columns of the user schema. Read without .schema() to get the raw bytes, "
-            "or fix the producer."
-        )
-    return MalformedMessage(
-        f"Stream '{stream}': messages from offset {block.offset_of(0)} do not match the user schema "
-        f"{parse_schema.to_string(show_schema_metadata=False).replace(chr(10), ', ')}: {error}"
     )

@@ -2,7 +2,12 @@
 
 A snapshot is taken once per ``latestOffset()`` (and once per batch read): for ``streams``, one ``HEAD`` per
 stream (in parallel when there are several); for ``pattern``, the server's listing extension (one request per
-1000 streams), which also makes streams created while the query runs appear in the next snapshot. A stream
+1000 streams), which also makes streams created while the query runs appear in the next snapshot. A server
+without the listing extension but with the protocol's subscriptions (section 6, the Node reference server)
+lists through them: a pull-wake subscription for the pattern links every matching stream when it is
+created, so each snapshot creates one, reads its streams and deletes it (three requests), then ``HEAD``s
+the streams. Its globs have ``*`` only as a whole segment, so a pattern with ``ev*`` inside a segment is
+sent as ``*`` there and filtered here. A stream
 that does not exist is simply absent from the snapshot; whether that is data loss (it existed and was
 deleted) or nothing yet (never created) is decided by the caller, which knows the offsets.
 
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from durastream_spark.errors import StreamGone, StreamNotFound
+from durastream_spark.errors import ExtensionNotSupported, StreamGone, StreamNotFound
 
 if TYPE_CHECKING:  # the client imports the package root: importing it here would be circular
     from durastream_spark.protocol.client import StreamClient
@@ -53,6 +58,27 @@ def normalize_pattern(text: str) -> str:
         if segment in (".", ".."):
             raise ValueError("the pattern has a '.' or '..' segment")
     return clean
+
+
+def check_pattern_supported(client: StreamClient, pattern: str) -> None:
+    """Refuse a ``pattern`` on a server that can list streams neither way (e.g. rakaia)."""
+    if client.extensions().listing or client.subscriptions_supported():
+        return
+    raise ExtensionNotSupported(
+        "listing",
+        client.connection.url,
+        f"discover the streams matching pattern {pattern!r} (the server has neither this extension "
+        "nor the protocol's subscription globs, section 6); list the streams with option 'streams' "
+        "instead",
+    )
+
+
+def whole_segment_glob(pattern: str) -> str:
+    """``pattern`` with every segment that has a ``*`` inside it widened to ``*`` (the protocol's
+    subscription globs know ``*`` and ``**`` only as whole segments); the caller filters the result."""
+    return "/".join(
+        "*" if "*" in segment and segment != "**" else segment for segment in pattern.split("/")
+    )
 
 
 @lru_cache(maxsize=256)
@@ -93,16 +119,24 @@ class StreamCatalog:
 
     def snapshot(self) -> dict[str, StreamState]:
         """``{path: StreamState}`` of every selected stream that exists now (sorted by path)."""
-        if self.pattern is not None:
+        if self.pattern is not None and self.client.extensions().listing:
             found = {
                 info.path: StreamState(info.path, info.next_offset, info.closed, info.content_type)
                 for info in self.client.list_streams(pattern=self.pattern)
-                if glob_matches(self.pattern, info.path)  # defensive: the server filtered already
-                and not (self.exclude_prefix and info.path.startswith(self.exclude_prefix))
+                if self._selected(info.path)  # defensive: the server filtered already
             }
+        elif self.pattern is not None:
+            wake = (self.exclude_prefix or "__durastream/") + "__wake"
+            paths = self.client.subscription_streams(whole_segment_glob(self.pattern), wake)
+            found = self._heads(tuple(sorted({p for p in paths if self._selected(p)})))
         else:
             found = self._heads(self.streams)
         return {path: found[path] for path in sorted(found)}
+
+    def _selected(self, path: str) -> bool:
+        assert self.pattern is not None
+        excluded = self.exclude_prefix is not None and path.startswith(self.exclude_prefix)
+        return glob_matches(self.pattern, path) and not excluded
 
     def _heads(self, paths: tuple[str, ...]) -> dict[str, StreamState]:
         if len(paths) <= 1:

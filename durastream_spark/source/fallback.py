@@ -113,6 +113,8 @@ def ensure_pin(
             ) from error
         raise _not_guaranteed(client, stream, end, f"the fork request failed: {error}") from error
     if created.next_offset != end:
+        if created.created:  # an ordinary stream, not a pin: leave nothing behind
+            delete_pin(client, path)
         raise _not_guaranteed(
             client,
             stream,

@@ -14,12 +14,24 @@ A readable JSON object mapping each stream path to the offset where the next mic
 - A stream absent from the object starts at the beginning (``-1``). This is how streams that appear while a
   ``pattern`` query runs are read from their first message, like Kafka's new partitions.
 
-Two values exist only in *initial* offsets (what ``initialOffset()`` returns), never in the checkpoint:
+Some values exist only in *initial* offsets (what ``initialOffset()`` returns), never in the checkpoint:
 
 - ``"latest"`` for a stream: the first batch resolves it to the stream's tail and reads nothing of it.
-- the key ``"/default"`` (never a stream path: paths have no leading ``/``) with value ``"latest"``: every
-  stream absent from the object starts at its tail in the first batch. ``pattern`` queries with
-  ``startingOffsets=latest`` use it.
+- ``"timestamp <ms>"`` for a stream (``startingTimestamp``, ``startingOffsetsByTimestamp``; see
+  ``timestamps.py``): the first batch reads it from the first message whose append time is at or after
+  the instant. Its start is found with the server's time lookup bounded by the batch's end, so a replay of
+  that batch (after a restart, Spark asks ``initialOffset()`` again) finds the same message: data before
+  the end never changes.
+- the key ``"/default"`` (never a stream path: paths have no leading ``/``) with value ``"latest"`` or
+  ``"timestamp <ms>"``: where every stream absent from the object starts in the first batch. ``pattern``
+  queries with ``startingOffsets=latest`` or ``startingTimestamp`` use it.
+
+With ``minMessagesPerTrigger``/``minBytesPerTrigger``, an end offset also records when its batch was
+planned, under the key ``"/batchTimeMs"`` (milliseconds since the epoch, as a string): ``maxTriggerDelay``
+is measured from the last batch, and the checkpoint is the only place that survives a restart, so a
+restarted query neither waits a whole delay again nor skips what is left of it. The key is written only
+when a batch is planned (a trigger that waits returns its start offset unchanged, so Spark sees no new
+data); checkpoints without it stay readable.
 
 Why symbolic: Python sources get no checkpoint directory, and Spark calls ``initialOffset()`` again when a
 query restarts before its first batch committed. Resolving ``latest`` to tails inside ``initialOffset()``
@@ -31,19 +43,22 @@ empty for ``latest``, and every later batch starts from offsets Spark persisted.
 User-facing specs (``OffsetSpec``)
 ==================================
 ``startingOffsets`` / ``endingOffsets`` are parsed once, on the driver, into a small sealed type:
-``EarliestSpec``, ``LatestSpec`` or ``SpecificSpec`` (a JSON object ``{"path": "<offset>"}`` whose values may
-also be ``"earliest"`` / ``"latest"``). Strings are never re-parsed later.
+``EarliestSpec``, ``LatestSpec``, ``TimestampSpec`` (``startingTimestamp``/``endingTimestamp``: every
+stream at one instant) or ``SpecificSpec`` (a JSON object ``{"path": "<offset>"}`` whose values may also be
+``"earliest"`` / ``"latest"``, or per-stream instants from ``startingOffsetsByTimestamp`` /
+``endingOffsetsByTimestamp``). Strings are never re-parsed later.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from durastream_spark.errors import OptionError
+from durastream_spark.source.timestamps import at_timestamp, parse_instant, timestamp_of
 
 EARLIEST = "-1"
 """The protocol's "beginning of the stream" (as a start offset) and "nothing read yet" (as an end)."""
@@ -54,6 +69,10 @@ LATEST = "latest"
 DEFAULT_KEY = "/default"
 """Initial offsets only: where streams absent from the object start (``"latest"``)."""
 
+BATCH_TIME_KEY = "/batchTimeMs"
+"""End offsets under a per-trigger minimum: when their batch was planned (``maxTriggerDelay``)."""
+
+_V = TypeVar("_V")
 _TOKEN = re.compile(r"^[!-~]{1,256}$")  # printable ASCII, no spaces: what servers mint
 _RESERVED_TOKENS = frozenset({"now", LATEST, "earliest"})
 
@@ -79,6 +98,11 @@ def normalize_path(path: str) -> str:
         if any(ord(ch) < 0x20 for ch in segment):
             raise ValueError(f"stream path {path!r} contains a control character")
     return clean
+
+
+def is_symbolic(value: str) -> bool:
+    """``latest`` or an instant: a start only a batch can resolve (never in the checkpoint)."""
+    return value == LATEST or timestamp_of(value) is not None
 
 
 def is_token(value: str) -> bool:
@@ -111,18 +135,27 @@ class SourceOffset:
     """Where each stream's next batch starts. Frozen, hashable, picklable; see the module docstring."""
 
     positions: tuple[tuple[str, str], ...] = ()
-    default: str = EARLIEST  # where streams absent from ``positions`` start: EARLIEST or LATEST
+    default: str = EARLIEST  # where streams absent from ``positions`` start: EARLIEST or symbolic
+    batch_ms: int | None = None  # when the batch ending here was planned (per-trigger minimum only)
 
     def __post_init__(self) -> None:
-        if self.default not in (EARLIEST, LATEST):
-            raise ValueError(f"default must be {EARLIEST!r} or {LATEST!r}, got {self.default!r}")
+        if self.default != EARLIEST and not is_symbolic(self.default):
+            raise ValueError(
+                f"default must be {EARLIEST!r}, {LATEST!r} or a timestamp, got {self.default!r}"
+            )
         paths = [path for path, _ in self.positions]
         if paths != sorted(set(paths)):
             raise ValueError("positions must be sorted by path without duplicates")
 
     @classmethod
-    def of(cls, mapping: Mapping[str, str], default: str = EARLIEST) -> SourceOffset:
-        return cls(tuple(sorted(mapping.items())), default)
+    def of(
+        cls, mapping: Mapping[str, str], default: str = EARLIEST, batch_ms: int | None = None
+    ) -> SourceOffset:
+        return cls(tuple(sorted(mapping.items())), default, batch_ms)
+
+    def same_positions(self, other: SourceOffset) -> bool:
+        """Whether both name the same starts, whatever their batch times."""
+        return self.positions == other.positions and self.default == other.default
 
     # ---- access ------------------------------------------------------------------------------------------
 
@@ -147,7 +180,7 @@ class SourceOffset:
     @property
     def concrete(self) -> bool:
         """No symbolic value: what an end offset (and so the checkpoint) always is."""
-        return self.default == EARLIEST and all(v != LATEST for _, v in self.positions)
+        return self.default == EARLIEST and not any(is_symbolic(v) for _, v in self.positions)
 
     # ---- JSON --------------------------------------------------------------------------------------------
 
@@ -156,6 +189,8 @@ class SourceOffset:
         document = dict(self.positions)
         if self.default != EARLIEST:
             document[DEFAULT_KEY] = self.default
+        if self.batch_ms is not None:
+            document[BATCH_TIME_KEY] = str(self.batch_ms)
         return {key: document[key] for key in sorted(document)}
 
     def json(self) -> str:
@@ -169,6 +204,7 @@ class SourceOffset:
                 f'a durastream offset is a JSON object {{"path": "<offset>"}}, got {document!r}'
             )
         default = EARLIEST
+        batch_ms: int | None = None
         positions: dict[str, str] = {}
         for key, value in document.items():
             if not isinstance(key, str) or not isinstance(value, str):
@@ -177,14 +213,21 @@ class SourceOffset:
                     f"{key!r}: {value!r}"
                 )
             if key == DEFAULT_KEY:
-                if value not in (EARLIEST, LATEST):
-                    raise ValueError(f"{DEFAULT_KEY} must be {LATEST!r}, got {value!r}")
+                if value != EARLIEST and not is_symbolic(value):
+                    raise ValueError(
+                        f"{DEFAULT_KEY} must be {LATEST!r} or a timestamp, got {value!r}"
+                    )
                 default = value
                 continue
-            if value != EARLIEST and value != LATEST and not is_token(value):
+            if key == BATCH_TIME_KEY:
+                if not value.isdigit():
+                    raise ValueError(f"{BATCH_TIME_KEY} must be milliseconds, got {value!r}")
+                batch_ms = int(value)
+                continue
+            if value != EARLIEST and not is_symbolic(value) and not is_token(value):
                 raise ValueError(f"stream {key!r} has an invalid offset {value!r}")
             positions[key] = value
-        return cls.of(positions, default)
+        return cls.of(positions, default, batch_ms)
 
     @classmethod
     def from_json(cls, text: str) -> SourceOffset:
@@ -201,7 +244,7 @@ class SourceOffset:
 
 
 class OffsetSpec:
-    """Sealed: ``EarliestSpec``, ``LatestSpec`` or ``SpecificSpec``."""
+    """Sealed: ``EarliestSpec``, ``LatestSpec``, ``TimestampSpec`` or ``SpecificSpec``."""
 
     __slots__ = ()
 
@@ -217,8 +260,20 @@ class LatestSpec(OffsetSpec):
 
 
 @dataclass(frozen=True)
+class TimestampSpec(OffsetSpec):
+    """Every stream from (start) or up to (end) its first message at or after ``at_ms``."""
+
+    at_ms: int
+
+    @property
+    def value(self) -> str:
+        return at_timestamp(self.at_ms)
+
+
+@dataclass(frozen=True)
 class SpecificSpec(OffsetSpec):
-    """Per-stream offsets: tokens, ``EARLIEST`` or ``LATEST``. Streams not listed use ``unlisted``."""
+    """Per-stream offsets: tokens, ``EARLIEST``, ``LATEST`` or instants (``at_timestamp``). Streams not
+    listed use ``unlisted``."""
 
     offsets: tuple[tuple[str, str], ...]
     unlisted: str  # EARLIEST for startingOffsets, LATEST for endingOffsets
@@ -264,23 +319,12 @@ def parse_offset_spec(option: str, raw: str | None, *, ending: bool) -> OffsetSp
         return EarliestSpec()
     if not text.startswith("{"):
         raise OptionError(option, raw, accepted)
-    try:
-        document = json.loads(text)
-    except ValueError as exc:
-        raise OptionError(option, raw, accepted, reason=f"not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise OptionError(option, raw, accepted, reason="not a JSON object")
-    offsets: dict[str, str] = {}
-    for key, value in document.items():
-        try:
-            path = normalize_path(key)
-        except ValueError as exc:
-            raise OptionError(option, raw, accepted, reason=str(exc)) from None
-        if path in offsets:
-            raise OptionError(option, raw, accepted, reason=f"stream {path!r} is listed twice")
-        offsets[path] = _parse_offset_value(option, raw, accepted, path, value, ending=ending)
-    if not offsets:
-        raise OptionError(option, raw, accepted, reason="the JSON object names no stream")
+    offsets = _by_stream(
+        option,
+        raw,
+        accepted,
+        lambda path, value: _parse_offset_value(option, raw, accepted, path, value, ending=ending),
+    )
     return SpecificSpec(tuple(sorted(offsets.items())), unlisted=LATEST if ending else EARLIEST)
 
 
@@ -315,6 +359,83 @@ def _parse_offset_value(
             ),
         )
     return text
+
+
+def parse_timestamp_spec(option: str, raw: str | None) -> TimestampSpec | None:
+    """``startingTimestamp`` / ``endingTimestamp``: one instant for every stream."""
+    if raw is None:
+        return None
+    return TimestampSpec(parse_instant(option, raw, raw))
+
+
+def parse_timestamps_by_stream(option: str, raw: str | None) -> dict[str, int] | None:
+    """``startingOffsetsByTimestamp`` / ``endingOffsetsByTimestamp``: ``{"path": <instant>}``."""
+    if raw is None:
+        return None
+    accepted = (
+        'a JSON object mapping stream paths to instants, e.g. {"events/a": 1700000000000, '
+        '"events/b": "2024-01-31T12:00:00Z"} (epoch milliseconds or ISO-8601 with a zone)'
+    )
+    return _by_stream(
+        option,
+        raw,
+        accepted,
+        lambda path, value: parse_instant(option, raw, value, where=f"stream {path!r}"),
+    )
+
+
+def _by_stream(
+    option: str, raw: str, accepted: str, parse_value: Callable[[str, object], _V]
+) -> dict[str, _V]:
+    """A JSON object ``{"<stream path>": <value>}`` of an option: paths normalized, each named once,
+    values parsed by ``parse_value(path, value)``, at least one stream."""
+    try:
+        document = json.loads(raw)
+    except ValueError as exc:
+        raise OptionError(option, raw, accepted, reason=f"not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise OptionError(option, raw, accepted, reason="not a JSON object")
+    values: dict[str, _V] = {}
+    for key, value in document.items():
+        try:
+            path = normalize_path(key)
+        except ValueError as exc:
+            raise OptionError(option, raw, accepted, reason=str(exc)) from None
+        if path in values:
+            raise OptionError(option, raw, accepted, reason=f"stream {path!r} is listed twice")
+        values[path] = parse_value(path, value)
+    if not values:
+        raise OptionError(option, raw, accepted, reason="the JSON object names no stream")
+    return values
+
+
+def with_timestamps(
+    base: OffsetSpec,
+    instants: dict[str, int],
+    *,
+    option: str,
+    raw: str | None,
+    base_option: str,
+    ending: bool,
+) -> SpecificSpec:
+    """``base`` (from startingOffsets/endingOffsets) with the per-stream instants of ``option`` on top.
+    A stream named by both is refused: which one was meant cannot be guessed."""
+    if isinstance(base, SpecificSpec):
+        both = sorted(set(base.paths) & set(instants))
+        if both:
+            raise OptionError(
+                option,
+                raw,
+                f"instants only for streams that '{base_option}' does not name",
+                reason=f"stream(s) {', '.join(repr(p) for p in both)} are in both options",
+            )
+        offsets = dict(base.offsets)
+        unlisted = base.unlisted
+    else:
+        offsets = {}
+        unlisted = LATEST if isinstance(base, LatestSpec) or ending else EARLIEST
+    offsets.update({path: at_timestamp(ms) for path, ms in instants.items()})
+    return SpecificSpec(tuple(sorted(offsets.items())), unlisted=unlisted)
 
 
 def check_spec_paths(

@@ -5,6 +5,8 @@
 - ``ranges_between``: the per-stream ranges ``[start, end)`` a micro-batch reads, from Spark's two offsets.
   A pure function of its inputs: this is what makes ``partitions(start, end)`` replay-deterministic.
 - ``batch_ranges``: the same for ``spark.read`` from ``startingOffsets``/``endingOffsets``.
+- ``batch_due``: whether a trigger under ``minMessagesPerTrigger``/``minBytesPerTrigger`` plans a batch
+  now or waits (``maxTriggerDelay``), from the lag and the last batch's time.
 - ``allocate``: splits a per-trigger budget (messages or bytes) across streams in proportion to their lag,
   exactly (largest remainder, ties by path), so the total never exceeds the limit.
 - ``part_counts`` and ``split_points``: how many tasks each range gets (``maxBytesPerPartition``,
@@ -27,6 +29,7 @@ from durastream_spark.source.offsets import (
     OffsetSpec,
     SourceOffset,
     SpecificSpec,
+    is_symbolic,
     offset_after,
 )
 
@@ -91,7 +94,7 @@ def plan_next_end(
         explicit = start.get(path) is not None
         tail = tails.get(path)
         if tail is None:
-            if value in (EARLIEST, LATEST):
+            if value == EARLIEST or is_symbolic(value):
                 if explicit and value == EARLIEST:
                     plan.fixed[path] = EARLIEST  # not created yet: it will start at its beginning
                 continue
@@ -108,14 +111,16 @@ def plan_next_end(
             continue  # dropped from the offset: if it is created again, it is read from its beginning
         if target is not None and path not in target:
             # Appeared after Trigger.AvailableNow fixed its target: it waits for the next query run.
-            if value != LATEST and explicit:
+            if not is_symbolic(value) and explicit:
                 plan.fixed[path] = value
             continue
         cap = tail
         if target is not None and offset_after(tail, target[path]):
             cap = target[path]
-        if value == LATEST:
-            plan.fixed[path] = cap  # batch 0 of startingOffsets=latest: resolve, read nothing
+        if is_symbolic(value):
+            # Batch 0 of startingOffsets=latest: resolve, read nothing. (An instant the caller could
+            # not resolve was reported as lost; it is resolved to the same point.)
+            plan.fixed[path] = cap
         elif value == EARLIEST:
             plan.pending.append(StreamRange(path, EARLIEST, cap))
         elif offset_after(value, tail):
@@ -152,7 +157,7 @@ def ranges_between(
         if end_value in (EARLIEST, LATEST):
             continue
         begin = start.start_of(path)
-        if begin in (LATEST, end_value):
+        if begin == end_value or is_symbolic(begin):
             continue
         if begin != EARLIEST and offset_after(begin, end_value):
             losses.append(
@@ -176,9 +181,12 @@ def batch_ranges(
     *,
     starting_raw: str | None = None,
     ending_raw: str | None = None,
+    starting_option: str = "startingOffsets",
+    ending_option: str = "endingOffsets",
 ) -> list[StreamRange]:
-    """``spark.read`` ranges from the two specs and the current tails. Raises ``OptionError`` when a spec
-    names an offset past a stream's tail or a start after its end."""
+    """``spark.read`` ranges from the two specs (instants already resolved) and the current tails. Raises
+    ``OptionError`` (naming ``starting_option``/``ending_option``) when a spec names an offset past a
+    stream's tail or a start after its end."""
     ranges: list[StreamRange] = []
     for path in sorted(tails):
         tail = tails[path]
@@ -186,24 +194,24 @@ def batch_ranges(
         finish = _resolve_end(ending, path, tail)
         if offset_after(finish, tail):
             raise OptionError(
-                "endingOffsets",
+                ending_option,
                 ending_raw,
                 f"offsets at or before each stream's tail (stream {path!r}: {tail})",
                 reason=f"stream {path!r} ends at {finish}, past its tail {tail}",
             )
         if begin != EARLIEST and offset_after(begin, tail):
             raise OptionError(
-                "startingOffsets",
+                starting_option,
                 starting_raw,
                 f"offsets at or before each stream's tail (stream {path!r}: {tail})",
                 reason=f"stream {path!r} starts at {begin}, past its tail {tail}",
             )
         if begin != EARLIEST and offset_after(begin, finish):
             raise OptionError(
-                "startingOffsets",
+                starting_option,
                 starting_raw,
                 "a start at or before the end of each stream",
-                reason=f"stream {path!r} starts at {begin}, after its end {finish} (endingOffsets)",
+                reason=f"stream {path!r} starts at {begin}, after its end {finish} ({ending_option})",
             )
         if begin != finish:
             ranges.append(StreamRange(path, begin, finish))
@@ -231,6 +239,30 @@ def _resolve_end(spec: OffsetSpec, path: str, tail: str) -> str:
 # --------------------------------------------------------------------------------------------------------
 # Admission control
 # --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TriggerMinimum:
+    """``minMessagesPerTrigger`` / ``minBytesPerTrigger`` (either may be None) and ``maxTriggerDelay``."""
+
+    messages: int | None
+    bytes: int | None
+    max_delay_ms: int
+
+
+def batch_due(
+    lags: Mapping[str, RangeSize], minimum: TriggerMinimum, last_batch_ms: int | None, now_ms: int
+) -> bool:
+    """Whether the trigger plans a batch: enough is waiting (either minimum reached), or the delay has
+    passed since the last batch (``last_batch_ms``; None: there was none, so the first batch of a new
+    query is not held back, like Kafka's). Otherwise the trigger skips the batch."""
+    waiting_messages = sum(size.messages for size in lags.values())
+    waiting_bytes = sum(size.bytes for size in lags.values())
+    if minimum.messages is not None and waiting_messages >= minimum.messages:
+        return True
+    if minimum.bytes is not None and waiting_bytes >= minimum.bytes:
+        return True
+    return last_batch_ms is None or now_ms - last_batch_ms >= minimum.max_delay_ms
 
 
 def allocate(lags: Mapping[str, int], limit: int | None) -> dict[str, int]:

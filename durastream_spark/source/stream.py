@@ -7,8 +7,11 @@ follows (Spark >= 4.2):
    symbolic here).
 2. ``latestOffset(start, limit)``: one snapshot of the streams (tails, closure), then the end of the next
    batch: every stream up to its tail, or, under ``maxMessagesPerTrigger``/``maxBytesPerTrigger``, up to the
-   message boundary the server's limit lookup finds for the stream's share of the budget. Gone streams are
-   reported through the data-loss choke point here, before Spark writes the end to its offset log.
+   message boundary the server's limit lookup finds for the stream's share of the budget. Under
+   ``minMessagesPerTrigger``/``minBytesPerTrigger`` it returns the start unchanged (no batch) until a
+   minimum waits or ``maxTriggerDelay`` has passed since the last batch (whose time the end offset
+   carries). Streams that start at an instant are looked up first (``time_resolution.py``). Gone streams
+   are reported through the data-loss choke point here, before Spark writes the end to its offset log.
 3. ``partitions(start, end)``: a pure plan of ``[start, end)`` per stream (``planner.ranges_between``), cut
    into tasks (``partitions.py``). It does not look at the current tails at all, so a replay after a
    failure or restart reads exactly the same messages, whatever was appended since.
@@ -26,7 +29,9 @@ the per-trigger limits are refused when the query starts, and deleted streams ar
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -34,18 +39,20 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from durastream_spark import compat
+from durastream_spark.boundary import spark_entry_points
 from durastream_spark.errors import (
     EndBeyondTail,
     ExtensionNotSupported,
     OptionError,
     StreamGone,
     StreamNotFound,
+    stream_root_hint,
 )
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.extensions import LIMIT_LOOKUP
 from durastream_spark.source.arrow import OutputLayout
 from durastream_spark.source.data_loss import DataLossReporter
-from durastream_spark.source.discovery import StreamCatalog, StreamState
+from durastream_spark.source.discovery import StreamCatalog, StreamState, check_pattern_supported
 from durastream_spark.source.fallback import delete_pin, pin_path
 from durastream_spark.source.offsets import (
     DEFAULT_KEY,
@@ -55,13 +62,11 @@ from durastream_spark.source.offsets import (
     LatestSpec,
     SourceOffset,
     SpecificSpec,
+    TimestampSpec,
     is_token,
     offset_after,
 )
 from durastream_spark.source.options import (
-    ENDING_OFFSETS,
-    MAX_BYTES_PER_TRIGGER,
-    MAX_MESSAGES_PER_TRIGGER,
     STARTING_OFFSETS,
     SourceOptions,
 )
@@ -70,15 +75,21 @@ from durastream_spark.source.planner import (
     LossNotice,
     RangeSize,
     StreamRange,
+    TriggerMinimum,
     allocate,
+    batch_due,
     plan_next_end,
     ranges_between,
 )
+from durastream_spark.source.progress import BatchSummary, Lag
 from durastream_spark.source.scan import RangeScanner
+from durastream_spark.source.time_resolution import TimeResolver
 
 log = logging.getLogger(__name__)
 
 _SIZE_CACHE_LIMIT = 4096
+_PLANNED_LAG_KEPT = 16  # Spark plans the next batch before committing the last: a few ends suffice
+_MISSING_NAMED = 10  # missing streams named in the start-up warning; the rest are counted
 
 
 def initial_offset(options: SourceOptions) -> SourceOffset:
@@ -88,26 +99,31 @@ def initial_offset(options: SourceOptions) -> SourceOffset:
     if selection.pattern is not None:
         if isinstance(spec, LatestSpec):
             return SourceOffset((), LATEST)
+        if isinstance(spec, TimestampSpec):
+            return SourceOffset((), spec.value)
         if isinstance(spec, SpecificSpec):
-            return SourceOffset.of(dict(spec.offsets))
+            return SourceOffset.of(dict(spec.offsets), spec.unlisted)
         return SourceOffset()
     if isinstance(spec, EarliestSpec):
         return SourceOffset.of(dict.fromkeys(selection.streams, EARLIEST))
     if isinstance(spec, LatestSpec):
         return SourceOffset.of(dict.fromkeys(selection.streams, LATEST))
+    if isinstance(spec, TimestampSpec):
+        return SourceOffset.of(dict.fromkeys(selection.streams, spec.value))
     assert isinstance(spec, SpecificSpec)
     return SourceOffset.of({path: spec.value_for(path) for path in selection.streams})
 
 
+@spark_entry_points
 class _StreamReaderBase(DataSourceStreamReader):
     """Everything but the version-specific ``latestOffset`` signature."""
 
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         if options.ending_given:
             raise OptionError(
-                ENDING_OFFSETS,
-                options.ending_text,
-                "endingOffsets only for batch reads (spark.read)",
+                options.ending_option,
+                options.ending_time_text if options.ending_time_option else options.ending_text,
+                f"{options.ending_option} only for batch reads (spark.read)",
                 reason="a streaming query has no end; use Trigger.AvailableNow to stop at the current tails",
             )
         self.options = options
@@ -133,15 +149,23 @@ class _StreamReaderBase(DataSourceStreamReader):
     def initialOffset(self) -> dict:
         return initial_offset(self.options).to_dict()
 
-    def _next_end(self, start: dict, max_messages: int | None, max_bytes: int | None) -> dict:
+    def _next_end(
+        self,
+        start: dict,
+        max_messages: int | None,
+        max_bytes: int | None,
+        minimum: TriggerMinimum | None = None,
+    ) -> dict:
         return self.driver.next_end(
-            SourceOffset.from_dict(start), max_messages, max_bytes
+            SourceOffset.from_dict(start), max_messages, max_bytes, minimum
         ).to_dict()
 
     def _all_tails(self) -> dict:
         """Spark 4.0/4.1: no start offset given; every stream's tail (streams never seen start at 0)."""
         states = self.driver.snapshot()
-        return SourceOffset.of({path: state.tail for path, state in states.items()}).to_dict()
+        end = SourceOffset.of({path: state.tail for path, state in states.items()})
+        self.driver.remember_lag(end, Lag.of({}))  # the batch ends at the tails seen just now
+        return end.to_dict()
 
     def reportLatestOffset(self) -> dict | None:
         tails = self.driver.latest_tails
@@ -182,6 +206,7 @@ class _DriverState:
             exclude_prefix=options.pin_prefix,
         )
         self.partitioner = Partitioner(options, self.client, layout, data_loss)
+        self.times = TimeResolver(options, self.client)
         self.target: dict[str, str] | None = None
         self.latest_tails: dict[str, str] | None = None
         self.content_types: dict[str, str] = {}
@@ -189,7 +214,13 @@ class _DriverState:
         self.sizes: dict[tuple[str, str, str], RangeSize] = {}
         self.reported: set[tuple[str, str | None, str | None]] = set()
         self.pins: set[tuple[str, str, str]] = set()
+        self.started_ms = int(time.time() * 1000)
+        # batch end (its positions) -> the lag measured when it was planned (progress.py)
+        self.planned_lag: dict[tuple[tuple[str, str], ...], Lag] = {}
+        self.last_batch: BatchSummary | None = None
         self._checked_extensions = False
+        self._checked_missing = False
+        self._warned_unlimited = False
 
     # ---- capabilities -----------------------------------------------------------------------------------
 
@@ -197,26 +228,9 @@ class _DriverState:
         """Refuse, at query start, what this server cannot do (named by option)."""
         if self._checked_extensions:
             return
-        extensions = self.client.extensions()
-        if self.options.selection.is_pattern and not extensions.listing:
-            raise ExtensionNotSupported(
-                "listing",
-                self.options.connection.url,
-                f"discover the streams matching pattern {self.options.selection.pattern!r}; list the "
-                "streams with option 'streams' instead",
-            )
-        if self.options.has_trigger_limits and not extensions.limit_lookup:
-            option = (
-                MAX_MESSAGES_PER_TRIGGER
-                if self.options.max_messages_per_trigger is not None
-                else MAX_BYTES_PER_TRIGGER
-            )
-            raise ExtensionNotSupported(
-                LIMIT_LOOKUP,
-                self.options.connection.url,
-                f"honour option '{option}' (finding the message boundary that ends a limited batch "
-                "needs it); remove the option to read everything available per trigger",
-            )
+        if self.options.selection.pattern is not None:
+            check_pattern_supported(self.client, self.options.selection.pattern)
+        self.times.check_supported()
         self._checked_extensions = True
 
     # ---- snapshots --------------------------------------------------------------------------------------
@@ -224,6 +238,9 @@ class _DriverState:
     def snapshot(self) -> dict[str, StreamState]:
         self.check_capabilities()
         states = self.catalog.snapshot()
+        if not self._checked_missing:
+            self._checked_missing = True
+            self.warn_missing(states)
         for path, state in states.items():
             self.content_types[path] = state.content_type
             if state.closed:
@@ -232,6 +249,25 @@ class _DriverState:
                 self.finished.pop(path, None)
         self.latest_tails = {path: state.tail for path, state in states.items()}
         return states
+
+    def warn_missing(self, states: dict[str, StreamState]) -> None:
+        """Once per query run: name the listed streams that do not exist (yet). Not an error, as in
+        Kafka: a stream created later is read from its beginning; but a typo would read nothing, forever."""
+        missing = [path for path in self.options.selection.streams if path not in states]
+        if not missing:
+            return
+        url = self.options.connection.url
+        shown = ", ".join(repr(path) for path in missing[:_MISSING_NAMED])
+        if len(missing) > _MISSING_NAMED:
+            shown += f" and {len(missing) - _MISSING_NAMED} more"
+        fix = stream_root_hint(url) or "check the names if that is not expected"
+        log.warning(
+            "Stream(s) %s (option 'streams') do not exist under %s: the query reads each one from its "
+            "beginning once it is created; %s.",
+            shown,
+            url,
+            fix,
+        )
 
     def prepare_available_now(self) -> None:
         states = self.snapshot()
@@ -243,21 +279,84 @@ class _DriverState:
     # ---- ends -------------------------------------------------------------------------------------------
 
     def next_end(
-        self, start: SourceOffset, max_messages: int | None, max_bytes: int | None
+        self,
+        start: SourceOffset,
+        max_messages: int | None,
+        max_bytes: int | None,
+        minimum: TriggerMinimum | None = None,
     ) -> SourceOffset:
+        """The end of the next batch, or ``start`` itself (no new data for Spark) when ``minimum`` says
+        the trigger waits. ``Trigger.AvailableNow`` ignores the minimum: its run must end."""
         states = self.snapshot()
         tails = {path: state.tail for path, state in states.items()}
-        plan = plan_next_end(start, tails, self.target, self.finished)
+        resolved, gone = self.times.resolve_starts(
+            start, tails, apply_strategy=True, on_loss=self.report_loss
+        )
+        for path in gone:
+            del tails[path]
+        plan = plan_next_end(resolved, tails, self.target, self.finished)
         self.check_starting_offsets(start, plan.losses)
         for loss in plan.losses:
             self.report(loss)
+        waits = minimum is not None and self.target is None
+        limited = max_messages is not None or max_bytes is not None
+        if (waits or limited) and not self.client.extensions().limit_lookup:
+            waits = limited = self.without_limit_lookup()
+        lags = self.measure(plan.pending) if plan.pending and (waits or limited) else None
+        now_ms = int(time.time() * 1000)
+        if waits and not batch_due(lags or {}, minimum, self.last_batch_ms(start), now_ms):
+            log.debug("below %s: waiting for more data or maxTriggerDelay", minimum)
+            return start  # unchanged: Spark sees no new data and asks again next trigger
         ends = dict(plan.fixed)
-        if plan.pending:
-            if max_messages is None and max_bytes is None:
-                ends.update({item.stream: item.end for item in plan.pending})
-            else:
-                ends.update(self.admit(plan.pending, max_messages, max_bytes))
-        return SourceOffset.of(ends)
+        behind: dict[
+            str, RangeSize
+        ] = {}  # stays empty without a limit: every stream read to its tail
+        pending = [item for item in plan.pending if lags is None or item.stream in lags]
+        if pending and lags is not None and limited:
+            ends.update(self.admit(pending, lags, max_messages, max_bytes, behind))
+        else:
+            ends.update({item.stream: item.end for item in pending})
+        end = SourceOffset.of(ends)
+        self.remember_lag(end, Lag.of(behind))
+        if minimum is None:
+            return end
+        if end.same_positions(start):
+            return start
+        return replace(end, batch_ms=now_ms)
+
+    def without_limit_lookup(self) -> bool:
+        """The per-trigger options on a server without limit lookups (nothing can count what waits or
+        find where a limited batch ends). ``Trigger.AvailableNow`` reads up to its target in one batch
+        instead (it must end, and that is what Spark 4.0/4.1 do with it); any other trigger is refused.
+        Returns False: no limit is applied."""
+        option = self.options.trigger_limit_options()[0][0]
+        if self.target is None:
+            raise ExtensionNotSupported(
+                LIMIT_LOOKUP,
+                self.options.connection.url,
+                f"honour option '{option}' (counting what waits in each stream and finding the "
+                "message boundary that ends a limited batch need it); remove the option to read "
+                "everything available per trigger, or use Trigger.AvailableNow",
+            )
+        if not self._warned_unlimited:
+            log.warning(
+                "%s does not advertise the '%s' extension: Trigger.AvailableNow reads everything up "
+                "to its target in one batch, without option '%s'",
+                self.options.connection.url,
+                LIMIT_LOOKUP,
+                option,
+            )
+            self._warned_unlimited = True
+        return False
+
+    def last_batch_ms(self, start: SourceOffset) -> int | None:
+        """When the batch that ended at ``start`` was planned: from the offset (so it survives restarts);
+        None for a new query; this run's start for a checkpoint written without batch times."""
+        if start.batch_ms is not None:
+            return start.batch_ms
+        if start == initial_offset(self.options):
+            return None
+        return self.started_ms
 
     def check_starting_offsets(self, start: SourceOffset, losses: list[LossNotice]) -> None:
         """Nothing was read yet: an offset the stream does not have is a wrong option, not a loss."""
@@ -271,10 +370,9 @@ class _DriverState:
                 + (f"its tail is {loss.end}" if loss.end else "the stream does not exist"),
             )
 
-    def admit(
-        self, pending: list[StreamRange], max_messages: int | None, max_bytes: int | None
-    ) -> dict[str, str]:
-        """Ends of ``pending`` ranges within the per-trigger budget, shared in proportion to lag."""
+    def measure(self, pending: list[StreamRange]) -> dict[str, RangeSize]:
+        """Each pending range's messages and bytes (one limit lookup each); unreadable ranges are
+        reported as lost and left out."""
         lags: dict[str, RangeSize] = {}
         for item in pending:
             try:
@@ -283,6 +381,19 @@ class _DriverState:
                 self.report(LossNotice(item.stream, item.start, item.end, f"not readable: {error}"))
                 continue
             lags[item.stream] = RangeSize(found.messages, found.bytes)
+        return lags
+
+    def admit(
+        self,
+        pending: list[StreamRange],
+        lags: dict[str, RangeSize],
+        max_messages: int | None,
+        max_bytes: int | None,
+        behind: dict[str, RangeSize] | None = None,
+    ) -> dict[str, str]:
+        """Ends of ``pending`` ranges within the per-trigger budget, shared in proportion to lag.
+        ``behind`` receives what each stream has left after its share (the lag after the batch)."""
+        behind = {} if behind is None else behind
         message_shares = allocate({p: s.messages for p, s in lags.items()}, max_messages)
         byte_shares = allocate({p: s.bytes for p, s in lags.items()}, max_bytes)
         ends: dict[str, str] = {}
@@ -298,6 +409,7 @@ class _DriverState:
             if messages == 0 or size == 0:
                 # No share this trigger; an EARLIEST start stays "nothing read yet".
                 ends[item.stream] = item.start
+                behind[item.stream] = lag
                 continue
             found = self.client.lookup_limit(
                 item.stream,
@@ -307,11 +419,17 @@ class _DriverState:
                 end=item.end,
             )
             ends[item.stream] = found.end
+            behind[item.stream] = RangeSize(lag.messages - found.messages, lag.bytes - found.bytes)
             self.remember_size(
                 StreamRange(item.stream, item.start, found.end),
                 RangeSize(found.messages, found.bytes),
             )
         return ends
+
+    def remember_lag(self, end: SourceOffset, lag: Lag) -> None:
+        if len(self.planned_lag) >= _PLANNED_LAG_KEPT:
+            self.planned_lag.pop(next(iter(self.planned_lag)))
+        self.planned_lag[end.positions] = lag
 
     def remember_size(self, item: StreamRange, size: RangeSize) -> None:
         if len(self.sizes) > _SIZE_CACHE_LIMIT:
@@ -322,6 +440,15 @@ class _DriverState:
 
     def partitions(self, start: SourceOffset, end: SourceOffset) -> list:
         self.check_capabilities()
+        initial = start
+        # Starts at an instant, bounded by this batch's end: a replay finds the same message. The
+        # strategy was applied when the end was planned, except on Spark 4.0/4.1 (no start offset there).
+        start, _ = self.times.resolve_starts(
+            start,
+            end.as_dict(),
+            apply_strategy=not compat.HAS_ADMISSION_CONTROL,
+            on_loss=self.report_loss,
+        )
         ranges, losses = ranges_between(start, end)
         for path, value in start.positions:
             if is_token(value) and end.get(path) is None and self.finished.get(path) != value:
@@ -329,14 +456,19 @@ class _DriverState:
                     LossNotice(path, value, None, "the stream is gone (deleted or expired)")
                 )
         # Spark 4.0/4.1 plan without a start offset (latestOffset() has none): the option is checked here.
-        self.check_starting_offsets(start, losses)
+        self.check_starting_offsets(initial, losses)
         for loss in losses:
             self.report(loss)
         if any(item.stream not in self.content_types for item in ranges):
             self.snapshot()  # after a restart: learn the content types
-        return self.partitioner.partitions(
+        planned = self.partitioner.partitions(
             ranges, self.content_types, self.sizes, on_pin=self.remember_pin
         )
+        if ranges:
+            behind = self.planned_lag.get(end.positions)
+            self.last_batch = BatchSummary.of(ranges, len(planned), self.sizes, behind)
+            log.info("%s", self.last_batch.describe())
+        return planned
 
     def remember_pin(self, stream: str, end: str, prefix: str) -> None:
         self.pins.add((stream, end, prefix))
@@ -353,6 +485,9 @@ class _DriverState:
         self.pins -= done
         if len(self.sizes) > _SIZE_CACHE_LIMIT // 2:
             self.sizes.clear()
+
+    def report_loss(self, stream: str, start: str | None, end: str | None, reason: str) -> None:
+        self.report(LossNotice(stream, start, end, reason))
 
     def report(self, loss: LossNotice) -> None:
         key = (loss.stream, loss.start, loss.end)
@@ -371,53 +506,71 @@ if compat.HAS_ADMISSION_CONTROL:
         ReadLimit,
         ReadMaxBytes,
         ReadMaxRows,
+        ReadMinRows,
         SupportsTriggerAvailableNow,
     )
 
+    @spark_entry_points
     class DurableStreamStreamReader(_StreamReaderBase, SupportsTriggerAvailableNow):
         """Stream reader with admission control and ``Trigger.AvailableNow`` (Spark >= 4.2)."""
 
         def getDefaultReadLimit(self) -> ReadLimit:
+            """Spark carries one limit object and hands it back to ``latestOffset``; the source applies
+            every per-trigger option itself, so any limit but ``ReadAllAvailable`` stands for all of
+            them (``minBytesPerTrigger`` alone travels as ``ReadMinRows(1)``)."""
             self.driver.check_capabilities()
-            if self.options.max_messages_per_trigger is not None:
-                return ReadMaxRows(self.options.max_messages_per_trigger)
-            if self.options.max_bytes_per_trigger is not None:
-                return ReadMaxBytes(self.options.max_bytes_per_trigger)
+            options = self.options
+            if options.max_messages_per_trigger is not None:
+                return ReadMaxRows(options.max_messages_per_trigger)
+            if options.max_bytes_per_trigger is not None:
+                return ReadMaxBytes(options.max_bytes_per_trigger)
+            if options.has_trigger_minimum:
+                return ReadMinRows(options.min_messages_per_trigger or 1)
             return ReadAllAvailable()
 
         def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-            max_messages, max_bytes = self._limits(limit)
-            return self._next_end(start, max_messages, max_bytes)
-
-        def _limits(self, limit: ReadLimit) -> tuple[int | None, int | None]:
-            """The engine's limit wins (``ReadAllAvailable`` ignores the options); a row or byte limit from
-            ``getDefaultReadLimit`` is combined with the other option, since Spark carries only one."""
-            if isinstance(limit, ReadMaxRows):
-                return limit.max_rows, self.options.max_bytes_per_trigger
-            if isinstance(limit, ReadMaxBytes):
-                return self.options.max_messages_per_trigger, limit.max_bytes
-            return None, None
+            if isinstance(limit, ReadAllAvailable):  # the engine's word (Trigger.Once): no limit
+                return self._next_end(start, None, None)
+            options = self.options
+            minimum = None
+            if options.has_trigger_minimum:
+                minimum = TriggerMinimum(
+                    options.min_messages_per_trigger,
+                    options.min_bytes_per_trigger,
+                    options.max_trigger_delay_ms,
+                )
+            return self._next_end(
+                start,
+                limit.max_rows
+                if isinstance(limit, ReadMaxRows)
+                else options.max_messages_per_trigger,
+                limit.max_bytes
+                if isinstance(limit, ReadMaxBytes)
+                else options.max_bytes_per_trigger,
+                minimum,
+            )
 
         def prepareForTriggerAvailableNow(self) -> None:
             self.driver.prepare_available_now()
 
 else:  # Spark 4.0 / 4.1
 
+    @spark_entry_points
     class DurableStreamStreamReader(_StreamReaderBase):  # type: ignore[no-redef]
         """Stream reader without admission control (Spark 4.0/4.1): every batch reads all available."""
 
         def __init__(self, options: SourceOptions, schema: StructType) -> None:
-            if options.has_trigger_limits:
-                option = (
-                    MAX_MESSAGES_PER_TRIGGER
-                    if options.max_messages_per_trigger is not None
-                    else MAX_BYTES_PER_TRIGGER
-                )
+            limits = options.trigger_limit_options()
+            if limits:
+                option, value = limits[0]
                 raise OptionError(
                     option,
-                    str(options.max_messages_per_trigger or options.max_bytes_per_trigger),
+                    value,
                     "no per-trigger limit on this Spark version",
-                    reason="admission control for Python sources needs Spark >= 4.2",
+                    reason=(
+                        "admission control for Python sources needs Spark >= 4.2; remove the "
+                        "option (every trigger then reads everything available) or upgrade Spark"
+                    ),
                 )
             super().__init__(options, schema)
 

@@ -1,5 +1,10 @@
 """``durastream-server``: command-line entry point.
 
+Every flag can also come from an environment variable, ``DURASTREAM_`` and the flag's name in capitals with
+``_`` for ``-`` (``--data-dir`` is ``DURASTREAM_DATA_DIR``), as ``PGDATA`` configures Postgres: containers
+and service managers set variables more easily than arguments. The variables are derived from the argparse
+definitions (``environment.py``), so a new flag gets one without further code, and ``--help`` shows each.
+
 Exit codes: 0 after a clean shutdown (SIGTERM/SIGINT), 2 for a usage error (argparse's convention, also
 used when the data directory is locked by another server: the operator asked for something that cannot
 be), 1 for any other startup failure.
@@ -10,10 +15,11 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import signal
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from durastream_server import __version__
@@ -35,12 +41,15 @@ from durastream_server.config import (
     DEFAULT_LONG_POLL_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_MESSAGES_PER_REQUEST,
     DEFAULT_MAX_STAGED_BYTES,
+    DEFAULT_MIN_BODY_BYTES_PER_SECOND,
     DEFAULT_PORT,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     DEFAULT_SSE_RECONNECT_SECONDS,
     WEBHOOK_LOCALHOST_CHOICES,
     ServerConfig,
+    normalize_public_url,
 )
 from durastream_server.engine.producer_sweep import (
     DEFAULT_EXPIRY_SECONDS,
@@ -48,7 +57,12 @@ from durastream_server.engine.producer_sweep import (
     DEFAULT_QUIET_SECONDS,
     ProducerPolicy,
 )
+from durastream_server.environment import parse_with_environment, with_environment
 from durastream_server.http.cors import normalize_origin
+from durastream_server.http.hosts import normalize_allowed_host
+from durastream_server.http.paths import STREAM_ROOT
+from durastream_server.logformat import FORMAT, EscapingFormatter
+from durastream_server.sizes import format_byte_size, parse_byte_size
 from durastream_server.storage.datadir import AlreadyLocked, Durability
 
 EXIT_OK = 0
@@ -108,10 +122,35 @@ def _origin(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _public_url(text: str) -> str:
+    try:
+        return normalize_public_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _allowed_host(text: str) -> str:
+    try:
+        return normalize_allowed_host(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _byte_size(text: str) -> int:
+    """A positive byte size: ``67108864``, ``64m``, ``1g`` (the grammar of ``sizes.py``, as the connector's)."""
+    try:
+        value = parse_byte_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive byte size, got {text!r}")
+    return value
+
+
 def _min_header_bytes(text: str) -> int:
-    value = _positive_int(text)
+    value = _byte_size(text)
     if value < 1024:
-        raise argparse.ArgumentTypeError(f"expected at least 1024 bytes, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected at least 1k (1024 bytes), got {text!r}")
     return value
 
 
@@ -145,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"port to listen on, 0 = any free port (default: {DEFAULT_PORT})",
     )
     parser.add_argument(
+        "--public-url",
+        type=_public_url,
+        metavar="URL",
+        help="the server's base URL as clients and webhook receivers reach it, e.g. "
+        "https://streams.example.com (http or https, optional path prefix, no query); subscription "
+        "callback and JWKS URLs are built from it, never from a request's Host header "
+        "(default: the listening address, http(s)://HOST:PORT)",
+    )
+    parser.add_argument(
         "--long-poll-timeout",
         type=_positive_seconds,
         default=DEFAULT_LONG_POLL_TIMEOUT,
@@ -153,10 +201,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-body-bytes",
-        type=_positive_int,
+        type=_byte_size,
         default=DEFAULT_MAX_BODY_BYTES,
         metavar="BYTES",
-        help=f"largest accepted request body; larger ones get 413 (default: {DEFAULT_MAX_BODY_BYTES})",
+        help="largest accepted request body; larger ones get 413 "
+        f"(default: {format_byte_size(DEFAULT_MAX_BODY_BYTES)})",
+    )
+    parser.add_argument(
+        "--max-messages-per-request",
+        type=_positive_int,
+        default=DEFAULT_MAX_MESSAGES_PER_REQUEST,
+        metavar="COUNT",
+        help="most messages (JSON array elements) one append or stage may carry; more get 413 "
+        f"(default: {DEFAULT_MAX_MESSAGES_PER_REQUEST})",
     )
     parser.add_argument(
         "--durability",
@@ -167,10 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--chunk-bytes",
-        type=_positive_int,
+        type=_byte_size,
         default=DEFAULT_CHUNK_BYTES,
         metavar="BYTES",
-        help=f"largest catch-up response body (default: {DEFAULT_CHUNK_BYTES})",
+        help=f"largest catch-up response body (default: {format_byte_size(DEFAULT_CHUNK_BYTES)})",
     )
     parser.add_argument(
         "--sse-reconnect-seconds",
@@ -188,11 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-staged-bytes",
-        type=_positive_int,
+        type=_byte_size,
         default=DEFAULT_MAX_STAGED_BYTES,
         metavar="BYTES",
-        help="largest payload one staged-append handle may hold; more gets 413 "
-        f"(default: {DEFAULT_MAX_STAGED_BYTES})",
+        help="largest payload one staged-append handle may hold, each message counting 24 bytes "
+        f"more; more gets 413 (default: {format_byte_size(DEFAULT_MAX_STAGED_BYTES)})",
     )
     producers = parser.add_argument_group(
         "producer state",
@@ -205,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_QUIET_SECONDS,
         metavar="SECONDS",
         help="after this long without a request, a producer's request digests are shortened to 8 "
-        f"bytes (default: {DEFAULT_QUIET_SECONDS:g}, a day)",
+        f"bytes (default: {DEFAULT_QUIET_SECONDS}, a day)",
     )
     producers.add_argument(
         "--producer-expiry-seconds",
@@ -214,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="after this long without a request, a producer is forgotten: a later request of it is a "
         "new producer, or 409 PRODUCER_FORGOTTEN for clients that ask (the Spark sink does) "
-        f"(default: {DEFAULT_EXPIRY_SECONDS:g}, 7 days)",
+        f"(default: {DEFAULT_EXPIRY_SECONDS}, 7 days)",
     )
     producers.add_argument(
         "--producer-group-expiry-seconds",
@@ -222,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_GROUP_EXPIRY_SECONDS,
         metavar="SECONDS",
         help="how long a stream keeps the highest epoch of a group of forgotten producers, which is "
-        f"what PRODUCER_FORGOTTEN is decided by (default: {DEFAULT_GROUP_EXPIRY_SECONDS:g}, 30 days)",
+        f"what PRODUCER_FORGOTTEN is decided by (default: {DEFAULT_GROUP_EXPIRY_SECONDS}, 30 days)",
     )
     security = parser.add_argument_group(
         "security and exposure", "authentication, TLS, CORS and request limits (docs/security.md)"
@@ -256,6 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
         "for any; repeatable (default: loopback origins only)",
     )
     security.add_argument(
+        "--allowed-host",
+        type=_allowed_host,
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="a Host header value the server answers (others get 421; defends against DNS rebinding): "
+        "a name or address, with :PORT for that port only, 'loopback', or '*'; repeatable "
+        "(default: loopback names when listening on loopback, else any)",
+    )
+    security.add_argument(
         "--tls-cert", type=Path, metavar="PEM", help="serve HTTPS with this certificate (chain)"
     )
     security.add_argument("--tls-key", type=Path, metavar="PEM", help="private key for --tls-cert")
@@ -264,23 +331,33 @@ def build_parser() -> argparse.ArgumentParser:
         type=_min_header_bytes,
         default=DEFAULT_MAX_HEADER_BYTES,
         metavar="BYTES",
-        help=f"largest request line plus headers; larger get 431 (default: {DEFAULT_MAX_HEADER_BYTES})",
+        help="largest request line plus headers; larger get 431 "
+        f"(default: {format_byte_size(DEFAULT_MAX_HEADER_BYTES)})",
     )
     security.add_argument(
         "--header-timeout-seconds",
         type=_positive_seconds,
         default=DEFAULT_HEADER_TIMEOUT_SECONDS,
         metavar="SECONDS",
-        help="a request's line and headers must arrive within this, or the connection is closed "
-        f"(default: {DEFAULT_HEADER_TIMEOUT_SECONDS:g})",
+        help="a request's line and headers (and, with TLS, the handshake) must arrive within this, "
+        f"or the connection is closed (default: {DEFAULT_HEADER_TIMEOUT_SECONDS:g})",
     )
     security.add_argument(
         "--body-timeout-seconds",
         type=_positive_seconds,
         default=DEFAULT_BODY_TIMEOUT_SECONDS,
         metavar="SECONDS",
-        help="longest silence while a request body is arriving before the connection is closed "
-        f"(default: {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
+        help="longest silence while a request body is arriving; past it the server answers 408 and "
+        f"closes the connection (default: {DEFAULT_BODY_TIMEOUT_SECONDS:g})",
+    )
+    security.add_argument(
+        "--min-body-bytes-per-second",
+        type=_byte_size,
+        default=DEFAULT_MIN_BODY_BYTES_PER_SECOND,
+        metavar="BYTES",
+        help="after its first --body-timeout-seconds, a request body must arrive at least this fast "
+        "on average, or the connection is closed "
+        f"(default: {format_byte_size(DEFAULT_MIN_BODY_BYTES_PER_SECOND)})",
     )
     security.add_argument(
         "--webhook-localhost",
@@ -296,7 +373,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="INFO",
         help=f"one of {', '.join(LOG_LEVELS)} (default: INFO)",
     )
-    return parser
+    return with_environment(parser)
+
+
+def parse_args(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> argparse.Namespace:
+    """The command line, completed from ``environ`` (``DURASTREAM_*``), then from the defaults."""
+    return parse_with_environment(parser, argv, os.environ if environ is None else environ)
 
 
 def auth_tokens_from_args(args: argparse.Namespace) -> tuple[tuple[AuthToken, ...], list[str]]:
@@ -326,8 +412,10 @@ def config_from_args(
         data_dir=args.data_dir,
         host=args.host,
         port=args.port,
+        public_url=args.public_url,
         long_poll_timeout=args.long_poll_timeout,
         max_body_bytes=args.max_body_bytes,
+        max_messages_per_request=args.max_messages_per_request,
         durability=Durability(args.durability),
         chunk_bytes=args.chunk_bytes,
         sse_reconnect_seconds=args.sse_reconnect_seconds,
@@ -341,12 +429,27 @@ def config_from_args(
         max_header_bytes=args.max_header_bytes,
         header_timeout_seconds=args.header_timeout_seconds,
         body_timeout_seconds=args.body_timeout_seconds,
+        min_body_bytes_per_second=args.min_body_bytes_per_second,
+        allowed_hosts=tuple(args.allowed_host),
         webhook_localhost=args.webhook_localhost,
         producer_policy=ProducerPolicy(
             quiet_seconds=args.producer_quiet_seconds,
             expiry_seconds=args.producer_expiry_seconds,
             group_expiry_seconds=args.producer_group_expiry_seconds,
         ),
+    )
+
+
+def startup_line(config: ServerConfig, bound_url: str) -> str:
+    """The first line on stdout: the stream root first, because it is the connector's ``url`` option.
+
+    ``--public-url`` names the root when set (clients reach the server there); the bound address follows,
+    for whoever reads the line on the host.
+    """
+    root = (config.public_url or bound_url) + STREAM_ROOT
+    return (
+        f"durastream-server {__version__} serving {root} "
+        f"(data dir: {config.data_dir}; listening on {bound_url})"
     )
 
 
@@ -372,11 +475,11 @@ def _warn(message: str) -> None:
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        EscapingFormatter(FORMAT)
+    )  # log lines never carry a client's control chars
+    logging.basicConfig(level=level, handlers=[handler])
 
 
 def _quiet_signals() -> Callable[[], None]:
@@ -392,7 +495,7 @@ def _quiet_signals() -> Callable[[], None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, os.environ)
     try:
         tokens, token_warnings = auth_tokens_from_args(args)
         config = config_from_args(args, tokens)
@@ -427,10 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _warn(warning)
 
     def announce(url: str) -> None:
-        print(
-            f"durastream-server {__version__} listening on {url} (data dir: {config.data_dir})",
-            flush=True,
-        )
+        print(startup_line(config, url), flush=True)
 
     restore = _quiet_signals()
     try:

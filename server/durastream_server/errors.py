@@ -14,6 +14,9 @@ class ProtocolError(Exception):
 
     status: int = 500
     code: str = "INTERNAL"
+    # The answer closes the connection (``Connection: close``): the request body, if any, is left unread,
+    # and reading it only to throw it away would let the client hold the connection while it trickles.
+    closes_connection: bool = False
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -61,6 +64,7 @@ class InvalidParameter(BadRequest):
 class Unauthorized(ProtocolError):
     status = 401
     code = "UNAUTHORIZED"
+    closes_connection = True  # an anonymous client gets nothing more from this connection
 
 
 class StaleEpoch(ProtocolError):
@@ -135,6 +139,14 @@ class Gone(ProtocolError):
 class PayloadTooLarge(ProtocolError):
     status = 413
     code = "PAYLOAD_TOO_LARGE"
+    closes_connection = True  # don't keep reading an oversized body we refused
+
+
+class TooManyMessages(PayloadTooLarge):
+    """A JSON request body with more messages (top-level array elements) than the server accepts per
+    request (``--max-messages-per-request``): its per-message cost, not its size, is over the limit."""
+
+    code = "TOO_MANY_MESSAGES"
 
 
 class UnsupportedMediaType(ProtocolError):

@@ -23,6 +23,7 @@ EXTENSIONS: Final = MappingProxyType(
         "staged-append": 1,
         "payload-digest": 2,  # 2: every seq of the current epoch, and Durastream-Digest on 204s
         "forgotten-producers": 1,
+        "time-lookup": 1,
     }
 )
 

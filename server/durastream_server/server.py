@@ -11,6 +11,8 @@ the lifespan shutdown closes subscriptions, engine and storage, in that order.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import gc
 import importlib.util
 import ipaddress
@@ -26,6 +28,8 @@ from durastream_server.engine.txnapi import TxnLimits
 from durastream_server.http import fastpath
 from durastream_server.http.app import DurastreamApp
 from durastream_server.http.guard import protocol_class
+from durastream_server.http.hosts import is_loopback
+from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.subscriptions.service import SubscriptionService
 
@@ -48,12 +52,16 @@ class Backend:
                 data,
                 txn_limits=TxnLimits(max_handle_bytes=config.max_staged_bytes),
                 producer_policy=config.producer_policy,
+                max_messages_per_request=config.max_messages_per_request,
             )
             await engine.start()
             state_dir = data.meta_path("subscriptions")
             state_dir.mkdir(parents=True, exist_ok=True)
             subscriptions = SubscriptionService(
-                engine, state_dir, allow_local_webhooks=local_webhooks_allowed(config)
+                engine,
+                state_dir,
+                stream_root_url=config.public_base_url + STREAM_ROOT,
+                allow_local_webhooks=local_webhooks_allowed(config),
             )
             await subscriptions.start()
         except BaseException:
@@ -72,17 +80,29 @@ class Backend:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, with two hooks: release live readers first on shutdown, report the bound URL."""
+    """uvicorn's server, with three changes: it listens with a bounded TLS handshake, releases live
+    readers first on shutdown, and reports the bound URL."""
 
     def __init__(
-        self, config: uvicorn.Config, app: DurastreamApp, on_started: Callable[[str], None]
+        self,
+        config: uvicorn.Config,
+        app: DurastreamApp,
+        on_started: Callable[[str], None],
+        handshake_timeout: float,
     ) -> None:
         super().__init__(config)
         self._app = app
         self._on_started = on_started
+        self._handshake_timeout = handshake_timeout
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
+        # uvicorn would listen with asyncio's default TLS handshake timeout of 60 s, and the protocol (so
+        # its header timer, http/guard.py) only sees a connection once the handshake is done: a client
+        # could hold a connection for a minute by never finishing it. So uvicorn runs the lifespan
+        # startup and listens on nothing; the sockets are served here.
+        await super().startup(sockets=[])
+        if self.started and sockets:
+            await self._listen(sockets)
         if self.started:
             # What exists now (modules, the app, recovered streams) lives as long as the server. Move
             # it out of the cyclic GC's reach, so a full collection scans only what requests created:
@@ -91,10 +111,27 @@ class _Server(uvicorn.Server):
             gc.collect()
             gc.freeze()
         if self.started and sockets:
-            host, port = sockets[0].getsockname()[:2]
-            shown = f"[{host}]" if ":" in host else host
-            scheme = "https" if self.config.is_ssl else "http"
-            self._on_started(f"{scheme}://{shown}:{port}")
+            self._on_started(bound_url(sockets[0], tls=self.config.is_ssl))
+
+    async def _listen(self, sockets: list[socket.socket]) -> None:
+        """Serve ``sockets`` as uvicorn does, with the TLS handshake bounded by the header timeout."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=_loop,
+            )
+
+        tls = {"ssl": config.ssl, "ssl_handshake_timeout": self._handshake_timeout}
+        for sock in sockets:
+            server = await loop.create_server(
+                create_protocol, sock=sock, backlog=config.backlog, **(tls if config.ssl else {})
+            )
+            self.servers.append(server)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._app.begin_drain()
@@ -116,11 +153,25 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return host == "localhost"
+def bound_url(sock: socket.socket, *, tls: bool) -> str:
+    """``http(s)://HOST:PORT`` of the address ``sock`` is bound to (a real port, also for port 0)."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    return f"{'https' if tls else 'http'}://{shown}:{port}"
+
+
+def with_public_url(config: ServerConfig, sock: socket.socket) -> ServerConfig:
+    """``config`` with ``public_url`` set: ``--public-url``, else the URL of the bound address."""
+    if config.public_url is not None:
+        return config
+    url = bound_url(sock, tls=config.tls)
+    if ipaddress.ip_address(sock.getsockname()[0].split("%")[0]).is_unspecified:
+        logger.warning(
+            "listening on all addresses without --public-url: subscription callback and JWKS URLs "
+            "will name %s, which webhook receivers cannot reach; set --public-url to the URL they use",
+            url,
+        )
+    return dataclasses.replace(config, public_url=url)
 
 
 def local_webhooks_allowed(config: ServerConfig) -> bool:
@@ -163,6 +214,7 @@ def run(
     config: ServerConfig, sock: socket.socket, on_started: Callable[[str], None]
 ) -> DurastreamApp:
     """Serve until a shutdown signal. Returns the app so the caller can inspect ``startup_error``."""
+    config = with_public_url(config, sock)
     app = build_app(config)
     uv_config = uvicorn.Config(
         app,
@@ -178,7 +230,7 @@ def run(
         ssl_certfile=None if config.tls_certfile is None else str(config.tls_certfile),
         ssl_keyfile=None if config.tls_keyfile is None else str(config.tls_keyfile),
     )
-    server = _Server(uv_config, app, on_started)
+    server = _Server(uv_config, app, on_started, config.header_timeout_seconds)
     try:
         server.run(sockets=[sock])
     except SystemExit:

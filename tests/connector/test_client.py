@@ -316,6 +316,27 @@ def test_listing_pages(client: StreamClient) -> None:
     assert one_level == names[:2]
 
 
+def test_listing_follows_pages_that_found_nothing(server_factory) -> None:
+    """A page that examined its allowance (limit + 1000 paths) without a match is empty but has a
+    ``next``: the client keeps going until ``next`` is null."""
+    server = server_factory(extra_args=["--durability", "none"])
+    client = StreamClient(ConnectionOptions.parse({"url": root_of(server)}))
+    prefix = "sparse/"
+    with requests.Session() as session:
+        for n in range(1050):
+            url = server.stream_url(f"{prefix}pad/{n:04d}")
+            assert session.put(url, timeout=30).status_code == 201
+    client.create(prefix + "zz/hit", JSON)
+    first = requests.get(
+        root_of(server) + ext.LISTING_PATH,
+        params={"pattern": prefix + "*/hit", "limit": 1},
+        timeout=30,
+    ).json()
+    assert first["streams"] == [] and first["next"] is not None  # the case under test
+    found = [s.path for s in client.list_streams(pattern=prefix + "*/hit", page_size=1)]
+    assert found == [prefix + "zz/hit"]
+
+
 def test_staged_append_commit_and_abort(client: StreamClient, path: str) -> None:
     require(client, ext.STAGED_APPEND)
     tail = client.create(path, JSON).next_offset

@@ -76,6 +76,7 @@ JSON_HEADERS = {"Content-Type": "application/json"}
         (410, "TXN_EXPIRED", {}, e.TxnExpired),
         (413, "PAYLOAD_TOO_LARGE", {}, e.PayloadTooLarge),
         (413, "TXN_TOO_LARGE", {}, e.TxnTooLarge),
+        (413, "TOO_MANY_MESSAGES", {}, e.TooManyMessages),
         (500, "TXN_CORRUPT", {}, e.TxnCorrupt),
         (429, None, {"Retry-After": "3"}, e.RateLimited),
         (500, "INTERNAL", {}, e.ServerError),

@@ -315,3 +315,12 @@ def test_option_error_pickles() -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert str(copy) == str(error)
     assert copy.option == "retry.maxAttempts"
+
+
+def test_the_sinks_default_request_fits_the_servers_default_message_cap() -> None:
+    """A sink request carries at most maxMessagesPerRequest rows; durastream-server refuses requests of
+    more than --max-messages-per-request messages (413 TOO_MANY_MESSAGES)."""
+    server_config = pytest.importorskip("durastream_server.config")
+    from durastream_spark.sink.options import DEFAULT_MAX_MESSAGES_PER_REQUEST
+
+    assert DEFAULT_MAX_MESSAGES_PER_REQUEST <= server_config.DEFAULT_MAX_MESSAGES_PER_REQUEST

@@ -4,6 +4,7 @@ tested against the real server in test_client.py). Time is fake: sleeps are reco
 from __future__ import annotations
 
 import email.utils
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -241,7 +242,10 @@ def test_unreachable_server_gives_up_after_max_attempts(fake_time: FakeTime) -> 
     assert caught.value.attempts == 4
     assert caught.value.maybe_applied is False
     assert len(fake_time.sleeps) == 3
-    assert "Check that the server is running" in str(caught.value)
+    assert str(caught.value).startswith(
+        f"The server at {root.removesuffix('/v1/stream')} is not answering (is it running? is the "
+        "port right?): connection refused (HEAD stream 's'; 4 attempt(s) in "
+    )
 
 
 # ---- how long it waits --------------------------------------------------------------------------------
@@ -360,3 +364,62 @@ def test_errors_never_contain_credentials(server: FaultServer, fake_time: FakeTi
         assert TOKEN not in str(error) and TOKEN not in repr(error)
         assert TOKEN not in repr(error.__dict__)
     assert TOKEN not in repr(client)
+
+
+# ---- what the user reads --------------------------------------------------------------------------------
+
+
+def test_refused_connection_is_one_sentence_without_the_urllib3_chain(fake_time: FakeTime) -> None:
+    origin = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(TransportError) as caught:
+        make_client(origin + "/v1/stream", fake_time, **{"retry.maxAttempts": "3"}).head("s")
+    text = str(caught.value)
+    assert text.startswith(
+        f"The server at {origin} is not answering (is it running? is the port right?)"
+    )
+    assert "\n" not in text
+    for noise in ("HTTPConnectionPool", "Max retries", "NewConnectionError", "urllib3"):
+        assert noise not in text
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_unknown_host_names_the_host(fake_time: FakeTime) -> None:
+    root = "http://durastream-no-such-host.invalid:4437/v1/stream"
+    with pytest.raises(TransportError) as caught:
+        make_client(root, fake_time, **{"retry.maxAttempts": "2"}).head("s")
+    assert str(caught.value).startswith(
+        "The server at http://durastream-no-such-host.invalid:4437 is not answering (is it running? "
+        "is the host name right?): 'durastream-no-such-host.invalid' does not resolve ("
+    )
+
+
+def test_a_failing_request_logs_one_warning_not_one_per_attempt(
+    fake_time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="durastream_spark.protocol.retry")
+    root = f"http://127.0.0.1:{free_port()}/v1/stream"
+    with pytest.raises(TransportError):
+        make_client(root, fake_time, **{"retry.maxAttempts": "6"}).head("s")
+    retry_records = [r for r in caplog.records if r.name == "durastream_spark.protocol.retry"]
+    warnings = [r for r in retry_records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].getMessage().startswith(
+        "HEAD stream 's': http://127.0.0.1:"
+    ) and "refused the connection; retrying for up to 120 s (at most 6 attempts" in (
+        warnings[0].getMessage()
+    )
+    # The later attempts and the low-level chain are at DEBUG only.
+    assert len([r for r in retry_records if r.levelno == logging.DEBUG]) == 5
+    assert any(r.exc_info and "ConnectionRefusedError" in caplog.text for r in retry_records)
+
+
+def test_transient_statuses_log_one_warning_too(
+    server: FaultServer, fake_time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="durastream_spark.protocol.retry")
+    server.script(Respond(503), Respond(503), Respond(503), ok())
+    make_client(server.root, fake_time).read("s", "-1")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == [
+        "GET stream 's': HTTP 503; retrying for up to 120 s (at most 10 attempts; retry.* options)"
+    ]

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -161,6 +162,7 @@ def test_compose_file_parses_and_references_files_that_exist() -> None:
 
 def test_the_containers_commands_are_accepted() -> None:
     from durastream_server.cli import build_parser as server_parser
+    from durastream_server.http.hosts import HostPolicy
     from durastream_server.http.paths import HEALTH_PATH
     from durastream_spark.demo.cli import build_parser as demo_parser
 
@@ -178,6 +180,12 @@ def test_the_containers_commands_are_accepted() -> None:
     demo_args = demo_parser().parse_args([interpolate(a) for a in services["spark"]["command"]])
     assert demo_args.url == f"http://server:{server_args.port}/v1/stream"
     assert demo_args.rows == COMPOSE_ROWS
+    # The server answers the names it is reached by (the spark service's URL, the healthcheck, the
+    # published loopback port) and no other (DNS rebinding).
+    hosts = HostPolicy.for_server(server_args.allowed_host, server_args.host)
+    for name in (urlsplit(demo_args.url).netloc, "127.0.0.1:4437", "localhost:4437"):
+        assert hosts.refusal([name.encode()]) is None, name
+    assert hosts.refusal([b"rebound.example:4437"]) is not None
 
 
 @pytest.mark.parametrize("service", ["server", "spark"])

@@ -43,6 +43,7 @@ def test_every_declared_minimum_is_pinned_for_test_compat() -> None:
         "zlib-ng",
         "msgspec",
         "blake3",
+        "sortedcontainers",
     }
     assert set(pinned) == set(connector) | set(server)
     for name, minimum in {**connector, **server}.items():

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import re
-import selectors
 import shutil
 import subprocess
 import sys
@@ -37,6 +36,8 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+
+from tests.support.server_process import read_line
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
@@ -212,15 +213,6 @@ def installed(python: Path, root: Path) -> set[str]:
     return {item["name"].lower() for item in json.loads(out)}
 
 
-def read_line(process: subprocess.Popen[str], timeout: float) -> str:
-    assert process.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout):
-            raise AssertionError(f"no output from the server within {timeout} s")
-    return process.stdout.readline()
-
-
 def test_server_wheel_alone(wheels: dict[str, Path], tmp_path: Path) -> None:
     started = time.monotonic()
     python = fresh_venv(tmp_path, wheels[SERVER])
@@ -249,7 +241,7 @@ def test_server_wheel_alone(wheels: dict[str, Path], tmp_path: Path) -> None:
     )
     try:
         line = read_line(process, timeout=60)
-        match = re.search(r"listening on (http://\S+)", line)
+        match = re.search(r"serving (http://\S+)/v1/stream \(", line)
         assert match, f"unexpected first line: {line!r}"
         base = match.group(1)
         with urllib.request.urlopen(f"{base}/healthz", timeout=10) as response:

@@ -11,30 +11,18 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.support.server_process import free_port
+from tests.support.external_server import ExternalServer
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
 
 
-class ReferenceServer:
+class ReferenceServer(ExternalServer):
     """``node bench/reference_server.mjs <port> <data-dir> <long-poll-ms>``; ready when it prints READY."""
 
     def __init__(self, data_dir: Path, *, long_poll_timeout: float = 0.5) -> None:
+        super().__init__()
         self.data_dir = data_dir
         self.long_poll_ms = int(long_poll_timeout * 1000)
-        self.port = free_port()
-        self._process: subprocess.Popen[str] | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def stream_root(self) -> str:
-        return f"{self.base_url}/v1/stream"
-
-    def stream_url(self, path: str) -> str:
-        return f"{self.stream_root}/{path}"
 
     def start(self, timeout: float = 30.0) -> ReferenceServer:
         node = shutil.which("node")
@@ -66,13 +54,3 @@ class ReferenceServer:
                 break
         self.stop()
         raise RuntimeError(f"reference server did not start within {timeout} s")
-
-    def stop(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        self._process = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -30,6 +31,16 @@ FORGET_PRODUCERS_FAST = (
     "--producer-group-expiry-seconds",
     "3600",
 )
+
+
+def read_line(process: subprocess.Popen[str], timeout: float) -> str:
+    """The next line of ``process``'s stdout (a text pipe), failing after ``timeout`` seconds of silence."""
+    assert process.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            raise AssertionError(f"no output from the server within {timeout} s")
+    return process.stdout.readline()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -7,11 +7,15 @@ boundary as tokens (``offsets.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
+from durastream_server.offsets import format_offset
 from durastream_server.storage.records import MessageRun, MessageSlice, ProducerTuple
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,7 @@ class AppendRequest:
     close: bool = False
     stream_seq: str | None = None
     producer: ProducerTuple | None = None
-    # Durastream-Forgotten-Producer: refuse (docs/extensions.md, section 7).
+    # Durastream-Forgotten-Producer: refuse (docs/extensions.md, section 8).
     refuse_forgotten: bool = False
 
 
@@ -79,17 +83,49 @@ class ReadRequest:
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    """One chunk of a read. ``messages`` are whole JSON messages for JSON streams, else byte slices."""
+    """One chunk of a read: whole JSON messages for JSON streams, else byte slices, in ``items`` (runs
+    and slices, as storage returned them) and rendered once into ``body`` (a JSON array for JSON
+    streams). ``count`` is how many messages (or byte slices) the chunk holds.
+
+    ``messages``, ``positions`` and ``timestamps_ms`` expand every message into objects of its own:
+    for tests and tools, never the serving path (a chunk can hold ~170k tiny messages).
+    """
 
     info: StreamInfo
     start_offset: str  # resolved start (sentinels replaced)
-    messages: tuple[bytes, ...]
-    positions: tuple[str, ...]  # offset of each element of ``messages``
-    timestamps_ms: tuple[int, ...]
+    items: Sequence[MessageSlice | MessageRun]
+    count: int
+    body: bytes
     next_offset: str
     up_to_date: bool  # the chunk reaches the (durable) tail
     closed: bool  # stream closed AND this chunk reaches the final offset (EOF)
-    json: bool  # JSON mode: the HTTP layer wraps ``messages`` in a JSON array
+    json: bool  # JSON mode: ``body`` is a JSON array of the messages
+
+    @property
+    def messages(self) -> tuple[bytes, ...]:
+        return tuple(_expand(self.items, lambda run, cut, data: data))
+
+    @property
+    def positions(self) -> tuple[str, ...]:
+        return tuple(_expand(self.items, lambda run, cut, data: format_offset(run.position + cut)))
+
+    @property
+    def timestamps_ms(self) -> tuple[int, ...]:
+        return tuple(_expand(self.items, lambda run, cut, data: run.timestamp_ms))
+
+
+def _expand(
+    items: Sequence[MessageSlice | MessageRun],
+    pick: Callable[[MessageSlice | MessageRun, int, bytes], _T],
+) -> Iterator[_T]:
+    for item in items:
+        if isinstance(item, MessageRun):
+            cut = 0
+            for length in item.lengths:
+                yield pick(item, cut, item.data[cut : cut + length])
+                cut += length
+        else:
+            yield pick(item, 0, item.data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +137,16 @@ class StreamListing:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamPage:
+    """One page of a listing. ``next`` is the ``after`` of the following page (None: no more). A page
+    may hold fewer streams than asked for, even none, and still have a ``next``: it stopped after
+    examining as many paths as it was allowed to."""
+
+    streams: list[StreamListing]
+    next: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class MessagesResult:
     """One chunk of a whole-message read (message frames extension): each slice is one message with
     its own position and server append time; the rest means what it means in ``ReadResult``."""
@@ -108,6 +154,7 @@ class MessagesResult:
     info: StreamInfo
     start_offset: str
     slices: Sequence[MessageSlice | MessageRun]  # a run: several whole messages of one record
+    count: int  # messages in ``slices``
     next_offset: str
     up_to_date: bool
     closed: bool
@@ -131,5 +178,26 @@ class LimitResult:
     end_offset: str  # the furthest message boundary within the limits
     messages: int  # messages in [start, end)
     bytes: int  # payload bytes in [start, end)
+    tail_offset: str
+    closed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TimeRequest:
+    """A time lookup (extension): the first message at or after ``offset`` (and before ``end_offset``)
+    whose append time is at or after ``at_ms`` (milliseconds since the Unix epoch)."""
+
+    path: str
+    offset: str  # "-1", "now" or a token
+    at_ms: int
+    end_offset: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimeResult:
+    start_offset: str
+    end_offset: str  # the end of the searched range (the durable tail unless one was given)
+    offset: str  # the message found, or ``end_offset`` when there is none
+    found: bool
     tail_offset: str
     closed: bool

@@ -14,10 +14,12 @@ def request_messages(
     request_type: ContentType | None,
     parsed: tuple[bytes, ...] | BadRequest | None,
     body: bytes,
+    max_messages: int,
 ) -> tuple[bytes, ...]:
     """Messages of a request body, after checking its type against the stream's.
 
-    ``parsed`` is the result of an earlier off-loop JSON split of a large body (or None).
+    ``parsed`` is the result of an earlier off-loop JSON split of a large body (or None);
+    ``max_messages`` bounds a JSON body's messages (``TooManyMessages``).
     """
     if request_type is not None and request_type.essence != inc.essence:
         raise ContentTypeMismatch(
@@ -29,5 +31,5 @@ def request_messages(
     if parsed is not None:
         return parsed
     if inc.json:
-        return jsonmode.split_messages(body, allow_empty_array=False)
+        return jsonmode.split_messages(body, allow_empty_array=False, max_messages=max_messages)
     return (body,) if body else ()

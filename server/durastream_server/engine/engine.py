@@ -34,11 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from durastream_server.engine import (
     bounds,
@@ -46,9 +48,10 @@ from durastream_server.engine import (
     expiry,
     jsonmode,
     lookup,
-    message_reads,
     producer_sweep,
     producers,
+    rendering,
+    time_lookup,
 )
 from durastream_server.engine.api import (
     AppendRequest,
@@ -62,6 +65,9 @@ from durastream_server.engine.api import (
     ReadResult,
     StreamInfo,
     StreamListing,
+    StreamPage,
+    TimeRequest,
+    TimeResult,
 )
 from durastream_server.engine.bodies import request_messages
 from durastream_server.engine.registry import Incarnation, KeyedLocks, Registry, build
@@ -93,9 +99,12 @@ from durastream_server.errors import (
 from durastream_server.offsets import BEGINNING, NOW, InvalidOffset, format_offset, parse_position
 from durastream_server.storage import DataDir
 from durastream_server.storage.log import StreamLog
-from durastream_server.storage.records import AppendEntry, StreamHeader
+from durastream_server.storage.quarantine import QuarantinedStream
+from durastream_server.storage.records import MESSAGE_OVERHEAD, AppendEntry, StreamHeader
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 DEFAULT_SWEEP_INTERVAL = 0.25  # seconds between expiry sweeps
 READ_MEMO_BYTES = 4096  # largest read result kept per stream for the next identical read
@@ -118,6 +127,9 @@ class _ForkPlan:
     anchor: int
     position: int
     lifetime: expiry.Lifetime
+    # The source's latest append time: the fork's own messages never get an earlier one, so append
+    # times never go backwards along the chain (time lookups, docs/extensions.md section 7).
+    append_time_floor_ms: int
 
 
 class Engine:
@@ -129,13 +141,22 @@ class Engine:
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
         txn_limits: TxnLimits | None = None,
         producer_policy: producer_sweep.ProducerPolicy | None = None,
+        max_messages_per_request: int = jsonmode.DEFAULT_MAX_MESSAGES,
     ) -> None:
         self._data = data
+        # Messages one JSON append, create or stage may carry (jsonmode: message-count bombs).
+        self.max_messages = max_messages_per_request
         self._clock = clock or time.time
         self._sweep_interval = sweep_interval
         self.producer_policy = producer_policy or producer_sweep.ProducerPolicy()
         self._producer_sweeper: asyncio.Task[None] | None = None
-        self._registry: Registry = build(data.logs, self._clock())
+        self._registry: Registry
+        self._registry, unusable = build(data.logs, self._clock())
+        # Streams whose header the engine cannot use are quarantined like damaged logs; start() waits
+        # until their directories are set aside.
+        self._setting_aside = [
+            data.quarantine(log.id, log.header.path, reason) for log, reason in unusable
+        ]
         self._create_locks = KeyedLocks()
         self._observers: list[StreamObserver] = []
         self._sweeper: asyncio.Task[None] | None = None
@@ -147,14 +168,18 @@ class Engine:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Finish interrupted cascade deletions and start the expiry sweeper."""
+        """Set unusable streams aside, finish interrupted cascade deletions, load staged appends (a
+        stream whose staged-append state cannot be read is quarantined), start the expiry sweeper."""
+        await asyncio.gather(*self._setting_aside)
+        self._setting_aside = []
         for orphan in self._registry.orphans():
             if not orphan.removed:
                 logger.info(
                     "collecting unreferenced deleted stream %r (%s)", orphan.path, orphan.id
                 )
                 await self._collect(orphan)
-        await self._txns.start()
+        for inc, reason in await self._txns.start():
+            await self._quarantine(inc, reason)
         if self._sweeper is None and self._sweep_interval > 0:
             self._sweeper = asyncio.create_task(self._sweep_loop(), name="durastream-expiry")
             self._producer_sweeper = asyncio.create_task(
@@ -263,7 +288,9 @@ class Engine:
         # Validate the whole body before anything touches disk: a bad JSON body leaves no stream
         # behind (hazard 20).
         if contenttype.is_json(content_type):
-            parsed = await jsonmode.split_messages_offloaded(request.body, allow_empty_array=True)
+            parsed = await jsonmode.split_messages_offloaded(
+                request.body, allow_empty_array=True, max_messages=self.max_messages
+            )
             if isinstance(parsed, BadRequest):
                 raise parsed
             messages = parsed
@@ -282,6 +309,7 @@ class Engine:
             fork_position=position,
             fork_offset_requested=request.fork_offset if plan else None,
             fork_sub_offset=sub_offset if plan else 0,
+            append_time_floor_ms=plan.append_time_floor_ms if plan else 0,
         )
         initial = None
         if messages or request.closed:
@@ -289,7 +317,7 @@ class Engine:
             initial = AppendEntry(
                 position=position,
                 messages=messages,
-                timestamp_ms=int(now * 1000),
+                timestamp_ms=max(int(now * 1000), header.append_time_floor_ms),
                 closes=request.closed,
             )
         return await self._data.create_stream(header, initial)
@@ -339,6 +367,7 @@ class Engine:
             anchor=anchor,
             position=position,
             lifetime=expiry.for_fork(source.lifetime, lifetime),
+            append_time_floor_ms=source.log.state.last_timestamp_ms,
         )
 
     def _check_same_config(
@@ -420,7 +449,9 @@ class Engine:
         if inc.json and body:
             # Parse the JSON body (a large one off the loop) *before* the validation section, while
             # the digest is computed; a parse error is reported at its place in the precedence below.
-            parsed = await jsonmode.split_messages_offloaded(body, allow_empty_array=False)
+            parsed = await jsonmode.split_messages_offloaded(
+                body, allow_empty_array=False, max_messages=self.max_messages
+            )
         if pending_digest is not None:
             digest = await pending_digest
         current = self._lookup(request.path)  # the stream may have changed during the awaits
@@ -431,7 +462,7 @@ class Engine:
         state = log.state
         if state.closed:
             return await self._append_to_closed(inc, request, digest)
-        messages = request_messages(inc, request_type, parsed, body)
+        messages = request_messages(inc, request_type, parsed, body, self.max_messages)
         if producer is not None:
             decision = producers.validate(
                 state, producer, digest, refuse_forgotten=request.refuse_forgotten
@@ -546,9 +577,9 @@ class Engine:
             return ReadResult(
                 info=self._info(inc),
                 start_offset=format_offset(tail),
-                messages=(),
-                positions=(),
-                timestamps_ms=(),
+                items=(),
+                count=0,
+                body=b"[]" if inc.json else b"",
                 next_offset=format_offset(tail),
                 up_to_date=True,
                 closed=log.durable_closed,
@@ -564,20 +595,28 @@ class Engine:
             # thread) and the view turns a violation into 400.
             end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=inc.json)
         closed_before = log.durable_closed
-        slices, next_position = await view.read(start, request.max_bytes, end)
+        # Runs, not a slice per message, and each message counts MESSAGE_OVERHEAD against the
+        # chunk: a chunk of 1-byte messages holds ~170k of them, not millions (rendering.py).
+        slices, next_position, count = await view.read(
+            start, request.max_bytes, end, runs=True, overhead=MESSAGE_OVERHEAD
+        )
         # Judge EOF against the state *after* the read: a close (with or without data) that landed
         # meanwhile moved the durable tail, so a reader at the old tail is not told "closed" while
         # final data remains unread (hazards 16, 23).
         durable_tail = log.durable_tail
+        durable_closed = log.durable_closed
+        body = await self.offload(
+            count, functools.partial(rendering.payload, json=inc.json), slices
+        )
         result = ReadResult(
             info=self._info(inc),
             start_offset=format_offset(start),
-            messages=tuple(s.data for s in slices),
-            positions=tuple(format_offset(s.position) for s in slices),
-            timestamps_ms=tuple(s.timestamp_ms for s in slices),
+            items=slices,
+            count=count,
+            body=body,
             next_offset=format_offset(next_position),
             up_to_date=next_position >= durable_tail,
-            closed=log.durable_closed and next_position == durable_tail,
+            closed=durable_closed and next_position == durable_tail,
             json=inc.json,
         )
         if (
@@ -606,8 +645,8 @@ class Engine:
         end = view.tail
         if request.end_offset is not None:
             end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=True)
-        slices, next_position = await message_reads.read_whole_messages(
-            view, start, end, request.max_bytes, overhead
+        slices, next_position, count = await view.read(
+            start, request.max_bytes, end, whole_messages=True, runs=True, overhead=overhead
         )
         log = inc.log
         durable_tail = log.durable_tail  # after the read, as in ``read`` (hazards 16, 23)
@@ -615,28 +654,28 @@ class Engine:
             info=self._info(inc),
             start_offset=format_offset(start),
             slices=slices,
+            count=count,
             next_offset=format_offset(next_position),
             up_to_date=next_position >= durable_tail,
             closed=log.durable_closed and next_position == durable_tail,
             json=inc.json,
         )
 
+    async def offload(self, count: int, func: Callable[..., _T], *args: Any) -> _T:
+        """``func(*args)``: on the loop for work on at most ``rendering.INLINE_MESSAGES`` messages,
+        else in the read executor, so per-message work never holds the loop for long."""
+        if count <= rendering.INLINE_MESSAGES:
+            return func(*args)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._data.read_executor, func, *args
+        )
+
     async def lookup_limit(self, request: LimitRequest) -> LimitResult:
         """The furthest message boundary within a message/byte budget, without reading data (limit
         lookups extension; ``lookup.py``)."""
-        inc = self._lookup(request.path)
-        self._touch(inc)
-        view = self._view(inc)
-        tail = view.tail
-        start = self._start_position(request.offset, tail)
-        end = tail
-        if request.end_offset is not None:
-            end = await bounds.resolve_end(view, start, request.end_offset, whole_messages=True)
-        if start != end and not await view.is_boundary(start):
-            raise InvalidReadOffset(
-                f"offset {format_offset(start)!r} is inside a message; a limit lookup starts at a "
-                "message boundary"
-            )
+        inc, view, start, end = await self._lookup_range(
+            request.path, request.offset, request.end_offset, "limit lookup"
+        )
         found = await lookup.advance(view, start, end, request.max_messages, request.max_bytes)
         log = inc.log
         return LimitResult(
@@ -647,6 +686,42 @@ class Engine:
             tail_offset=format_offset(log.durable_tail),
             closed=log.durable_closed,
         )
+
+    async def lookup_time(self, request: TimeRequest) -> TimeResult:
+        """The first message at or after ``offset`` whose append time is at or after an instant,
+        without reading data (time lookups extension; ``time_lookup.py``)."""
+        inc, view, start, end = await self._lookup_range(
+            request.path, request.offset, request.end_offset, "time lookup"
+        )
+        found = await time_lookup.first_at(view, start, end, request.at_ms)
+        log = inc.log
+        return TimeResult(
+            start_offset=format_offset(start),
+            end_offset=format_offset(end),
+            offset=format_offset(end if found is None else found),
+            found=found is not None,
+            tail_offset=format_offset(log.durable_tail),
+            closed=log.durable_closed,
+        )
+
+    async def _lookup_range(
+        self, path: str, offset: str, end_offset: str | None, what: str
+    ) -> tuple[Incarnation, StreamView, int, int]:
+        """The stream and the ``[start, end)`` a lookup searches: both message boundaries (400
+        ``INVALID_OFFSET``/``INVALID_END`` otherwise), ``end`` defaulting to the durable tail."""
+        inc = self._lookup(path)
+        self._touch(inc)
+        view = self._view(inc)
+        start = self._start_position(offset, view.tail)
+        end = view.tail
+        if end_offset is not None:
+            end = await bounds.resolve_end(view, start, end_offset, whole_messages=True)
+        if start != end and not await view.is_boundary(start):
+            raise InvalidReadOffset(
+                f"offset {format_offset(start)!r} is inside a message; a {what} starts at a "
+                "message boundary"
+            )
+        return inc, view, start, end
 
     @staticmethod
     def _start_position(offset: str, tail: int) -> int:
@@ -721,8 +796,8 @@ class Engine:
         now = self._clock()
         expired = [
             inc
-            for inc in list(self._registry.by_path.values())
-            if inc.lifetime.expires and not inc.soft_deleted and inc.expired(now)
+            for inc in list(self._registry.expiring)
+            if not inc.soft_deleted and inc.expired(now)
         ]
         for inc in expired:
             try:
@@ -804,6 +879,14 @@ class Engine:
             self._subscribe(inc)
             raise
 
+    async def _quarantine(self, inc: Incarnation, reason: str) -> None:
+        """Stop serving ``inc`` and set it aside (start-up only: nothing was served from it yet)."""
+        self._registry.remove(inc)
+        if inc.unsubscribe is not None:
+            inc.unsubscribe()
+            inc.unsubscribe = None
+        await self._data.quarantine(inc.id, inc.path, reason)
+
     async def _collect(self, inc: Incarnation) -> None:
         """Garbage-collect ``inc`` if it is deleted and unreferenced, then cascade up the chain."""
         current: Incarnation | None = inc
@@ -830,40 +913,78 @@ class Engine:
 
     # ------------------------------------------------------------------ listing
 
-    def list_streams(
-        self,
-        prefix: str = "",
-        *,
-        match: Callable[[str], bool] | None = None,
-        after: str | None = None,
-        limit: int | None = None,
-    ) -> list[StreamListing]:
-        """Live streams whose path starts with ``prefix`` (and satisfies ``match``), sorted by path.
-
-        ``after`` and ``limit`` page through the listing (paths strictly after ``after``, at most
-        ``limit`` of them), as the listing extension does; the engine does not depend on how paths are
-        matched, so the HTTP layer can bring the subscription glob rules.
-        """
+    def list_streams(self, prefix: str = "") -> list[StreamListing]:
+        """Every live stream whose path starts with ``prefix``, sorted by path (O(log n + streams
+        under the prefix): for the subscription layer, which needs all of them)."""
         now = self._clock()
-        listings = []
         by_path = self._registry.by_path
-        for path in sorted(p for p in by_path if p.startswith(prefix)):
-            if after is not None and path <= after:
-                continue
-            if limit is not None and len(listings) >= limit:
+        found = []
+        for path in self._registry.paths.islice(self._first_path(prefix, None)):
+            if not path.startswith(prefix):
                 break
             inc = by_path[path]
-            if inc.soft_deleted or inc.expired(now) or (match is not None and not match(path)):
+            if not inc.soft_deleted and not inc.expired(now):
+                found.append(self._listing(path, inc))
+        return found
+
+    def list_page(
+        self,
+        prefix: str,
+        *,
+        match: Callable[[str], bool] | None,
+        after: str | None,
+        limit: int,
+        examine: int,
+    ) -> StreamPage:
+        """One page of the listing extension: live streams whose path starts with ``prefix`` and
+        satisfies ``match``, strictly after ``after``, at most ``limit`` of them, by path.
+
+        The cost is bounded by the caller, whatever matches: a bisect into the sorted paths, then at
+        most ``examine`` paths. A page that stops there answers with what it found (possibly nothing)
+        and a ``next`` after the last path it examined, so a pattern that matches nothing costs one
+        bounded page per ``examine`` paths, never a walk of every stream per request. The engine
+        does not depend on how paths are matched: the HTTP layer brings the glob rules.
+        """
+        now = self._clock()
+        by_path = self._registry.by_path
+        found: list[StreamListing] = []
+        last: str | None = None
+        examined = 0
+        for path in self._registry.paths.islice(self._first_path(prefix, after)):
+            if not path.startswith(prefix):
+                break
+            if len(found) >= limit or examined >= examine:
+                return StreamPage(found, last)  # more paths follow in the range
+            examined += 1
+            last = path
+            if match is not None and not match(path):
                 continue
-            listings.append(
-                StreamListing(
-                    path=path,
-                    content_type=inc.header.content_type,
-                    next_offset=format_offset(inc.log.durable_tail),
-                    closed=inc.log.durable_closed,
-                )
-            )
-        return listings
+            inc = by_path[path]
+            if not inc.soft_deleted and not inc.expired(now):
+                found.append(self._listing(path, inc))
+        return StreamPage(found, None)
+
+    def _first_path(self, prefix: str, after: str | None) -> int:
+        """Index in the sorted paths of the first one >= ``prefix`` and > ``after``."""
+        paths = self._registry.paths
+        if after is not None and after >= prefix:
+            return paths.bisect_right(after)
+        return paths.bisect_left(prefix)
+
+    @staticmethod
+    def _listing(path: str, inc: Incarnation) -> StreamListing:
+        return StreamListing(
+            path=path,
+            content_type=inc.header.content_type,
+            next_offset=format_offset(inc.log.durable_tail),
+            closed=inc.log.durable_closed,
+        )
+
+    def quarantined(self, limit: int) -> tuple[int, list[QuarantinedStream]]:
+        """How many streams are set aside because they cannot be served (``storage/quarantine.py``),
+        and the first ``limit`` of them in the order they were found."""
+        entries = self._data.quarantined
+        return len(entries), list(itertools.islice(entries.values(), limit))
 
     # ------------------------------------------------------------------ helpers
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # only for annotations: the CLI imports ProducerPolicy withou
     from durastream_server.storage.log import StreamLog
 
 SLICE = 200  # producers (or streams) handled between two yields to the event loop (about 1 ms)
-DAY = 86400.0
+DAY = 86400  # an int, so --help and the docs show 604800, not 604800.0
 # Defaults, with Kafka's as the yardstick: its idempotent producer ids (one per producer session) expire
 # after a day of silence (producer.id.expiration.ms), its transactional ids (stable across restarts, like
 # ours) after 7 days (transactional.id.expiration.ms). A producer here is keyed by a stable id, so it gets

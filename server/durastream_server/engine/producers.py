@@ -158,7 +158,7 @@ def validate(
 
 def check_not_forgotten(state: StreamState, producer: ProducerTuple) -> None:
     """For a producer the stream does not know: raise ProducerForgotten if a forgotten producer of its
-    group reached this epoch (docs/extensions.md, section 7). A group's producers count epochs alike
+    group reached this epoch (docs/extensions.md, section 8). A group's producers count epochs alike
     (the Spark sink's: batch ids), so a forgotten one that never got this far cannot have sent it."""
     group = producer_group(producer.producer_id)
     forgotten = state.forgotten.get(group)

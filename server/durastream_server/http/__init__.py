@@ -12,7 +12,8 @@ Modules, each with one job:
 - ``responses``      sending responses with the security and CORS headers every response carries
 - ``cors``, ``cursor``, ``etag``   section 12.7 / 10.1 details
 - ``auth``           bearer-token checks per request (``--auth-token``; rules in its docstring)
-- ``guard``          the uvicorn protocol with header-size and slow-sender limits
+- ``guard``          the uvicorn protocol with header-size, slow-sender, framing and ``Host`` checks
+- ``hosts``          which ``Host`` values are answered (``--allowed-host``, DNS rebinding)
 - ``subscriptions``  hands ``/v1/stream/__ds/...`` to the subscription service as plain values
 
 The HTTP layer never touches a file: the backend (engine, subscriptions) is opened by ``server.py``.

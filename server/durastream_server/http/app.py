@@ -25,8 +25,13 @@ from durastream_server.http.parse import header_map
 
 if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
+    from durastream_server.storage.quarantine import QuarantinedStream
 
 logger = logging.getLogger("durastream_server.http")
+
+# /healthz lists at most this many quarantined streams (and counts them all): a damaged disk may
+# quarantine thousands, and a health probe must stay small and cheap.
+HEALTH_QUARANTINE_LIST = 100
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -198,14 +203,37 @@ class DurastreamApp:
         else:
             raise NotFound(f"no resource at {request.raw_path.decode('latin-1')}")
 
+    def _quarantined(self, entries: list[QuarantinedStream]) -> list[dict[str, Any]]:
+        """Quarantined streams for ``/healthz`` (the first ``HEALTH_QUARANTINE_LIST``; the count is
+        exact). A server that serves everything else stays healthy (200), so that an orchestrator
+        does not restart it in a loop over one damaged directory. The health check needs no token,
+        so with tokens configured the stream paths are left out (the start-up log and
+        ``quarantine/<name>.json`` have them)."""
+        show_paths = self._auth is None
+        return [
+            {
+                "id": entry.id,
+                "path": entry.path if show_paths else None,
+                "reason": entry.reason,
+                "location": entry.location,
+            }
+            for entry in entries
+        ]
+
     async def _health(self, request: Request) -> None:
         if request.method not in ("GET", "HEAD"):
             raise MethodNotAllowed("health checks are GET or HEAD", headers={"Allow": "GET, HEAD"})
         live = self._live
         draining = live is None or live.draining
-        body = json.dumps(
-            {"status": "draining" if draining else "ok", "waiters": live.parked if live else 0}
-        ).encode()
+        document: dict[str, Any] = {
+            "status": "draining" if draining else "ok",
+            "waiters": live.parked if live else 0,
+        }
+        if self._backend is not None:
+            count, entries = self._backend.engine.quarantined(HEALTH_QUARANTINE_LIST)
+            document["quarantined_count"] = count
+            document["quarantined"] = self._quarantined(entries)
+        body = json.dumps(document, ensure_ascii=False).encode()
         headers = [
             ("Content-Type", "application/json"),
             ("Cache-Control", responses.CACHE_NO_STORE),

@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from typing import Final
 from urllib.parse import urlsplit
 
+from durastream_server.http.hosts import LOOPBACK_HOST
+
 EXPOSED_HEADERS: Final = (
     "Stream-Next-Offset",
     "Stream-Cursor",
@@ -83,9 +85,7 @@ ORIGIN_SYNTAX: Final = (
     "no path), 'loopback' for every loopback origin, or '*' for any origin"
 )
 
-_LOOPBACK_ORIGIN: Final = re.compile(
-    r"https?://(?:localhost|127(?:\.\d{1,3}){3}|\[::1\])(?::\d{1,5})?", re.IGNORECASE
-)
+_LOOPBACK_ORIGIN: Final = re.compile(rf"https?://{LOOPBACK_HOST}(?::\d{{1,5}})?", re.IGNORECASE)
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 

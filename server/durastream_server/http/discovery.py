@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 NAMESPACE: Final = "x-durastream"
 DEFAULT_LIMIT: Final = 1000
 MAX_LIMIT: Final = 10000
+# Paths a page may examine beyond its limit before it answers with what it found and a ``next``:
+# bounds the cost of a pattern that matches few streams (docs/extensions.md section 4).
+EXAMINE_ALLOWANCE: Final = 1000
 
 
 def owns(subpath: str) -> bool:
@@ -75,23 +78,34 @@ def listing_query(query_string: bytes) -> dict[str, str]:
 
 
 def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
-    """One page of live streams, sorted by path; ``next`` is the ``after`` of the following page."""
+    """One page of live streams, sorted by path; ``next`` is the ``after`` of the following page.
+
+    The page reads a range of the engine's sorted paths: ``prefix`` and the pattern's literal prefix
+    (``events/*`` -> ``events/``) bound it, and at most ``limit + EXAMINE_ALLOWANCE`` paths of it are
+    examined. So a page costs O(log n + limit) whatever the pattern: one that matches nothing answers
+    an empty page with a ``next`` instead of walking every stream.
+    """
     values = listing_query(query_string)
     prefix = values.get("prefix", "")
     match = None
     if "pattern" in values:
         try:
-            match = compile_pattern(values["pattern"]).matches
+            pattern = compile_pattern(values["pattern"])
         except InvalidPattern as exc:
             raise InvalidParameter(
                 f"pattern {values['pattern']!r} is not a valid glob: {exc} "
                 "('*' matches one path segment, '**' any number of segments)"
             ) from None
+        match = pattern.matches
+        narrower = _narrower(prefix, pattern.literal_prefix())
+        if narrower is None:  # no path can start with both
+            return {"streams": [], "next": None}
+        prefix = narrower
     after = values.get("after")
     limit = _limit(values.get("limit"))
-    page = engine.list_streams(prefix, match=match, after=after, limit=limit + 1)
-    more = len(page) > limit
-    del page[limit:]
+    page = engine.list_page(
+        prefix, match=match, after=after, limit=limit, examine=limit + EXAMINE_ALLOWANCE
+    )
     return {
         "streams": [
             {
@@ -100,10 +114,19 @@ def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
                 "next_offset": item.next_offset,
                 "closed": item.closed,
             }
-            for item in page
+            for item in page.streams
         ],
-        "next": page[-1].path if more else None,
+        "next": page.next,
     }
+
+
+def _narrower(a: str, b: str) -> str | None:
+    """The longer of two prefixes if one extends the other, else None (they select nothing)."""
+    if a.startswith(b):
+        return a
+    if b.startswith(a):
+        return b
+    return None
 
 
 def _limit(text: str | None) -> int:

@@ -64,15 +64,6 @@ class Request:
         return f"{self.scheme}://{self.authority}{self.raw_path.decode('latin-1')}"
 
 
-def render_payload(result: ReadResult) -> bytes:
-    """The response body of a read: a JSON array for JSON streams (section 9.1.5), raw bytes otherwise."""
-    if result.json:
-        return b"[" + b",".join(result.messages) + b"]"
-    if len(result.messages) == 1:
-        return result.messages[0]
-    return b"".join(result.messages)
-
-
 class StreamHandlers:
     def __init__(
         self,
@@ -233,7 +224,7 @@ class StreamHandlers:
             headers.append(("Cache-Control", responses.CACHE_CATCH_UP))
             if if_none_match(request.headers.get("if-none-match"), etag):
                 return 304, headers, b""
-        return 200, headers, render_payload(result)
+        return 200, headers, result.body
 
     async def _long_poll(self, request: Request, path: str, params: parse.ReadParams) -> None:
         """Section 5.7: answer at once when there is data (or EOF); else wait up to the timeout."""
@@ -242,7 +233,7 @@ class StreamHandlers:
         result = await self._read(path, params.offset)
         disconnect: Disconnect | None = None
         try:
-            while not result.messages and not result.closed:
+            while not result.count and not result.closed:
                 remaining = deadline - loop.time()
                 woken: ReadResult | object | None = None
                 if remaining > 0:
@@ -273,7 +264,7 @@ class StreamHandlers:
         self, request: Request, params: parse.ReadParams, result: ReadResult
     ) -> tuple[int, Headers, bytes]:
         """The answer of a long-poll that found data or the stream's end."""
-        if result.messages:
+        if result.count:
             # Data that arrived together with the close carries Stream-Closed (hazard 16).
             return self._read_parts(request, result, params, cursor=self._cursor(params))
         return self._no_content_parts(result.next_offset, params, closed=True)
@@ -350,8 +341,8 @@ class StreamHandlers:
         while True:
             if disconnect.happened:
                 return  # sends would be dropped; stop reading on behalf of nobody
-            if result.messages:
-                event = sse.data_event(render_payload(result), base64_encoded=base64_encoded)
+            if result.count:
+                event = sse.data_event(result.body, base64_encoded=base64_encoded)
                 event += sse.control_event(
                     result.next_offset,
                     cursor=self._cursor(params),

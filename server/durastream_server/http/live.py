@@ -271,7 +271,7 @@ class _WakeGroup:
                 if not woke:
                     break
                 read = await self.read(path, offset)
-                if read.messages or read.closed:
+                if read.count or read.closed:
                     result = read
         except asyncio.CancelledError:
             live._unregister(self)

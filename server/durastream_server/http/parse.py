@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Final, Literal
 from urllib.parse import parse_qsl
 
+from durastream_server.engine import expiry
 from durastream_server.engine.api import AppendRequest, CreateRequest
 from durastream_server.errors import BadRequest
 from durastream_server.http.paths import InvalidPath, forked_from_path
@@ -31,7 +32,8 @@ _CANONICAL_UINT: Final = re.compile(
 )  # no sign, no leading zeros, no '.', no 'e'
 _DIGITS: Final = re.compile(r"\A[0-9]+\Z")
 _RFC3339: Final = re.compile(
-    r"\A(\d{4}-\d{2}-\d{2})[Tt](\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})\Z"
+    r"\A([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]+))?"
+    r"([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
 )
 
 LiveMode = Literal["long-poll", "sse"]
@@ -75,20 +77,29 @@ def ttl_seconds(value: str | None) -> int | None:
 
 
 def expires_at(value: str | None) -> datetime | None:
-    """An RFC 3339 timestamp with an explicit offset. Parsed portably (Python 3.10's ``fromisoformat``
-    knows neither ``Z`` nor arbitrary fraction lengths, so both are normalised first)."""
+    """An RFC 3339 timestamp with an explicit offset whose UTC instant lies in ``expiry.RANGE``.
+
+    Parsed portably (Python 3.10's ``fromisoformat`` knows neither ``Z`` nor arbitrary fraction lengths,
+    so both are normalised first). Anything else, including ``9999-12-31T23:59:59-23:59`` (year 10000
+    in UTC), is 400 naming the header, the value and the accepted range.
+    """
     if value is None:
         return None
     match = _RFC3339.match(value.strip())
-    if match is None:
-        raise BadRequest(f"Stream-Expires-At must be an RFC 3339 timestamp, got {value!r}")
-    date, time, fraction, offset = match.groups()
-    micros = f".{(fraction or '')[:6].ljust(6, '0')}" if fraction else ""
-    zone = "+00:00" if offset in ("Z", "z") else offset
     try:
-        return datetime.fromisoformat(f"{date}T{time}{micros}{zone}")
+        if match is None:
+            raise ValueError("not an RFC 3339 date-time with a time zone")
+        date, time, fraction, offset = match.groups()
+        micros = f".{(fraction or '')[:6].ljust(6, '0')}" if fraction else ""
+        zone = "+00:00" if offset in ("Z", "z") else offset
+        moment = datetime.fromisoformat(f"{date}T{time}{micros}{zone}")
+        expiry.in_utc(moment)
     except ValueError:
-        raise BadRequest(f"Stream-Expires-At is not a valid time: {value!r}") from None
+        raise BadRequest(
+            f"Stream-Expires-At must be an RFC 3339 date-time with a time zone (e.g. "
+            f"2030-01-31T12:00:00Z) from {expiry.RANGE}, got {value!r}"
+        ) from None
+    return moment
 
 
 def _safe_int(name: str, value: str) -> int:
@@ -168,7 +179,7 @@ DIGEST_HEADER: Final = "Durastream-Digest"
 
 
 def refuse_forgotten(headers: dict[str, str], producer: ProducerTuple | None) -> bool:
-    """``Durastream-Forgotten-Producer: refuse`` (docs/extensions.md, section 7): only with producer
+    """``Durastream-Forgotten-Producer: refuse`` (docs/extensions.md, section 8): only with producer
     headers, only that value."""
     value = headers.get(FORGOTTEN_PRODUCER)
     if value is None:

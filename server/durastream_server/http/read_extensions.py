@@ -1,21 +1,23 @@
-"""Read-side extensions on ``GET {stream}``: bounded reads (``end``), message frames (``format``) and limit
-lookups (``lookup=limit``), see ``docs/extensions.md`` sections 1-3.
+"""Read-side extensions on ``GET {stream}``: bounded reads (``end``), message frames (``format``), limit
+lookups (``lookup=limit``) and time lookups (``lookup=time``), see ``docs/extensions.md`` sections 1-3
+and 7.
 
 They are separate from the base read path on purpose: a request without any of these parameters never
 gets here (``parse`` answers ``None`` after a cheap byte scan of the query), so the base protocol, and
-its conformance, cannot be changed by them. All three are catch-up reads; combining them with ``live``
-is a 400.
+its conformance, cannot be changed by them. All of them are catch-up reads; combining them with
+``live`` is a 400.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from durastream_server.engine import contenttype
-from durastream_server.engine.api import LimitRequest, ReadRequest
+from durastream_server.engine.api import LimitRequest, ReadRequest, TimeRequest
 from durastream_server.errors import InvalidParameter
 from durastream_server.http import frames, responses
 from durastream_server.http.etag import if_none_match, make_etag
@@ -29,10 +31,10 @@ if TYPE_CHECKING:
 
 END_REACHED_HEADER: Final = "Durastream-End-Reached"
 FORMATS: Final = ("frames", "frames-lines")
-LOOKUPS: Final = ("limit",)
-_NAMES: Final = ("end", "format", "lookup", "max_messages", "max_bytes")
+LOOKUPS: Final = ("limit", "time")
+_NAMES: Final = ("end", "format", "lookup", "max_messages", "max_bytes", "timestamp")
 # Any query that could name an extension parameter contains one of these (``%`` for encoded names).
-_HINTS: Final = (b"end", b"format", b"lookup", b"max_", b"%")
+_HINTS: Final = (b"end", b"format", b"lookup", b"max_", b"timestamp", b"%")
 _CANONICAL_UINT: Final = re.compile(r"\A(?:0|[1-9][0-9]*)\Z")
 
 
@@ -40,9 +42,10 @@ _CANONICAL_UINT: Final = re.compile(r"\A(?:0|[1-9][0-9]*)\Z")
 class ReadExtensions:
     end: str | None  # raw token; the engine judges it against the stream
     format: str | None  # one of FORMATS
-    lookup: bool
+    lookup: str | None  # one of LOOKUPS
     max_messages: int | None
     max_bytes: int | None
+    timestamp: int | None = None  # lookup=time: milliseconds since the Unix epoch
 
 
 def parse(query_string: bytes, live: str | None) -> ReadExtensions | None:
@@ -75,18 +78,27 @@ def parse(query_string: bytes, live: str | None) -> ReadExtensions | None:
     if lookup is not None and lookup not in LOOKUPS:
         raise InvalidParameter(f"lookup must be one of {', '.join(LOOKUPS)}, got {lookup!r}")
     if lookup is not None and fmt is not None:
-        raise InvalidParameter("lookup=limit returns no data, so it takes no format parameter")
+        raise InvalidParameter(f"lookup={lookup} returns no data, so it takes no format parameter")
     max_messages = _count(values, "max_messages")
     max_bytes = _count(values, "max_bytes")
-    if lookup is None and (max_messages is not None or max_bytes is not None):
+    if lookup != "limit" and (max_messages is not None or max_bytes is not None):
         name = "max_messages" if max_messages is not None else "max_bytes"
         raise InvalidParameter(f"{name} is only valid with lookup=limit")
+    timestamp = _count(values, "timestamp")
+    if lookup == "time" and timestamp is None:
+        raise InvalidParameter(
+            "lookup=time needs timestamp=<milliseconds since the Unix epoch>, e.g. "
+            "timestamp=1700000000000"
+        )
+    if lookup != "time" and timestamp is not None:
+        raise InvalidParameter("timestamp is only valid with lookup=time")
     return ReadExtensions(
         end=_one(values, "end"),
         format=fmt,
-        lookup=lookup is not None,
+        lookup=lookup,
         max_messages=max_messages,
         max_bytes=max_bytes,
+        timestamp=timestamp,
     )
 
 
@@ -115,8 +127,10 @@ async def serve(
     params: ReadParams,
     ext: ReadExtensions,
 ) -> None:
-    if ext.lookup:
+    if ext.lookup == "limit":
         await _limit_lookup(engine, request, path, params, ext)
+    elif ext.lookup == "time":
+        await _time_lookup(engine, request, path, params, ext)
     elif ext.format is not None:
         await _frames(engine, chunk_bytes, request, path, params, ext)
     else:
@@ -134,8 +148,6 @@ async def _bounded(
     result = await engine.read(
         ReadRequest(path=path, offset=params.offset, max_bytes=chunk_bytes, end_offset=ext.end)
     )
-    # The base read's body, as ``handlers.render_payload`` renders it (a JSON array for JSON).
-    body = b"[" + b",".join(result.messages) + b"]" if result.json else b"".join(result.messages)
     await _send_chunk(
         request,
         params,
@@ -146,7 +158,7 @@ async def _bounded(
         next_offset=result.next_offset,
         up_to_date=result.up_to_date,
         closed=result.closed,
-        body=body,
+        body=result.body,  # the base read's body (a JSON array for JSON)
     )
 
 
@@ -175,6 +187,10 @@ async def _frames(
         ),
         overhead=overhead,
     )
+    # Per-message work (C-level, but ~170k messages in a chunk of tiny ones): off the loop if large.
+    body = await engine.offload(
+        result.count, functools.partial(frames.encode, lines=lines), result.slices
+    )
     await _send_chunk(
         request,
         params,
@@ -185,7 +201,7 @@ async def _frames(
         next_offset=result.next_offset,
         up_to_date=result.up_to_date,
         closed=result.closed,
-        body=frames.encode(result.slices, lines=lines),
+        body=body,
     )
 
 
@@ -243,7 +259,8 @@ async def _limit_lookup(
             max_bytes=ext.max_bytes,
         )
     )
-    body = json.dumps(
+    await _send_lookup(
+        request,
         {
             "start": result.start_offset,
             "end": result.end_offset,
@@ -252,8 +269,32 @@ async def _limit_lookup(
             "tail": result.tail_offset,
             "closed": result.closed,
         },
-        separators=(",", ":"),
-    ).encode()
+    )
+
+
+async def _time_lookup(
+    engine: Engine, request: Request, path: str, params: ReadParams, ext: ReadExtensions
+) -> None:
+    assert ext.timestamp is not None
+    result = await engine.lookup_time(
+        TimeRequest(path=path, offset=params.offset, at_ms=ext.timestamp, end_offset=ext.end)
+    )
+    await _send_lookup(
+        request,
+        {
+            "timestamp": ext.timestamp,
+            "start": result.start_offset,
+            "end": result.end_offset,
+            "offset": result.offset,
+            "found": result.found,
+            "tail": result.tail_offset,
+            "closed": result.closed,
+        },
+    )
+
+
+async def _send_lookup(request: Request, document: dict[str, object]) -> None:
+    body = json.dumps(document, separators=(",", ":")).encode()
     headers: Headers = [
         ("Content-Type", "application/json"),
         ("Cache-Control", responses.CACHE_NO_STORE),  # the answer depends on the moving tail

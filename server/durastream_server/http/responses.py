@@ -22,8 +22,11 @@ CACHE_NO_STORE: Final = "no-store"
 CACHE_CATCH_UP: Final = "public, max-age=60, stale-while-revalidate=300"  # section 10.1
 CACHE_SSE: Final = "no-cache"  # section 5.8 and the conformance suite: keep proxies from buffering
 
+# Stored content is inert: a browser never sniffs a type, and a stream of text/html (or an SVG) that is
+# opened as a page runs no script and gets a unique origin, so it cannot act as this server's origin.
 _SECURITY: Final = (
     ("X-Content-Type-Options", "nosniff"),
+    ("Content-Security-Policy", "sandbox"),
     ("Cross-Origin-Resource-Policy", "cross-origin"),
 )
 
@@ -83,8 +86,8 @@ def protocol_error_parts(exc: ProtocolError) -> tuple[int, Headers, bytes]:
     """Status, headers and JSON body for a typed protocol error. Mapping is by type only (hazard 38)."""
     headers: Headers = [("Content-Type", "application/json"), ("Cache-Control", CACHE_NO_STORE)]
     headers.extend(exc.headers.items())
-    if exc.status == 413:
-        headers.append(("Connection", "close"))  # don't keep reading an oversized body we refused
+    if exc.closes_connection:
+        headers.append(("Connection", "close"))
     return exc.status, headers, error_body(exc.code, exc.message)
 
 

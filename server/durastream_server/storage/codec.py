@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from enum import IntEnum
 
 from durastream_server.storage.crc import crc32
@@ -242,11 +242,36 @@ def body_crc_ok(frame: FrameInfo, body: bytes | bytearray | memoryview) -> bool:
     return crc32(body, seed) == frame.crc
 
 
+_NULLABLE = (str, type(None))
+# The JSON type of every header field: a header that decodes to anything else is damaged, and must be
+# quarantined here rather than fail later inside the engine (one bad header must not stop start-up).
+_HEADER_TYPES: dict[str, tuple[type, ...]] = {
+    "path": (str,),
+    "content_type": (str,),
+    "created_at_ms": (int,),
+    "ttl_seconds": (int, type(None)),
+    "expires_at": _NULLABLE,
+    "fork_source_id": _NULLABLE,
+    "fork_source_path": _NULLABLE,
+    "fork_position": (int,),
+    "fork_offset_requested": _NULLABLE,
+    "fork_sub_offset": (int,),
+    "append_time_floor_ms": (int,),
+}
+
+
 def decode_header(body: bytes | bytearray | memoryview) -> StreamHeader:
     try:
         data = json.loads(bytes(body))
-        known = {f.name for f in fields(StreamHeader)}
-        return StreamHeader(**{k: v for k, v in data.items() if k in known})
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON object was expected, not {type(data).__name__}")
+        for name, value in data.items():
+            expected = _HEADER_TYPES.get(name)
+            if expected is not None and (
+                isinstance(value, bool) or not isinstance(value, expected)
+            ):
+                raise TypeError(f"field {name!r} has the wrong type: {value!r}")
+        return StreamHeader(**{k: v for k, v in data.items() if k in _HEADER_TYPES})
     except (ValueError, TypeError) as exc:
         raise CorruptRecord(f"bad stream header: {exc}") from exc
 

@@ -9,10 +9,13 @@
                    ``streams/`` only when complete, so a failed or crashed create leaves no stream (hazard 20).
   ``trash/``       delete renames a stream directory here (atomic), then removes it in the background.
   ``meta/``        other components' durable files (e.g. subscriptions), via ``meta_path()``.
+  ``quarantine/``  streams set aside because they cannot be served (``quarantine.py``), never deleted.
 
 Recovery (``open``): truncate a torn tail to the last valid record before anything is appended (hazard 18);
-a checksum failure *followed by valid data* is mid-file corruption: the stream is quarantined (reported by
-``corrupt``), never served, never reset to offset 0 (hazard 32). Empty ``staging/`` and ``trash/``.
+a checksum failure *followed by valid data* is mid-file corruption: the stream is quarantined
+(``quarantine()``: moved into ``quarantine/``, its path reserved in ``corrupt``), never served, never reset
+to offset 0 (hazard 32). One stream that cannot be recovered never stops the others from being served.
+Empty ``staging/`` and ``trash/``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from durastream_server.storage import codec
 from durastream_server.storage.files import FdCache, fsync_dir, is_out_of_space, write_file
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.log import LogContext, StreamLog
+from durastream_server.storage.quarantine import QuarantinedStream, free_name, set_aside
+from durastream_server.storage.quarantine import load as load_quarantine
 from durastream_server.storage.records import AppendEntry, StreamHeader
 from durastream_server.storage.recovery import Quarantine, Recovered, recover_stream
 from durastream_server.storage.segments import SegmentTable, segment_name
@@ -80,17 +85,20 @@ class DataDir:
     """Owns the data directory for the server's lifetime.
 
     ``logs``: storage id -> log, every recovered or created incarnation (incl. soft-deleted).
-    ``corrupt``: stream path -> reason, for quarantined streams (``storage:<id>`` when even the header
-    record is unreadable, so the path is unknown).
+    ``quarantined``: entry name under ``quarantine/`` -> what was set aside there and why.
+    ``corrupt``: stream path -> reason, the paths of quarantined streams (reserved: never served,
+    never re-created empty). A stream whose header is unreadable has no known path.
     """
 
     logs: dict[str, StreamLog]
+    quarantined: dict[str, QuarantinedStream]
     corrupt: dict[str, str]
 
     def __init__(self, config: StorageConfig, lock_fd: int) -> None:
         self.config = config
         self.root = Path(config.root)
         self.logs = {}
+        self.quarantined = {}
         self.corrupt = {}
         self._lock_fd = lock_fd
         self._executor = ThreadPoolExecutor(
@@ -114,6 +122,11 @@ class DataDir:
     def executor(self) -> ThreadPoolExecutor:
         """The shared I/O thread pool (other components may use it for their own blocking file work)."""
         return self._executor
+
+    @property
+    def read_executor(self) -> ThreadPoolExecutor:
+        """The readers' thread pool: reads, and the per-message work of rendering what they return."""
+        return self._read_executor
 
     def _dir(self, name: str) -> Path:
         return self.root / name
@@ -140,15 +153,16 @@ class DataDir:
             os.close(lock_fd)
             raise
         log.info(
-            "data dir %s: %d streams recovered, %d quarantined",
+            "data dir %s: %d streams recovered, %d quarantined (in %s)",
             root,
             len(self.logs),
-            len(self.corrupt),
+            len(self.quarantined),
+            self._dir("quarantine"),
         )
         return self
 
     def _prepare_dirs(self) -> None:
-        for name in ("streams", "staging", "trash", "meta"):
+        for name in ("streams", "staging", "trash", "meta", "quarantine"):
             self._dir(name).mkdir(exist_ok=True)
         for name in ("staging", "trash"):
             scratch = self._dir(name)
@@ -158,6 +172,14 @@ class DataDir:
             fsync_dir(self.root)
 
     async def _recover_all(self) -> None:
+        for entry in await self._run(load_quarantine, self.root):
+            self._note_quarantined(entry)
+        if self.quarantined:
+            log.warning(
+                "data dir %s: %d streams remain quarantined from earlier start-ups (see /healthz)",
+                self.root,
+                len(self.quarantined),
+            )
         streams = self._dir("streams")
         ids = sorted(os.listdir(streams))
         interval = self.config.index_interval_bytes
@@ -165,8 +187,7 @@ class DataDir:
         async def one(log_id: str) -> Recovered | Quarantine:
             directory = str(streams / log_id)
             if not os.path.isdir(directory):
-                log.warning("data dir: ignoring non-directory %s", directory)
-                return Quarantine(f"storage:{log_id}", "not a directory")
+                return Quarantine(None, "not a stream directory")
             try:
                 return await self._run(
                     recover_stream, directory, log_id, interval, sync=self._ctx.sync
@@ -175,12 +196,12 @@ class DataDir:
                 return q
             except Exception as exc:  # a bug must not silently drop a stream (hazard 32)
                 log.exception("stream %s: recovery failed", log_id)
-                return Quarantine(f"storage:{log_id}", f"recovery failed: {exc!r}")
+                return Quarantine(None, f"recovery failed: {exc!r}")
 
-        for result in await asyncio.gather(*(one(i) for i in ids)):
+        set_aside: list[asyncio.Future[None]] = []
+        for log_id, result in zip(ids, await asyncio.gather(*(one(i) for i in ids)), strict=True):
             if isinstance(result, Quarantine):
-                log.error("stream %s quarantined: %s", result.key, result.reason)
-                self.corrupt[result.key] = result.reason
+                set_aside.append(self.quarantine(log_id, result.path, result.reason))
                 continue
             stream = StreamLog(
                 self._ctx,
@@ -196,6 +217,55 @@ class DataDir:
             stream._snapshot_entries = result.snapshot_entries
             stream._snapshot_end = result.snapshot_end
             self.logs[result.log_id] = stream
+        await asyncio.gather(*set_aside)
+
+    # ------------------------------------------------------------------------------------- quarantine
+
+    def quarantine(self, storage_id: str, path: str | None, reason: str) -> asyncio.Future[None]:
+        """Stop serving a stream and set its directory aside, whoever found it unusable (recovery, or
+        the engine at start-up). Takes effect at once: the log is forgotten, its path reserved and
+        the event logged (once, with the path and the reason). The directory moves to
+        ``quarantine/`` on the I/O pool; the returned future is done when it has (``close`` waits
+        for it too). It never raises: a move that fails is logged, and the next start-up finds the
+        stream where it was and quarantines it again.
+        """
+        stream = self.logs.pop(storage_id, None)
+        if stream is not None:
+            stream._closed = True  # nothing was staged: it was never served
+            stream._forget_files()
+        entry = QuarantinedStream(
+            name=free_name(set(self.quarantined), storage_id),
+            id=storage_id,
+            path=path,
+            reason=reason,
+            at_ms=int(time.time() * 1000),
+        )
+        self._note_quarantined(entry)
+        log.error(
+            "stream %r (storage id %s) quarantined: %s; moving it to %s",
+            path,
+            storage_id,
+            reason,
+            self.root / entry.location,
+        )
+        source = self._dir("streams") / storage_id
+        move = asyncio.get_running_loop().run_in_executor(
+            self._executor, self._set_aside, source, entry
+        )
+        self._background.add(move)
+        move.add_done_callback(self._background.discard)
+        return move
+
+    def _note_quarantined(self, entry: QuarantinedStream) -> None:
+        self.quarantined[entry.name] = entry
+        if entry.path is not None:
+            self.corrupt[entry.path] = entry.reason
+
+    def _set_aside(self, source: Path, entry: QuarantinedStream) -> None:
+        try:
+            set_aside(self.root, source, entry, sync=self._ctx.sync)
+        except OSError as exc:
+            log.error("could not move quarantined %s to %s: %s", source, entry.location, exc)
 
     # ----------------------------------------------------------------------------------------- create
 
@@ -206,7 +276,9 @@ class DataDir:
         ``StorageFailure``/``InsufficientStorage`` on I/O errors (nothing is left behind then).
         """
         self._check_open()
-        state = StreamState(tail=header.fork_position)
+        state = StreamState(
+            tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
+        )
         if initial is not None:
             apply_entry(state, initial)
         log_id = new_storage_id()
@@ -220,11 +292,13 @@ class DataDir:
                 raise errors.InsufficientStorage(f"no space to create {header.path!r}") from exc
             raise errors.StorageFailure(f"could not create {header.path!r}: {exc}") from exc
         header_end = len(header_frame)
-        index = LogIndex(SparseIndex(self.config.index_interval_bytes))
+        index = LogIndex(
+            SparseIndex(self.config.index_interval_bytes, last_time=header.append_time_floor_ms)
+        )
         index.sparse.note(header.fork_position, header_end, 0)
         file_end = header_end
         if initial is not None:
-            index.note(initial.position, header_end, len(initial.messages))
+            index.note(initial.position, header_end, len(initial.messages), initial.timestamp_ms)
             file_end += len(initial_frame)  # type: ignore[arg-type]
         stream = StreamLog(
             self._ctx,

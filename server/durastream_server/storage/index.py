@@ -12,12 +12,20 @@ Every point also carries its record's *message ordinal*: how many messages of th
 record. Limit lookups and fork sub-offsets count messages between two positions as a difference of
 ordinals, so they cost a bisect plus a header scan of at most about one interval, never a walk from the
 start of the stream (``ordinals.py``).
+
+Sparse points also carry their record's *effective append time*: the largest append time of any message
+of this log up to and including that record (records without messages do not count). Effective times
+never decrease along the log, so "the first message whose append time is >= T" is a bisect over them plus
+a header scan of about one interval (time lookups, ``times.py``). The engine clamps append times to the
+stream's last one, so for data it wrote the effective time *is* the append time; the running maximum only
+makes the lookup exact ("the first message at or after which some append time reached T") even for a log
+whose times went backwards.
 """
 
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 
 # Small on purpose: it is per log, and tailing readers start within the last few records.
 RECENT_RECORDS = 128
@@ -54,10 +62,12 @@ class _Points:
 
 
 class SparseIndex(_Points):
-    """(position, global file offset, message ordinal) roughly every ``interval`` file bytes, in log
-    order. ``messages`` counts every message noted so far (the durable message count of the log)."""
+    """(position, global file offset, message ordinal, effective append time) roughly every
+    ``interval`` file bytes, in log order. ``messages`` counts every message noted so far (the durable
+    message count of the log); ``last_time`` is the effective append time of the last message noted
+    (or the stream's time floor, ``StreamHeader.append_time_floor_ms``, before any)."""
 
-    __slots__ = ("interval", "positions", "offsets", "ordinals", "messages")
+    __slots__ = ("interval", "positions", "offsets", "ordinals", "times", "messages", "last_time")
 
     def __init__(
         self,
@@ -66,24 +76,41 @@ class SparseIndex(_Points):
         offsets: array | None = None,
         ordinals: array | None = None,
         messages: int = 0,
+        times: array | None = None,
+        last_time: int = 0,
     ):
         self.interval = max(1, interval)
         self.positions: array = positions if positions is not None else array("q")
         self.offsets: array = offsets if offsets is not None else array("q")
         self.ordinals: array = ordinals if ordinals is not None else array("q")
+        self.times: array = times if times is not None else array("q")
         self.messages = messages
-        if not len(self.positions) == len(self.offsets) == len(self.ordinals):
+        self.last_time = last_time
+        if not len(self.positions) == len(self.offsets) == len(self.ordinals) == len(self.times):
             raise ValueError("sparse index arrays differ in length")
 
-    def note(self, position: int, offset: int, n_messages: int) -> None:
-        """Called for every record start (``n_messages`` in the record; 0 for the stream's first
-        point, which is not a record); keeps one point per ``interval`` bytes."""
+    def note(self, position: int, offset: int, n_messages: int, timestamp_ms: int = 0) -> None:
+        """Called for every record start (``n_messages`` in the record, appended at ``timestamp_ms``;
+        0 messages for the stream's first point, which is not a record); keeps one point per
+        ``interval`` bytes."""
+        if n_messages and timestamp_ms > self.last_time:
+            self.last_time = timestamp_ms
         offsets = self.offsets
         if not offsets or offset - offsets[-1] >= self.interval:
             self.positions.append(position)
             offsets.append(offset)
             self.ordinals.append(self.messages)
+            self.times.append(self.last_time)
         self.messages += n_messages
+
+    def floor_time(self, at_ms: int) -> tuple[int, int, int] | None:
+        """The last point ``(position, offset, effective time)`` whose effective time is below
+        ``at_ms``: the first message at or after ``at_ms`` starts after it, and no later than the
+        next point. None when every point is at or after ``at_ms``."""
+        i = bisect_left(self.times, at_ms) - 1
+        if i < 0:
+            return None
+        return self.positions[i], self.offsets[i], self.times[i]
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -120,17 +147,23 @@ class LogIndex:
         self.sparse = sparse
         self.recent = RecentRecords()
 
-    def note(self, position: int, offset: int, n_messages: int) -> None:
-        """A durable APPEND record starts at global ``offset`` with ``n_messages`` messages."""
+    def note(self, position: int, offset: int, n_messages: int, timestamp_ms: int) -> None:
+        """A durable APPEND record starts at global ``offset`` with ``n_messages`` messages appended
+        at ``timestamp_ms``."""
         sparse = self.sparse
         ordinal = sparse.messages
-        sparse.note(position, offset, n_messages)
+        sparse.note(position, offset, n_messages, timestamp_ms)
         self.recent.note(position, offset, ordinal)
 
     @property
     def messages(self) -> int:
         """Messages in the durable part of the log."""
         return self.sparse.messages
+
+    @property
+    def last_time(self) -> int:
+        """Effective append time of the last durable message (the time floor if there is none)."""
+        return self.sparse.last_time
 
     def floor_entry(self, position: int) -> tuple[int, int, int]:
         """The closest known record start ``(position, offset, ordinal)`` at or before ``position``."""

@@ -66,6 +66,7 @@ from durastream_server.storage.snapshot import (
     write_snapshot,
 )
 from durastream_server.storage.state import StreamState, apply_entry
+from durastream_server.storage.times import first_at_or_after
 from durastream_server.storage.writer import BatchResult, WriteTarget, write_batch
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 # The just-committed tail each log keeps in memory for the readers that commit wakes (``_keep_hot``):
-# at most this many payload bytes and entries per log, dropped once no commit came for HOT_SECONDS.
+# at most this many bytes (payload plus MESSAGE_OVERHEAD per message, so that tiny messages cannot make
+# the on-loop read of it long) and entries per log, dropped once no commit came for HOT_SECONDS.
 HOT_MAX_BYTES = 32 * 1024
 HOT_MAX_ENTRIES = 256
 HOT_SECONDS = 0.1
@@ -89,6 +91,7 @@ class ReadChunk:
 
     slices: tuple[MessageSlice | MessageRun, ...]  # runs only when the caller asked for them
     next_position: int  # position after the last returned byte; == start when nothing was returned
+    messages: int = 0  # messages (or pieces of byte-stream messages) in ``slices``
 
 
 class InvalidPosition(ValueError):
@@ -285,13 +288,13 @@ class StreamLog:
         closed = False
         for (item, _), offset in zip(batch, result.offsets, strict=True):
             if type(item) is AppendEntry:
-                index.note(item.position, offset, len(item.messages))
+                index.note(item.position, offset, len(item.messages), item.timestamp_ms)
                 tail = item.position + item.size
                 closed = closed or item.closes
             elif type(item) is GroupCommit:
                 assert isinstance(result, GroupResult)
                 for position, record_offset, n_messages in result.records:
-                    index.note(position, record_offset, n_messages)
+                    index.note(position, record_offset, n_messages, item.timestamp_ms)
                 tail = item.end
                 closed = closed or item.closes
         if result.new_segments:
@@ -341,13 +344,13 @@ class StreamLog:
                     hot.clear()
                     self._hot_bytes = 0
                 hot.append(item)  # type: ignore[arg-type]
-                self._hot_bytes += item.size  # type: ignore[union-attr]
+                self._hot_bytes += item.cost  # type: ignore[union-attr]
             elif kind is not SoftDelete:
                 # A record group: its messages are not in the item, so the window would have a gap.
                 hot.clear()
                 self._hot_bytes = 0
         while hot and (self._hot_bytes > HOT_MAX_BYTES or len(hot) > HOT_MAX_ENTRIES):
-            self._hot_bytes -= hot.popleft().size
+            self._hot_bytes -= hot.popleft().cost
         if hot:
             loop = asyncio.get_running_loop()
             self._hot_at = loop.time()
@@ -531,6 +534,7 @@ class StreamLog:
         *,
         whole_messages: bool,
         runs: bool = False,
+        overhead: int = 0,
     ) -> ReadChunk:
         """Read from logical ``start`` up to ``min(end, durable_tail)``, about ``max_bytes`` of payload.
 
@@ -541,8 +545,9 @@ class StreamLog:
         - ``start`` outside ``[base, durable_tail]`` raises ``InvalidPosition``.
         - A read of a deleted log raises ``errors.NotFound``; checksum failure ``errors.CorruptStream``;
           an I/O error ``errors.StorageFailure``.
-        - ``runs`` (whole-message reads): records read from disk and returned whole may come back as
-          one ``MessageRun`` each (reads served from memory return slices).
+        - ``runs`` (whole-message reads): the messages returned from one record read from disk come
+          back as one ``MessageRun`` (reads served from memory return slices).
+        - ``overhead``: what each message costs against ``max_bytes`` beyond its bytes.
         Uses the index to find the start and ``pread`` from disk in a worker thread; never loads a segment
         whole.
         """
@@ -562,14 +567,16 @@ class StreamLog:
                 first -= 1
             entries = hot if first == 0 else itertools.islice(hot, first, None)
             try:
-                slices, next_position = read_entries(entries, start, cap, max_bytes, whole_messages)
+                slices, next_position, count = read_entries(
+                    entries, start, cap, max_bytes, whole_messages, overhead
+                )
             except NotABoundary as exc:
                 raise InvalidPosition(str(exc)) from None
-            return ReadChunk(tuple(slices), next_position)
+            return ReadChunk(tuple(slices), next_position, count)
         _, scan_from = self._index.floor(start)
         view = self._segments.view(self._file_end)
         try:
-            slices, next_position = await asyncio.get_running_loop().run_in_executor(
+            slices, next_position, count = await asyncio.get_running_loop().run_in_executor(
                 self._ctx.read_executor,
                 read_range,
                 view,
@@ -580,12 +587,13 @@ class StreamLog:
                 max_bytes,
                 whole_messages,
                 runs,
+                overhead,
             )
         except NotABoundary as exc:
             raise InvalidPosition(str(exc)) from None
         except (codec.CorruptRecord, OSError) as exc:
             raise self._read_error(exc) from exc
-        return ReadChunk(tuple(slices), next_position)
+        return ReadChunk(tuple(slices), next_position, count)
 
     async def is_boundary(self, position: int) -> bool:
         """True if ``position`` is a message boundary (or the tail), staged entries included."""
@@ -716,6 +724,30 @@ class StreamLog:
             for (i, _, _), answer in zip(pending, await self._scan(scan), strict=True):
                 answers[i] = answer
         return answers  # type: ignore[return-value]
+
+    async def first_at_time(self, at_ms: int) -> tuple[int, int] | None:
+        """``(position, append time)`` of the first durable message of this log whose append time is
+        ``>= at_ms`` (effective times, ``index.py``), or None if there is none yet.
+
+        A bisect over the sparse index, then one header scan of about one index interval in the read
+        executor (``times.py``); answered from memory when no message is that late.
+        """
+        self._check_open()
+        sparse = self._index.sparse
+        if not self._index.messages or sparse.last_time < at_ms:
+            return None
+        point = sparse.floor_time(at_ms)
+        if point is None:  # even the first point is that late: the first message is the answer
+            offset, running = sparse.offsets[0], -(2**63)
+        else:
+            _, offset, running = point
+        view = self._segments.view(self._file_end)
+        cache = self._ctx.cache
+
+        def scan() -> list[tuple[int, int] | None]:
+            return [first_at_or_after(view, cache, offset, running, at_ms)]
+
+        return (await self._scan(scan))[0]
 
     async def _scan(self, work: Callable[[], list[_T]]) -> list[_T]:
         try:

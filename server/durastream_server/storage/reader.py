@@ -7,7 +7,8 @@ forward and read only the payload they return. Callers run ``read_range`` in a w
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable
 from itertools import accumulate, islice, repeat
 
 from durastream_server.storage import codec
@@ -45,18 +46,24 @@ def read_range(
     max_bytes: int,
     whole_messages: bool,
     runs: bool = False,
-) -> tuple[list[MessageSlice | MessageRun], int]:
+    overhead: int = 0,
+) -> tuple[list[MessageSlice | MessageRun], int, int]:
     """Read payload in ``[start, cap)`` (about ``max_bytes``), scanning records from ``scan_from``.
 
-    Returns the slices and the position after the last returned byte. Raises ``NotABoundary`` for a
-    whole-message read that starts inside a message and ``codec.CorruptRecord`` on checksum failure.
-    This is the read hot path, so it parses headers inline rather than through ``iter_appends``.
+    Returns the slices, the position after the last returned byte and how many messages (or byte-stream
+    pieces) they hold. Raises ``NotABoundary`` for a whole-message read that starts inside a message and
+    ``codec.CorruptRecord`` on checksum failure. This is the read hot path, so it parses headers inline
+    rather than through ``iter_appends``.
 
-    With ``runs`` (whole-message reads only), a record whose messages are all returned comes back as one
-    ``MessageRun`` instead of a ``MessageSlice`` per message.
+    Each message (or piece of one) costs its bytes plus ``overhead`` against ``max_bytes``, so a read
+    of tiny messages returns a bounded number of them (whole-message reads still return at least one).
+    With ``runs`` (whole-message reads only), the messages returned from one record come back as one
+    ``MessageRun`` instead of a ``MessageSlice`` each; the messages of a record are picked with a binary
+    search over their ends, never a Python loop per message.
     """
     out: list[MessageSlice | MessageRun] = []
     got = 0
+    count = 0
     next_pos = start
     budget = max(1, max_bytes)
     end = segs.end
@@ -91,112 +98,169 @@ def read_range(
                 lbuf, lrel = ensure(off + _HEAD_SIZE + meta_len - 4 * n, 4 * n)
                 lengths = struct.unpack_from(f"<{n}I", lbuf, lrel)
             # Pick the messages (or byte ranges of them) of this record: (pos, from, to, whole),
-            # with from/to relative to the record's payload.
+            # with from/to relative to the record's payload; whole-message reads pick one run [i, j).
             picks: list[tuple[int, int, int, bool]] = []
-            m_pos = position
-            rel_m = 0
+            run: tuple[int, int, list[int]] | None = None
             done = False
-            # The common case of catch-up and frames reads: every message of the record is returned.
-            # Decided per record, and the slices are then built with C-level iteration (below)
-            # instead of this loop's per-message Python work, which was a sixth of a frames read.
-            whole_record = (
-                whole_messages
-                and n > 1
-                and position >= next_pos
-                and position + payload_len <= cap
-                and got + payload_len <= budget
-                and min(lengths) > 0
-            )
-            if whole_record:
-                picks.append((position, 0, payload_len, True))
-                got += payload_len
-                next_pos = position + payload_len
-            for length in () if whole_record else lengths:
-                m_end = m_pos + length
-                if m_end > next_pos:
-                    if whole_messages:
-                        if m_pos < next_pos:
-                            raise NotABoundary(f"position {start} is inside a message")
-                        if m_end > cap or (got and got + length > budget):
-                            done = True
-                            break
-                        picks.append((m_pos, rel_m, rel_m + length, True))
-                        got += length
-                        next_pos = m_end
-                    else:
-                        lo = m_pos if m_pos > next_pos else next_pos
-                        hi = min(m_end, cap, lo + (budget - got))
-                        if hi <= lo:
-                            done = True
-                            break
-                        picks.append(
-                            (
-                                lo,
-                                rel_m + lo - m_pos,
-                                rel_m + hi - m_pos,
-                                lo == m_pos and hi == m_end,
+            if whole_messages and min(lengths) > 0:
+                ends = list(accumulate(lengths, initial=position))  # ends[k]: message k's start
+                i = bisect_left(ends, next_pos)
+                if ends[i] != next_pos:
+                    raise NotABoundary(f"position {start} is inside a message")
+                last = bisect_right(ends, cap) - 1  # messages up to ``last`` end by ``cap``
+                room = budget - got
+                base = next_pos + i * overhead  # cost of [i, j) is ends[j] - base + j * overhead
+
+                def cost(j: int, ends: list[int] = ends, base: int = base) -> int:
+                    return ends[j] - base + j * overhead
+
+                j = i + bisect_right(range(i, last + 1), room, key=cost) - 1
+                if j == i and not got and last > i:
+                    j = i + 1  # at least one message, however large
+                done = j < n
+                if j > i:
+                    run = (i, j, ends)
+                    got += cost(j)
+                    count += j - i
+                    next_pos = ends[j]
+            else:
+                m_pos = position
+                rel_m = 0
+                for length in lengths:
+                    m_end = m_pos + length
+                    if m_end > next_pos:
+                        if whole_messages:
+                            if m_pos < next_pos:
+                                raise NotABoundary(f"position {start} is inside a message")
+                            if m_end > cap or (got and got + length + overhead > budget):
+                                done = True
+                                break
+                            picks.append((m_pos, rel_m, rel_m + length, True))
+                            got += length + overhead
+                            next_pos = m_end
+                        else:
+                            span = _byte_span(m_pos, m_end, next_pos, cap, budget, got, overhead)
+                            if span is None:
+                                done = True
+                                break
+                            lo, hi = span
+                            picks.append(
+                                (
+                                    lo,
+                                    rel_m + lo - m_pos,
+                                    rel_m + hi - m_pos,
+                                    lo == m_pos and hi == m_end,
+                                )
                             )
-                        )
-                        got += hi - lo
-                        next_pos = hi
-                        if hi < m_end:
-                            done = True
-                            break
-                m_pos = m_end
-                rel_m += length
-            if picks:
-                first, last = picks[0][1], picks[-1][2]
-                if first == 0 and last == payload_len and payload_len > READ_BLOCK:
-                    # The whole payload of a large record (catch-up reads): checksum the record's
-                    # head, then its payload (crc32 continues across the two), which ``ensure``
-                    # preads into a bytes object of its own. Slicing all of it below is then free
-                    # (CPython returns the same object), so each byte is copied once, by the kernel.
-                    head_len = _HEAD_SIZE + meta_len
-                    hbuf, hrel = ensure(off, head_len)
-                    running = crc32(
-                        memoryview(hbuf)[hrel + FRAME_SIZE : hrel + head_len], _APPEND_SEED
+                            got += hi - lo + overhead
+                            next_pos = hi
+                            if hi < m_end:
+                                done = True
+                                break
+                    m_pos = m_end
+                    rel_m += length
+                count += len(picks)
+            if run is not None:
+                first, last_byte = run[2][run[0]] - position, run[2][run[1]] - position
+            elif picks:
+                first, last_byte = picks[0][1], picks[-1][2]
+            else:
+                if done:
+                    break
+                off += rec_len
+                continue
+            rbuf, p = _payload(ensure, off, meta_len, body_len, crc, payload_len, first, last_byte)
+            if run is not None:
+                i, j, ends = run
+                if runs:
+                    out.append(
+                        MessageRun(ends[i], rbuf[p + first : p + last_byte], lengths[i:j], ts)
                     )
-                    rbuf, p = ensure(off + head_len, payload_len)
-                    if crc32(memoryview(rbuf)[p : p + payload_len], running) != crc:
-                        raise CorruptRecord(f"checksum mismatch in record at file offset {off}")
-                elif rec_len <= VERIFY_WHOLE_LIMIT or (first == 0 and last == payload_len):
-                    rbuf, rrel = ensure(off, rec_len)
-                    body_at = rrel + FRAME_SIZE
-                    if crc32(memoryview(rbuf)[body_at : body_at + body_len], _APPEND_SEED) != crc:
-                        raise CorruptRecord(f"checksum mismatch in record at file offset {off}")
-                    p = body_at + APPEND_FIXED_SIZE + meta_len
                 else:
-                    # A part of a large record: read just that part (no whole-record checksum).
-                    rbuf, rrel = ensure(off + _HEAD_SIZE + meta_len + first, last - first)
-                    p = rrel - first
-                if whole_record and runs:
-                    out.append(MessageRun(position, rbuf[p : p + payload_len], lengths, ts))
-                elif whole_record:
-                    bounds = list(accumulate(lengths, initial=p))
+                    bounds = [p + e - position for e in ends[i : j + 1]]
                     out.extend(
                         map(
                             MessageSlice,
-                            accumulate(lengths[:-1], initial=position),
+                            ends[i:j],
                             map(rbuf.__getitem__, map(slice, bounds, islice(bounds, 1, None))),
                             repeat(ts),
                         )
                     )
-                else:
-                    for pos, lo, hi, whole in picks:
-                        out.append(MessageSlice(pos, rbuf[p + lo : p + hi], ts, whole))
+            else:
+                for pos, lo, hi, whole in picks:
+                    out.append(MessageSlice(pos, rbuf[p + lo : p + hi], ts, whole))
             if done:
                 break
             off += rec_len
-    return out, next_pos
+    return out, next_pos, count
+
+
+def _byte_span(
+    m_pos: int, m_end: int, next_pos: int, cap: int, budget: int, got: int, overhead: int
+) -> tuple[int, int] | None:
+    """The part ``[lo, hi)`` of the byte-stream message ``[m_pos, m_end)`` that a byte read returns
+    next, or None when the budget (``overhead`` per piece; at least one byte per read) or ``cap`` ends
+    the read before it."""
+    lo = m_pos if m_pos > next_pos else next_pos
+    room = budget - got - overhead
+    if room <= 0:
+        if got:
+            return None
+        room = 1
+    hi = min(m_end, cap, lo + room)
+    return (lo, hi) if hi > lo else None
+
+
+def _payload(
+    ensure: Callable[..., tuple[bytes, int]],
+    off: int,
+    meta_len: int,
+    body_len: int,
+    crc: int,
+    payload_len: int,
+    first: int,
+    last: int,
+) -> tuple[bytes, int]:
+    """The bytes holding ``[first, last)`` of the payload of the APPEND record at ``off``, checksummed
+    where the record is read whole, and where the payload starts in them."""
+    rec_len = FRAME_SIZE + body_len
+    if first == 0 and last == payload_len and payload_len > READ_BLOCK:
+        # The whole payload of a large record (catch-up reads): checksum the record's head, then its
+        # payload (crc32 continues across the two), which ``ensure`` preads into a bytes object of its
+        # own. Slicing all of it is then free (CPython returns the same object), so each byte is
+        # copied once, by the kernel.
+        head_len = _HEAD_SIZE + meta_len
+        hbuf, hrel = ensure(off, head_len)
+        running = crc32(memoryview(hbuf)[hrel + FRAME_SIZE : hrel + head_len], _APPEND_SEED)
+        rbuf, p = ensure(off + head_len, payload_len)
+        if crc32(memoryview(rbuf)[p : p + payload_len], running) != crc:
+            raise CorruptRecord(f"checksum mismatch in record at file offset {off}")
+        return rbuf, p
+    if rec_len <= VERIFY_WHOLE_LIMIT or (first == 0 and last == payload_len):
+        rbuf, rrel = ensure(off, rec_len)
+        body_at = rrel + FRAME_SIZE
+        if crc32(memoryview(rbuf)[body_at : body_at + body_len], _APPEND_SEED) != crc:
+            raise CorruptRecord(f"checksum mismatch in record at file offset {off}")
+        return rbuf, body_at + APPEND_FIXED_SIZE + meta_len
+    # A part of a large record: read just that part (no whole-record checksum).
+    rbuf, rrel = ensure(off + _HEAD_SIZE + meta_len + first, last - first)
+    return rbuf, rrel - first
 
 
 def read_entries(
-    entries: Iterable[AppendEntry], start: int, cap: int, max_bytes: int, whole_messages: bool
-) -> tuple[list[MessageSlice], int]:
+    entries: Iterable[AppendEntry],
+    start: int,
+    cap: int,
+    max_bytes: int,
+    whole_messages: bool,
+    overhead: int = 0,
+) -> tuple[list[MessageSlice], int, int]:
     """``read_range`` over entries still in memory (a log's just-committed tail), with the same result.
 
     ``entries`` must be contiguous and cover ``start``. Runs on the event loop: no I/O, and the messages
-    are returned as the very bytes objects the append stored (slices only for partial byte reads).
+    are returned as the very bytes objects the append stored (slices only for partial byte reads). The
+    log keeps few enough messages in memory (``HOT_MAX_BYTES`` counts ``overhead`` per message) that
+    this loop stays short.
     """
     out: list[MessageSlice] = []
     got = 0
@@ -218,22 +282,22 @@ def read_entries(
                 if whole_messages:
                     if m_pos < next_pos:
                         raise NotABoundary(f"position {start} is inside a message")
-                    if m_end > cap or (got and got + length > budget):
+                    if m_end > cap or (got and got + length + overhead > budget):
                         done = True
                         break
                     out.append(MessageSlice(m_pos, message, ts, True))
-                    got += length
+                    got += length + overhead
                     next_pos = m_end
                 else:
-                    lo = m_pos if m_pos > next_pos else next_pos
-                    hi = min(m_end, cap, lo + (budget - got))
-                    if hi <= lo:
+                    span = _byte_span(m_pos, m_end, next_pos, cap, budget, got, overhead)
+                    if span is None:
                         done = True
                         break
+                    lo, hi = span
                     whole = lo == m_pos and hi == m_end
                     data = message if whole else message[lo - m_pos : hi - m_pos]
                     out.append(MessageSlice(lo, data, ts, whole))
-                    got += hi - lo
+                    got += hi - lo + overhead
                     next_pos = hi
                     if hi < m_end:
                         done = True
@@ -241,4 +305,4 @@ def read_entries(
             m_pos = m_end
         if done:
             break
-    return out, next_pos
+    return out, next_pos, len(out)

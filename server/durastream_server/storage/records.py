@@ -8,8 +8,14 @@ record as the data it belongs to, so no crash can separate an append from its de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+# What one message costs beyond its bytes wherever bytes are budgeted (read chunks, the in-memory tail,
+# staged handles): each message has objects, lengths and metadata of its own, so a budget that counted
+# payload alone would let a stream of 1-byte messages put millions of them into one read or request.
+# 24 bytes is what a message's metadata takes in a frames response (position, time, boundary).
+MESSAGE_OVERHEAD: Final = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +52,9 @@ class StreamHeader:
     # The fork request as sent, for idempotent re-create matching (section 4.2).
     fork_offset_requested: str | None = None
     fork_sub_offset: int = 0
+    # No message of this incarnation gets an earlier append time: a fork starts at the latest append
+    # time of its source, so append times never go backwards along a fork chain (time lookups).
+    append_time_floor_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,15 +81,22 @@ class AppendEntry:
     # digest and the committed handles. Recovery applies a group whole or not at all.
     continues: bool = False
     txn_handles: tuple[CommittedHandle, ...] = ()
+    # Logical bytes this entry adds to the stream: summed once here, since an append's size is asked for
+    # several times on the event loop and costs a pass over its (up to --max-messages-per-request)
+    # messages each time.
+    size: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        """Logical bytes this entry adds to the stream."""
-        return sum(map(len, self.messages))
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", sum(map(len, self.messages)))
 
     @property
     def end(self) -> int:
         return self.position + self.size
+
+    @property
+    def cost(self) -> int:
+        """What this entry counts against a byte budget: its bytes plus the per-message overhead."""
+        return self.size + MESSAGE_OVERHEAD * len(self.messages)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,11 +47,11 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class Quarantine(Exception):
-    """The stream cannot be trusted. ``key`` is its path, or ``storage:<id>`` if the header is lost."""
+    """The stream cannot be trusted. ``path`` is its path, or None if the header is lost."""
 
-    def __init__(self, key: str, reason: str) -> None:
+    def __init__(self, path: str | None, reason: str) -> None:
         super().__init__(reason)
-        self.key = key
+        self.path = path
         self.reason = reason
 
 
@@ -137,7 +137,7 @@ class _GroupBuffer:
         except ValueError as exc:
             raise _Inconsistent(f"record group at {self.records[0][1]}: {exc}") from None
         for position, offset, n_messages in self.records:
-            index.note(position, offset, n_messages)
+            index.note(position, offset, n_messages, last.timestamp_ms)
         self.records = []
 
     def torn(self, reason: str, cut: _Bad | None) -> _TornGroup:
@@ -222,22 +222,22 @@ class _Segments:
 
 def recover_stream(directory: str, log_id: str, index_interval: int, *, sync: bool) -> Recovered:
     """Recover one stream directory or raise ``Quarantine``."""
-    key = f"storage:{log_id}"
+    path: str | None = None
     try:
-        bases, sizes = _list_segments(directory, log_id, key)
+        bases, sizes = _list_segments(directory, log_id)
         segs = _Segments(directory, bases, sizes)
         try:
-            header, header_end = _read_header(segs, key)
-            key = header.path
-            _check_contiguous(bases, sizes, key)
-            return _recover(segs, log_id, header, header_end, index_interval, sync, key)
+            header, header_end = _read_header(segs)
+            path = header.path
+            _check_contiguous(bases, sizes, path)
+            return _recover(segs, log_id, header, header_end, index_interval, sync, path)
         finally:
             segs.close()
     except OSError as exc:
-        raise Quarantine(key, f"unreadable: {exc}") from exc
+        raise Quarantine(path, f"unreadable: {exc}") from exc
 
 
-def _list_segments(directory: str, log_id: str, key: str) -> tuple[list[int], list[int]]:
+def _list_segments(directory: str, log_id: str) -> tuple[list[int], list[int]]:
     bases = []
     for name in os.listdir(directory):
         match = SEGMENT_RE.match(name)
@@ -249,32 +249,32 @@ def _list_segments(directory: str, log_id: str, key: str) -> tuple[list[int], li
             log.warning("stream %s: ignoring unexpected file %r", log_id, name)
     bases.sort()
     if not bases or bases[0] != 0:
-        raise Quarantine(key, "first segment is missing")
+        raise Quarantine(None, "first segment is missing")
     sizes = [os.stat(os.path.join(directory, segment_name(b))).st_size for b in bases]
     return bases, sizes
 
 
-def _check_contiguous(bases: list[int], sizes: list[int], key: str) -> None:
+def _check_contiguous(bases: list[int], sizes: list[int], path: str) -> None:
     for i in range(len(bases) - 1):
         if bases[i] + sizes[i] != bases[i + 1]:
             raise Quarantine(
-                key,
+                path,
                 f"segment {segment_name(bases[i + 1])} does not follow {segment_name(bases[i])} "
                 f"({sizes[i]} bytes): a segment is missing or was resized",
             )
 
 
-def _read_header(segs: _Segments, key: str) -> tuple[StreamHeader, int]:
+def _read_header(segs: _Segments) -> tuple[StreamHeader, int]:
     try:
         frame, body = segs.record(0, 0)
     except _Bad as bad:
-        raise Quarantine(key, f"stream header record is damaged: {bad.reason}") from None
+        raise Quarantine(None, f"stream header record is damaged: {bad.reason}") from None
     if frame.kind != Kind.HEADER:
-        raise Quarantine(key, f"first record is kind {frame.kind}, not a stream header")
+        raise Quarantine(None, f"first record is kind {frame.kind}, not a stream header")
     try:
         header = codec.decode_header(body)
     except codec.CorruptRecord as exc:
-        raise Quarantine(key, str(exc)) from None
+        raise Quarantine(None, str(exc)) from None
     return header, frame.record_len
 
 
@@ -285,7 +285,7 @@ def _recover(
     header_end: int,
     index_interval: int,
     sync: bool,
-    key: str,
+    path: str,
 ) -> Recovered:
     total_end = segs.bases[-1] + segs.sizes[-1]
     snap = load_snapshot(segs.directory, log_id)
@@ -314,20 +314,20 @@ def _recover(
         else:
             reason = "it does not match the segment files"
         log.warning(
-            "stream %s (%s): discarding snapshot: %s; replaying the whole log", log_id, key, reason
+            "stream %s (%s): discarding snapshot: %s; replaying the whole log", log_id, path, reason
         )
         _drop_snapshot(segs.directory, sync)  # stale: must never be trusted again
-    state = StreamState(tail=header.fork_position)
-    index = LogIndex(SparseIndex(index_interval))
+    state = StreamState(tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms)
+    index = LogIndex(SparseIndex(index_interval, last_time=header.append_time_floor_ms))
     index.sparse.note(header.fork_position, header_end, 0)
     progress = _Progress(0)
     try:
         end = _replay(segs, header_end, state, index, progress)
     except _Inconsistent as exc:
-        raise Quarantine(key, str(exc)) from None
+        raise Quarantine(path, str(exc)) from None
     except _Bad as bad:
         # Everything before the bad record is already folded in (the fold stops before it).
-        end = _repair_tail(segs, bad, log_id, key, sync)
+        end = _repair_tail(segs, bad, log_id, path, sync)
     return Recovered(
         log_id, segs.directory, header, state, segs.bases, index, end, progress.last_record, 0, 0
     )
@@ -417,7 +417,7 @@ def _replay(
                         apply_entry(state, entry)
                     except ValueError as exc:
                         raise _Inconsistent(f"append record at {base + off}: {exc}") from None
-                    index.note(entry.position, base + off, len(entry.messages))
+                    index.note(entry.position, base + off, len(entry.messages), entry.timestamp_ms)
             elif group:
                 raise _Inconsistent(f"record kind {kind} inside a record group at {base + off}")
             elif kind == Kind.SOFT_DELETE:
@@ -435,7 +435,7 @@ def _replay(
     return segs.bases[-1] + segs.sizes[-1]
 
 
-def _repair_tail(segs: _Segments, bad: _Bad, log_id: str, key: str, sync: bool) -> int:
+def _repair_tail(segs: _Segments, bad: _Bad, log_id: str, stream_path: str, sync: bool) -> int:
     """Truncate a torn tail at ``bad``, or quarantine if valid data follows it."""
     if isinstance(bad, _TornGroup):
         cut = bad.cut
@@ -445,21 +445,16 @@ def _repair_tail(segs: _Segments, bad: _Bad, log_id: str, key: str, sync: bool) 
     where = f"{segment_name(segs.bases[bad.seg])} offset {bad.off}"
     if after is not None:
         j, off = after
-        log.error(
-            "stream %s (%s): %s at %s followed by valid data at %s offset %d; quarantined",
-            log_id,
-            key,
-            bad.reason,
-            where,
-            segment_name(segs.bases[j]),
-            off,
+        raise Quarantine(
+            stream_path,
+            f"mid-file corruption: {bad.reason} at {where}, followed by valid data at "
+            f"{segment_name(segs.bases[j])} offset {off}",
         )
-        raise Quarantine(key, f"mid-file corruption: {bad.reason} at {where}")
     dropped = segs.sizes[bad.seg] - bad.off + sum(segs.sizes[bad.seg + 1 :])
     log.warning(
         "stream %s (%s): torn tail (%s) at %s; truncating %d bytes",
         log_id,
-        key,
+        stream_path,
         bad.reason,
         where,
         dropped,

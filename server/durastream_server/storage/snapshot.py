@@ -18,10 +18,11 @@ File: ``magic (8) | crc32 (u32) | length (u64) | payload``. Payload (``DSSNAP02`
 ``json`` holds the scalars and the byte length of each section; the sections are little-endian records:
 producers ``id_len u16, id, epoch i64, last_seq i64, last_ms i64, digest_base i64, width u8, count u32,
 count x width digest bytes``; forgotten groups ``len u16, group, epoch i64, last_ms i64``; committed handles
-``len u16, name, expires_at_ms i64``; then the index's positions, offsets and ordinals (i64 x n each).
+``len u16, name, expires_at_ms i64``; then the index's positions, offsets, ordinals and effective append
+times (i64 x n each).
 ``DSSNAP01`` snapshots (producers in the JSON, with at most 64 digests each and no write times) are still
 read: their producers are taken to have last written when the stream last did (they are forgotten no
-sooner than they should be). A snapshot without ordinals (written before they existed) is ignored like a
+sooner than they should be). A snapshot without ordinals or append times (written before they existed) is ignored like a
 damaged one: the full replay rebuilds them.
 """
 
@@ -90,10 +91,11 @@ class IndexImage:
     index: SparseIndex
     count: int
     messages: int
+    last_time: int
 
     @classmethod
     def of(cls, index: SparseIndex) -> IndexImage:
-        return cls(index, len(index), index.messages)
+        return cls(index, len(index), index.messages, index.last_time)
 
 
 def capture(state: StreamState) -> StateImage:
@@ -127,6 +129,14 @@ def _native_i64(values: array) -> bytes:
     swapped = array("q", values)
     swapped.byteswap()
     return swapped.tobytes()
+
+
+def _i64_array(data: memoryview) -> array:
+    values = array("q")
+    values.frombytes(data)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
 
 
 def state_scalars(state: StateImage | StreamState) -> dict[str, Any]:
@@ -197,6 +207,7 @@ def snapshot_pieces(
             "index_interval": index.index.interval,
             "index_count": count,
             "index_messages": index.messages,
+            "index_last_time": index.last_time,
         },
         separators=(",", ":"),
     ).encode()
@@ -210,6 +221,7 @@ def snapshot_pieces(
         _native_i64(sparse.positions[:count]),
         _native_i64(sparse.offsets[:count]),
         _native_i64(sparse.ordinals[:count]),
+        _native_i64(sparse.times[:count]),
     ]
     crc = 0
     for piece in payload:
@@ -293,6 +305,8 @@ def decode_snapshot(data: bytes) -> Snapshot:
     count = int(meta["index_count"])
     if "index_messages" not in meta:
         raise ValueError("snapshot predates message ordinals")
+    if "index_last_time" not in meta:
+        raise ValueError("snapshot predates indexed append times")
     rest = payload[4 + meta_len :]
     state = _state(meta["state"])
     if magic == _MAGIC:
@@ -312,18 +326,11 @@ def decode_snapshot(data: bytes) -> Snapshot:
         state.txn_committed = CowTable(
             {str(name): int(expires) for name, expires in legacy.get("txn_committed", ())}
         )
-    if len(rest) != 24 * count:
+    if len(rest) != 32 * count:
         raise ValueError("snapshot index size mismatch")
-    positions = array("q")
-    positions.frombytes(rest[: 8 * count])
-    offsets = array("q")
-    offsets.frombytes(rest[8 * count : 16 * count])
-    ordinals = array("q")
-    ordinals.frombytes(rest[16 * count :])
-    if sys.byteorder != "little":
-        positions.byteswap()
-        offsets.byteswap()
-        ordinals.byteswap()
+    positions, offsets, ordinals, times = (
+        _i64_array(rest[8 * count * i : 8 * count * (i + 1)]) for i in range(4)
+    )
     return Snapshot(
         log_id=str(meta["log_id"]),
         covered_end=int(meta["covered_end"]),
@@ -335,6 +342,8 @@ def decode_snapshot(data: bytes) -> Snapshot:
             offsets,
             ordinals,
             messages=int(meta["index_messages"]),
+            times=times,
+            last_time=int(meta["index_last_time"]),
         ),
     )
 

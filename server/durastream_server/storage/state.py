@@ -126,7 +126,7 @@ class ForgottenGroup(NamedTuple):
 def producer_group(producer_id: str) -> str:
     """The group a producer id belongs to: the id up to its last ``-`` (the whole id if it has none).
 
-    Forgotten producers are remembered per group, as one epoch (docs/extensions.md, section 7). The
+    Forgotten producers are remembered per group, as one epoch (docs/extensions.md, section 8). The
     Spark sink's ids are ``<prefix>-<query>-<partition>``: one group per query, whose epochs are batch
     ids, so a new partition's first write at a later batch is told apart from a replay."""
     group, dash, _ = producer_id.rpartition("-")

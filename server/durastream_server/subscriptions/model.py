@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from durastream_server.offsets import format_offset
+from durastream_server.subscriptions import jsonbody
 from durastream_server.subscriptions.errors import InvalidField, InvalidJson
 from durastream_server.subscriptions.glob import InvalidPattern, compile_pattern
 from durastream_server.subscriptions.urls import WebhookUrlPolicy
@@ -136,9 +137,9 @@ class WakeRequest:
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(body.decode("utf-8")) if body.strip() else None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidJson(f"request body is not valid UTF-8 JSON: {exc}") from None
+        value = jsonbody.loads(body) if body.strip() else None
+    except ValueError as exc:  # not UTF-8, not JSON, or nested deeper than jsonbody.MAX_DEPTH
+        raise InvalidJson(f"request body is not accepted JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidJson("request body must be a JSON object")
     return value

@@ -2,7 +2,9 @@
 
 Wiring (app start-up)::
 
-    service = SubscriptionService(engine, data_dir.meta_path("subscriptions"))
+    service = SubscriptionService(
+        engine, data_dir.meta_path("subscriptions"), stream_root_url="https://ds.example/v1/stream"
+    )
     await service.start()            # loads state, registers itself as the engine's StreamObserver
     response = await service.handle(SubscriptionHttpRequest(...))
     await service.close()            # before the engine closes
@@ -14,6 +16,16 @@ The service owns three things the pure state machine (``state.py``) does not:
 * **side effects** of transitions: persisting state (``store.py``) *before* a wake is delivered or
   announced, webhook POSTs (``webhook.py``), wake events (``pullwake.py``);
 * **timers**: one per subscription, at its earliest lease expiry or retry time.
+
+URLs the service hands out (``callback_url`` in webhooks, ``jwks_url`` in descriptions) are built from
+``stream_root_url``, which the server derives from ``--public-url``: never from a request's ``Host``,
+which the client chooses (a re-confirming PUT with ``Host: attacker.example`` used to redirect every
+later callback there).
+
+Callers are authenticated before their body is read and before the subscription is looked up: a
+callback, ack or release with a missing, invalid or foreign token gets the same 401 whether the id
+exists or not, so ids cannot be probed. (The other routes are guarded by the server's own tokens, in the
+HTTP layer, before the service sees them.)
 
 Every transition runs synchronously on the loop (no ``await`` between reading state and changing it), so
 two requests racing for one subscription are serialized without locks.
@@ -63,6 +75,7 @@ from durastream_server.subscriptions.errors import (
     error_body,
 )
 from durastream_server.subscriptions.http_types import (
+    ClientGone,
     SubscriptionHttpRequest,
     SubscriptionHttpResponse,
 )
@@ -133,6 +146,7 @@ class SubscriptionService:
         engine: Engine,
         state_dir: Path,
         *,
+        stream_root_url: str,
         clock: Callable[[], float] = time.time,
         allow_local_webhooks: bool = True,
         webhook_timeout: float = DEFAULT_TIMEOUT_S,
@@ -141,6 +155,7 @@ class SubscriptionService:
     ) -> None:
         self._engine = engine
         self._state_dir = Path(state_dir)
+        self._root = stream_root_url.rstrip("/")  # e.g. "https://ds.example/v1/stream"
         self._clock = clock
         self._policy = WebhookUrlPolicy(allow_local_dev=allow_local_webhooks)
         self._webhook_timeout = webhook_timeout
@@ -207,6 +222,8 @@ class SubscriptionService:
     async def handle(self, request: SubscriptionHttpRequest) -> SubscriptionHttpResponse:
         try:
             return await self._route(request)
+        except ClientGone:
+            raise  # nobody to answer
         except ProtocolError as exc:
             return _error_response(exc)
         except Exception:
@@ -230,20 +247,19 @@ class SubscriptionService:
             if method == "PUT":
                 return await self._put(sub_id, request)
             if method == "GET":
-                return _json(200, self._describe(self._get(sub_id), request.stream_root_url))
+                return _json(200, self._describe(self._get(sub_id)))
             return await self._delete(sub_id)
         if rest == ["streams"]:
             _allow(method, "POST")
-            return await self._add_streams(self._get(sub_id), request.body)
+            return await self._add_streams(self._get(sub_id), request)
         if rest[0] == "streams" and len(rest) > 1 and all(rest[1:]):
             _allow(method, "DELETE")
             return await self._remove_stream(self._get(sub_id), unquote("/".join(rest[1:])))
         if len(rest) == 1 and rest[0] in _ACTIONS:
             _allow(method, "POST")
-            sub = self._get(sub_id)
             if rest[0] == "claim":
-                return await self._claim(sub, request)
-            return await self._answer_wake(sub, rest[0], request)
+                return await self._claim(self._get(sub_id), request)
+            return await self._answer_wake(sub_id, rest[0], request)
         raise NotFound(f"no control API at __ds/{request.subpath}")
 
     def _get(self, sub_id: str) -> Subscription:
@@ -264,8 +280,7 @@ class SubscriptionService:
         )
 
     async def _put(self, sub_id: str, request: SubscriptionHttpRequest) -> SubscriptionHttpResponse:
-        config = parse_config(request.body, self._policy)
-        root = _root(request.stream_root_url)
+        config = parse_config(await request.read_body(), self._policy)
         existing = self._subs.get(sub_id)
         if existing is not None:
             if existing.config_hash != config.config_hash():
@@ -273,17 +288,13 @@ class SubscriptionService:
                     f"subscription {sub_id!r} exists with a different configuration; "
                     "delete it first to change it"
                 )
-            if existing.stream_root_url != root:
-                existing.stream_root_url = root  # callbacks follow the address clients use now
-                await self._save(existing)
-            return _json(200, self._describe(existing, root))
+            return _json(200, self._describe(existing))
 
         sub = Subscription(
             id=sub_id,
             incarnation=uuid.uuid4().hex,
             config=config,
             created_at=_rfc3339(self._clock()),
-            stream_root_url=root,
         )
         if sub.pattern is not None:
             # Backfill (section 6.2): existing matches are linked at their tail, so no history replays.
@@ -301,7 +312,7 @@ class SubscriptionService:
                 del self._subs[sub_id]
             raise
         log.info("subscription %s created (%s, %d links)", sub_id, config.type, len(sub.links))
-        return _json(201, self._describe(sub, root))
+        return _json(201, self._describe(sub))
 
     async def _delete(self, sub_id: str) -> SubscriptionHttpResponse:
         sub = self._get(sub_id)
@@ -318,8 +329,10 @@ class SubscriptionService:
         log.info("subscription %s deleted", sub_id)
         return SubscriptionHttpResponse(status=204, headers={"Cache-Control": "no-store"})
 
-    async def _add_streams(self, sub: Subscription, body: bytes) -> SubscriptionHttpResponse:
-        data = parse_json_object(body)
+    async def _add_streams(
+        self, sub: Subscription, request: SubscriptionHttpRequest
+    ) -> SubscriptionHttpResponse:
+        data = parse_json_object(await request.read_body())
         if "streams" not in data:
             raise InvalidField("streams", "is required: an array of stream paths")
         paths = parse_stream_list(data["streams"])
@@ -342,7 +355,7 @@ class SubscriptionService:
     ) -> SubscriptionHttpResponse:
         if sub.config.type != PULL_WAKE:
             raise WrongSubscriptionType("claim is only available for pull-wake subscriptions")
-        worker = parse_claim(request.body)
+        worker = parse_claim(await request.read_body())
         now = self._clock()
         wake = sub.claim(worker, now, self._tails)
         wake.announced = True  # a claimed wake needs no wake event any more
@@ -362,16 +375,17 @@ class SubscriptionService:
         )
 
     async def _answer_wake(
-        self, sub: Subscription, action: str, request: SubscriptionHttpRequest
+        self, sub_id: str, action: str, request: SubscriptionHttpRequest
     ) -> SubscriptionHttpResponse:
-        """callback (webhook), ack and release (pull-wake): authenticate, fence, apply."""
+        """callback (webhook), ack and release (pull-wake): authenticate, read, fence, apply."""
+        claims = self._authenticate(request, sub_id)
+        wake_request = parse_wake_request(await request.read_body())
+        sub = self._get(sub_id)  # the token's holder knew the id: a deleted one is a plain 404
         expected_type = WEBHOOK if action == "callback" else PULL_WAKE
         if sub.config.type != expected_type:
             raise WrongSubscriptionType(
                 f"{action} is only available for {expected_type} subscriptions"
             )
-        claims = self._authenticate(request)
-        wake_request = parse_wake_request(request.body)
         now = self._clock()
         use: TokenUse = "callback" if action == "callback" else "claim"
         sub.fence(claims, wake_request, use, now)
@@ -388,7 +402,13 @@ class SubscriptionService:
             return SubscriptionHttpResponse(status=204, headers={"Cache-Control": "no-store"})
         return _json(200, {"ok": True, "next_wake": next_wake})
 
-    def _authenticate(self, request: SubscriptionHttpRequest) -> TokenClaims:
+    def _authenticate(self, request: SubscriptionHttpRequest, sub_id: str) -> TokenClaims:
+        """The claims of a valid token minted for ``sub_id``, else 401.
+
+        Decided from the token and the path alone, before the subscription is looked up: the answer
+        is the same whether ``sub_id`` exists or not. (Whether the token's use and wake fit is for
+        ``Subscription.fence`` to say, once the caller has shown it holds a token of this id.)
+        """
         assert self._tokens is not None
         token = bearer_token(request.headers.get("authorization"))
         if token is None:
@@ -397,18 +417,24 @@ class SubscriptionService:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         try:
-            return self._tokens.verify(token, now=self._clock())
+            claims = self._tokens.verify(token, now=self._clock())
         except InvalidToken as exc:
             raise Unauthorized(str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
+        if claims.subscription_id != sub_id:
+            raise Unauthorized(
+                "token was not issued for this subscription",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return claims
 
-    def _describe(self, sub: Subscription, stream_root_url: str) -> dict[str, Any]:
+    def _describe(self, sub: Subscription) -> dict[str, Any]:
         signing = None
         if sub.config.type == WEBHOOK:
             assert self._signer is not None
             signing = {
                 "alg": "ed25519",
                 "kid": self._signer.active_kid,
-                "jwks_url": f"{_root(stream_root_url)}/__ds/jwks.json",
+                "jwks_url": f"{self._root}/__ds/jwks.json",
             }
         return sub.to_json(signing=signing)
 
@@ -472,7 +498,7 @@ class SubscriptionService:
         if not sub.is_current(wake):
             return
         now = self._clock()
-        callback_url = f"{sub.stream_root_url}/__ds/subscriptions/{quote(sub.id, safe='')}/callback"
+        callback_url = f"{self._root}/__ds/subscriptions/{quote(sub.id, safe='')}/callback"
         body = encode_payload(
             {
                 "subscription_id": sub.id,
@@ -654,10 +680,6 @@ def _error_response(error: ProtocolError) -> SubscriptionHttpResponse:
     return SubscriptionHttpResponse(
         status=error.status, headers=headers, body=json.dumps(error_body(error)).encode("utf-8")
     )
-
-
-def _root(stream_root_url: str) -> str:
-    return stream_root_url.rstrip("/")
 
 
 def _rfc3339(now: float) -> str:

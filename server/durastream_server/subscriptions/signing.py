@@ -93,7 +93,9 @@ class WebhookSigner:
             key = SigningKey.generate(time.time() if now is None else now)
             signer = cls(path, [key], key.kid)
             signer._persist()
-            log.info("generated webhook signing key %s", key.kid)
+            # DEBUG: a kid is a public key's thumbprint, not a secret, but an operator reading
+            # "ds_..." at start-up cannot tell; it is in GET .../jwks.json for whoever needs it.
+            log.debug("generated webhook signing key %s", key.kid)
             return signer
         keys = [_key_from_state(item) for item in data["keys"]]
         return cls(path, keys, data["active"])

@@ -128,7 +128,6 @@ class Subscription:
     incarnation: str  # random per create: tokens of a deleted namesake never validate
     config: SubscriptionConfig
     created_at: str  # RFC 3339, for responses
-    stream_root_url: str  # for callback_url
     links: dict[str, Link] = field(default_factory=dict)
     generation: int = 0
     wake: Wake | None = None
@@ -393,7 +392,6 @@ class Subscription:
             "id": self.id,
             "incarnation": self.incarnation,
             "created_at": self.created_at,
-            "stream_root_url": self.stream_root_url,
             "config": self.config.canonical(),
             "links": [link.to_state() for link in self.links.values()],
             "generation": self.generation,
@@ -406,6 +404,8 @@ class Subscription:
 
     @classmethod
     def from_state(cls, data: dict[str, Any]) -> Subscription:
+        # State written before --public-url also holds "stream_root_url" (taken from a request's Host
+        # header); it is ignored: callback URLs come from the server's configuration now.
         if data.get("version") != STATE_VERSION:
             raise ValueError(f"unsupported subscription state version {data.get('version')!r}")
         retry = data.get("retry") or {}
@@ -415,7 +415,6 @@ class Subscription:
             incarnation=data["incarnation"],
             config=SubscriptionConfig.from_canonical(data["config"]),
             created_at=data["created_at"],
-            stream_root_url=data["stream_root_url"],
             links={link.path: link for link in links},
             generation=int(data.get("generation", 0)),
             wake=Wake.from_state(data["wake"]) if data.get("wake") else None,

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from durastream_server.subscriptions import jsonbody
 from durastream_server.subscriptions.errors import WebhookUrlRejected
 from durastream_server.subscriptions.signing import SIGNATURE_HEADER, WebhookSigner
 from durastream_server.subscriptions.urls import WebhookUrlPolicy, literal_address
@@ -132,8 +133,10 @@ async def _read_capped(response: httpx.Response) -> bytes:
 
 
 def _is_done(raw: bytes) -> bool:
+    """Whether the receiver answered ``{"done": true}``. Anything else, malformed or nested without
+    bound included, is a delivery without ``done``: the wake stays in flight until a callback."""
     try:
-        value = json.loads(raw) if raw.strip() else None
+        value = jsonbody.loads(raw) if raw.strip() else None
     except ValueError:
         return False
     return isinstance(value, dict) and value.get("done") is True

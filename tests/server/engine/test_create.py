@@ -202,3 +202,35 @@ def test_a_failing_observer_does_not_fail_the_request(tmp_path: Path) -> None:
         assert (await create(engine, "b")).created
 
     run(tmp_path, scenario)
+
+
+def test_listing_index_follows_creates_deletes_and_restarts(tmp_path: Path) -> None:
+    """The sorted path index (listing) holds exactly the current paths, through every change."""
+    names = ["b", "a/2", "a/10", "a", "c/x"]
+
+    def index(engine: Engine) -> list[str]:
+        paths = list(engine._registry.paths)
+        assert paths == sorted(engine._registry.by_path)
+        return paths
+
+    async def scenario(engine: Engine) -> None:
+        for name in names:
+            await create(engine, name)
+        await create(engine, "fork", forked_from="a", content_type=None)
+        assert index(engine) == ["a", "a/10", "a/2", "b", "c/x", "fork"]
+        await engine.delete("b")
+        await engine.delete("a")  # soft-deleted: its fork still reads it; still current
+        assert index(engine) == ["a", "a/10", "a/2", "c/x", "fork"]
+        assert [s.path for s in engine.list_streams()] == ["a/10", "a/2", "c/x", "fork"]
+        await create(engine, "b")
+        page = engine.list_page("a", match=None, after=None, limit=10, examine=2)
+        assert [s.path for s in page.streams] == ["a/10"] and page.next == "a/10"
+        page = engine.list_page("a", match=None, after=page.next, limit=10, examine=2)
+        assert [s.path for s in page.streams] == ["a/2"] and page.next is None
+
+    run(tmp_path, scenario)
+
+    async def after_restart(engine: Engine) -> None:
+        assert index(engine) == ["a", "a/10", "a/2", "b", "c/x", "fork"]
+
+    run(tmp_path, after_restart)

@@ -202,3 +202,33 @@ def test_background_sweeper_deletes_expired_streams(tmp_path: Path) -> None:
             await close_engine(data, engine)
 
     asyncio.run(main())
+
+
+def test_the_sweep_looks_only_at_streams_that_can_expire(tmp_path: Path) -> None:
+    """The sweep runs four times a second: it must not scan every stream (100,000 took 48 ms)."""
+    clock = FakeClock()
+
+    def expiring(engine: Engine) -> set[str]:
+        return {inc.path for inc in engine._registry.expiring}
+
+    async def scenario(engine: Engine) -> None:
+        for n in range(50):
+            await create(engine, f"plain/{n}")
+        await create(engine, "ttl", ttl_seconds=2)
+        await create(engine, "at", expires_at=at(clock, 5))
+        await create(engine, "fork", forked_from="at", content_type=None)  # inherits Expires-At
+        assert expiring(engine) == {"ttl", "at", "fork"}
+        await engine.delete("ttl")
+        assert expiring(engine) == {"at", "fork"}
+        clock.advance(6)
+        assert await engine.sweep_expired() == 2
+        assert expiring(engine) == set() and len(engine.list_streams()) == 50
+
+    run(tmp_path, scenario, clock=clock)
+
+    async def restarted(engine: Engine) -> None:
+        assert expiring(engine) == set()
+        await create(engine, "ttl", ttl_seconds=60)
+        assert expiring(engine) == {"ttl"}
+
+    run(tmp_path, restarted, clock=clock)

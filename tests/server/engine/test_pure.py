@@ -289,8 +289,44 @@ def test_rfc3339_normalization_is_per_instant() -> None:
     assert expiry.format_rfc3339(moment.replace(microsecond=0)) == "2030-01-02T03:04:05Z"
     assert expiry.format_rfc3339(moment.replace(microsecond=5)) == "2030-01-02T03:04:05.000005Z"
     assert expiry.parse_rfc3339(expiry.format_rfc3339(moment)) == moment
-    with pytest.raises(BadRequest):
+    with pytest.raises(ValueError):
         expiry.format_rfc3339(datetime(2030, 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("moment", "text"),
+    [
+        (datetime(999, 12, 31, tzinfo=timezone.utc), "0999-12-31T00:00:00Z"),  # strftime: "999"
+        (datetime(1, 1, 1, tzinfo=timezone.utc), "0001-01-01T00:00:00Z"),
+        (datetime.max.replace(tzinfo=timezone.utc), "9999-12-31T23:59:59.999999Z"),
+        (
+            datetime(1, 1, 1, tzinfo=timezone(-timedelta(hours=23, minutes=59))),
+            "0001-01-01T23:59:00Z",
+        ),
+    ],
+)
+def test_rfc3339_text_always_parses_back(moment: datetime, text: str) -> None:
+    """Years below 1000 are zero-padded (the text was "999-12-31...", which no start-up could read)."""
+    assert expiry.format_rfc3339(moment) == text
+    assert expiry.parse_rfc3339(text) == moment
+    lifetime = expiry.requested(None, moment)
+    assert lifetime.expires_at == text
+    assert expiry.deadline(lifetime, 0) == moment.timestamp()
+
+
+@pytest.mark.parametrize(
+    "moment",
+    [
+        datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(-timedelta(hours=23, minutes=59))),
+        datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=23, minutes=59))),
+    ],
+)
+def test_instants_outside_the_utc_range_are_rejected_before_formatting(moment: datetime) -> None:
+    """Their UTC instant is in year 10000 or year 0: ``astimezone`` raises OverflowError."""
+    with pytest.raises(ValueError, match="outside"):
+        expiry.format_rfc3339(moment)
+    with pytest.raises(BadRequest, match="Stream-Expires-At .* 0001-01-01T00:00:00Z to 9999"):
+        expiry.requested(None, moment)
 
 
 def test_requested_lifetime_validation() -> None:

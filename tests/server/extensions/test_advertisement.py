@@ -20,6 +20,7 @@ EXPECTED = {
     "staged-append": 1,
     "payload-digest": 2,
     "forgotten-producers": 1,
+    "time-lookup": 1,
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 
 import pytest
 import requests
@@ -30,7 +31,9 @@ def all_pages(server: ServerProcess, **params: object) -> tuple[list[str], int]:
         paths += [item["path"] for item in page["streams"]]
         if page["next"] is None:
             return paths, pages
-        assert page["next"] == paths[-1]
+        # The last stream listed, or a path after it that the page examined without listing it.
+        assert after is None or page["next"] > after
+        assert not page["streams"] or page["next"] >= page["streams"][-1]["path"]
         after = page["next"]
 
 
@@ -130,3 +133,70 @@ def test_bad_parameters(durastream_server: ServerProcess, params: dict, name: st
     assert response.status_code == 400
     assert error_code(response) == "INVALID_PARAMETER"
     assert name in response.json()["error"]["message"]
+
+
+# ---- cost: a page examines at most limit + 1000 paths, whatever the pattern ------------------------
+
+ALLOWANCE = 1000  # http/discovery.py EXAMINE_ALLOWANCE
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server of its own with 1,500 streams: more than one page's allowance of paths."""
+    server = ServerProcess(
+        tmp_path_factory.mktemp("durastream-listing") / "data",
+        extra_args=("--durability", "none"),
+    )
+    server.start()
+    try:
+        with requests.Session() as session:
+            for n in range(1500):
+                url = server.stream_url(f"many/{n:05d}")
+                assert session.put(url, timeout=TIMEOUT).status_code == 201
+            for path in ("other/x", "other/y/z"):
+                assert session.put(server.stream_url(path), timeout=TIMEOUT).status_code == 201
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_pattern_that_matches_nothing_answers_a_bounded_page(crowded: ServerProcess) -> None:
+    """Before: every such request walked (and sorted) every path; ``next`` was null at once."""
+    first = listing(crowded, pattern="**/nomatch", limit=1)
+    assert first["streams"] == [] and first["next"] is not None
+    examined = sorted(f"many/{n:05d}" for n in range(1500)).index(first["next"]) + 1
+    assert examined == 1 + ALLOWANCE  # limit + allowance paths, not 1,502
+    paths, pages = all_pages(crowded, pattern="**/nomatch", limit=1)
+    assert paths == [] and pages == 2  # 1,502 paths at 1,001 per page
+
+
+def test_the_patterns_literal_prefix_bounds_the_range(crowded: ServerProcess) -> None:
+    page = listing(crowded, pattern="other/**", limit=1)
+    assert [item["path"] for item in page["streams"]] == ["other/x"]
+    assert page["next"] == "other/x"
+    rest = listing(crowded, pattern="other/**", limit=1, after="other/x")
+    assert [item["path"] for item in rest["streams"]] == ["other/y/z"] and rest["next"] is None
+    # prefix and pattern that no path can satisfy together: nothing, at once
+    assert listing(crowded, prefix="many/", pattern="other/*") == {"streams": [], "next": None}
+    narrowed = listing(crowded, prefix="oth", pattern="other/*")
+    assert [item["path"] for item in narrowed["streams"]] == ["other/x"]
+
+
+def test_sparse_matches_are_all_found_across_pages(crowded: ServerProcess) -> None:
+    paths, pages = all_pages(crowded, pattern="*/*9", limit=10)
+    assert paths == [f"many/{n:05d}" for n in range(9, 1500, 10)]
+    full = all_pages(crowded, pattern="**", limit=10000)
+    assert full == ([f"many/{n:05d}" for n in range(1500)] + ["other/x", "other/y/z"], 1)
+
+
+def test_a_pattern_built_to_backtrack_answers_at_once(server_factory) -> None:
+    """Before: ``*a*a*a*a*a*a*a*b`` became a regex whose backtracking over a 2,000-character segment
+    held the event loop for longer than anyone would wait; any token holder could send it."""
+    server = server_factory()
+    create(server, "redos/" + "a" * 2000)
+    create(server, "redos/ab")
+    page = listing(server, pattern="redos/" + "*a" * 7 + "*b")
+    assert page == {"streams": [], "next": None}
+    page = listing(server, pattern="redos/*a*b")
+    assert [item["path"] for item in page["streams"]] == ["redos/ab"]
+    assert requests.get(server.base_url + "/healthz", timeout=TIMEOUT).status_code == 200

@@ -95,17 +95,18 @@ def test_ordinals_match_the_model_and_survive_restarts(tmp_path: Path) -> None:
     run(go)
 
 
-def legacy_snapshot(path: Path) -> None:
-    """Rewrite ``path`` in the format from before ordinals: no ``index_messages``, two arrays."""
+def legacy_snapshot(path: Path, key: str = "index_messages", arrays: int = 2) -> None:
+    """Rewrite ``path`` in an older format: without meta ``key`` (``index_messages``: from before
+    ordinals) and with only the first ``arrays`` index arrays."""
     data = path.read_bytes()
     payload = data[20:]
     (meta_len,) = struct.unpack_from("<I", payload, 0)
     meta = json.loads(payload[4 : 4 + meta_len])
     count = meta["index_count"]
-    del meta["index_messages"]
-    arrays = payload[4 + meta_len : 4 + meta_len + 16 * count]
+    del meta[key]
+    kept = payload[4 + meta_len : 4 + meta_len + 8 * arrays * count]
     new_meta = json.dumps(meta, separators=(",", ":")).encode()
-    new_payload = struct.pack("<I", len(new_meta)) + new_meta + arrays
+    new_payload = struct.pack("<I", len(new_meta)) + new_meta + kept
     head = struct.pack("<8sIQ", data[:8], zlib.crc32(new_payload), len(new_payload))
     path.write_bytes(head + new_payload)
 

@@ -18,6 +18,7 @@ from durastream_server.auth import (
     parse_token_spec,
 )
 from durastream_server.cli import main
+from tests.support.http import exchange, parse_responses
 from tests.support.server_process import ServerProcess
 
 RW = "rw-token-0123456789abcdefXYZ"
@@ -191,6 +192,21 @@ def test_requests_without_a_valid_token_get_401_with_a_json_body(secured: Server
     assert requests.get(secured.base_url + "/v1/stream/a//b").status_code == 401
     assert requests.get(secured.base_url + "/elsewhere").status_code == 401
     assert requests.get(secured.base_url + "/elsewhere", headers=bearer(RO)).status_code == 404
+
+
+def test_an_anonymous_body_is_not_read_and_the_connection_is_closed(
+    secured: ServerProcess,
+) -> None:
+    """An append without a token declares a 1 MiB body and sends only its first bytes: the 401 comes at
+    once, says ``Connection: close``, and the server closes rather than wait for (and throw away) the
+    rest while the client trickles it."""
+    head = (
+        f"POST /v1/stream/anonymous HTTP/1.1\r\nHost: {secured.host}:{secured.port}\r\n"
+        f"Content-Type: text/plain\r\nContent-Length: {1 << 20}\r\n\r\n"
+    ).encode()
+    (response,) = parse_responses(exchange(secured.host, secured.port, head + b"x" * 100))
+    assert response.status == 401 and response.headers["connection"] == "close"
+    assert response.error_code() == "UNAUTHORIZED"
 
 
 def test_open_endpoints_need_no_token(secured: ServerProcess) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import http.client
 import socket
-import time
 
 import requests
 
+from tests.support.http import read_until_closed
 from tests.support.server_process import ServerProcess
 
 LIMIT = 1024
@@ -21,18 +21,6 @@ def _connect(server: ServerProcess) -> socket.socket:
     sock = socket.create_connection((server.host, server.port), timeout=10)
     sock.settimeout(10)
     return sock
-
-
-def _read_response(sock: socket.socket) -> bytes:
-    """Everything until the server closes the connection (a 413 must close it)."""
-    chunks = []
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-    raise AssertionError(f"server kept the connection open after: {b''.join(chunks)[:200]!r}")
 
 
 def _request_head(server: ServerProcess, path: str, extra: str) -> bytes:
@@ -52,7 +40,7 @@ def test_declared_oversize_body_is_refused_before_it_is_sent(server_factory) -> 
                 server, "big", f"Content-Length: {50 * 1024 * 1024}\r\nExpect: 100-continue\r\n"
             )
         )
-        response = _read_response(sock)
+        response = read_until_closed(sock)
     assert response.startswith(b"HTTP/1.1 413 "), response[:100]
     assert b"100 Continue" not in response
     assert b"PAYLOAD_TOO_LARGE" in response
@@ -67,7 +55,7 @@ def test_chunked_body_is_cut_off_at_the_limit(server_factory) -> None:
         # Cross the limit, then stop sending (no terminating chunk): the answer must come anyway.
         for _ in range(3):
             sock.sendall(b"200\r\n" + b"x" * 512 + b"\r\n")
-        response = _read_response(sock)
+        response = read_until_closed(sock)
     assert response.startswith(b"HTTP/1.1 413 "), response[:100]
     assert requests.get(server.stream_url("chunked")).content == b""
     # The server is fine afterwards, and a body at the limit is accepted.

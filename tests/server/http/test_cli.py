@@ -72,7 +72,8 @@ def test_defaults_and_flags_map_onto_the_config(tmp_path) -> None:
 
 def test_startup_line_and_clean_sigterm(server_factory) -> None:
     server = server_factory()
-    assert f"listening on http://127.0.0.1:{server.port}" in server.log_path.read_text()
+    root = f"http://127.0.0.1:{server.port}/v1/stream"
+    assert f"serving {root} (data dir: " in server.log_path.read_text()
     assert server.terminate() == 0
     assert "Traceback" not in server.log_path.read_text()
 

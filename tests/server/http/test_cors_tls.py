@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ import requests
 
 from durastream_server.cli import main
 from durastream_server.http.cors import CorsPolicy, normalize_origin
+from tests.support.http import read_until_closed
 from tests.support.server_process import free_port
 
 ACAO = "Access-Control-Allow-Origin"
@@ -109,8 +114,17 @@ def test_cors_against_the_server(server_factory) -> None:
     assert ACAO not in requests.get(health, headers={"Origin": "http://localhost:3000"}).headers
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make a certificate")
-def test_tls_serves_https(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class TlsServer:
+    base: str
+    port: int
+    cert: Path
+    log: Path
+
+
+@contextlib.contextmanager
+def tls_server(tmp_path: Path, *extra_args: str) -> Iterator[TlsServer]:
+    """A server process with a fresh self-signed certificate for 127.0.0.1, once it answers /healthz."""
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         [
@@ -127,7 +141,7 @@ def test_tls_serves_https(tmp_path: Path) -> None:
         process = subprocess.Popen(
             [
                 sys.executable, "-m", "durastream_server", "--data-dir", str(tmp_path / "data"),
-                "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key),
+                "--port", str(port), "--tls-cert", str(cert), "--tls-key", str(key), *extra_args,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -144,17 +158,47 @@ def test_tls_serves_https(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(0.05)
         assert health.status_code == 200
-        created = requests.put(
-            base + "/v1/stream/tls", headers={"Content-Type": "text/plain"}, data=b"x",
-            verify=str(cert),
-        )  # fmt: skip
-        assert created.status_code == 201
-        assert f"listening on {base}" in log.read_text()
-        with pytest.raises(requests.exceptions.ConnectionError):
-            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+        yield TlsServer(base, port, cert, log)
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+needs_openssl = pytest.mark.skipif(
+    shutil.which("openssl") is None, reason="needs openssl to make a certificate"
+)
+
+
+@needs_openssl
+def test_tls_serves_https(tmp_path: Path) -> None:
+    with tls_server(tmp_path) as server:
+        created = requests.put(
+            server.base + "/v1/stream/tls", headers={"Content-Type": "text/plain"}, data=b"x",
+            verify=str(server.cert),
+        )  # fmt: skip
+        assert created.status_code == 201
+        assert f"serving {server.base}/v1/stream (data dir: " in server.log.read_text()
+        with pytest.raises(requests.exceptions.ConnectionError):
+            requests.get(f"http://127.0.0.1:{server.port}/healthz", timeout=2)
+
+
+@needs_openssl
+def test_a_tls_handshake_must_finish_within_the_header_timeout(tmp_path: Path) -> None:
+    """Without a bound, asyncio holds a connection that never finishes its handshake for 60 s, before
+    the server's own header timer starts. Here the handshake gets --header-timeout-seconds (1 s)."""
+    with tls_server(tmp_path, "--header-timeout-seconds", "1") as server:
+        silent = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        half = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        try:
+            half.sendall(b"\x16\x03\x01\x02\x00\x01")  # the start of a ClientHello, never finished
+            for sock in (silent, half):
+                assert read_until_closed(sock, 8.0) == b""
+            # ... while a client that completes its handshake is served as usual.
+            health = requests.get(server.base + "/healthz", verify=str(server.cert), timeout=5)
+            assert health.status_code == 200
+        finally:
+            silent.close()
+            half.close()
 
 
 def test_tls_needs_a_loadable_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -177,6 +221,7 @@ def test_tls_needs_a_loadable_pair(tmp_path: Path, capsys: pytest.CaptureFixture
         (["--header-timeout-seconds", "0"], "--header-timeout-seconds"),
         (["--body-timeout-seconds", "-1"], "--body-timeout-seconds"),
         (["--webhook-localhost", "sometimes"], "--webhook-localhost"),
+        (["--min-body-bytes-per-second", "0"], "--min-body-bytes-per-second"),
     ],
 )
 def test_bad_limit_flags_are_usage_errors(
@@ -203,9 +248,12 @@ def test_limit_flags_reach_the_config() -> None:
                 "https://App.example",
                 "--webhook-localhost",
                 "deny",
+                "--min-body-bytes-per-second",
+                "100",
             ]
         )
     )
+    assert config.min_body_bytes_per_second == 100
     assert (config.max_header_bytes, config.header_timeout_seconds) == (4096, 2.5)
     assert (config.body_timeout_seconds, config.webhook_localhost) == (7.0, "deny")
     assert config.cors_origins == ("https://app.example",)

@@ -77,7 +77,15 @@ class Conn:
         self.writer.write(data)
 
     def get(self, target: str, extra: bytes = b"", version: bytes = b"HTTP/1.1") -> None:
-        self.send(b"GET " + target.encode() + b" " + version + b"\r\nHost: t\r\n" + extra + b"\r\n")
+        self.send(
+            b"GET "
+            + target.encode()
+            + b" "
+            + version
+            + b"\r\nHost: localhost\r\n"
+            + extra
+            + b"\r\n"
+        )
 
     async def response(self) -> bytes:
         """One whole response (Content-Length framed, as all of ours are), as received."""
@@ -108,7 +116,7 @@ async def request(
     conn = await Conn.open(port)
     try:
         conn.send(
-            f"{method} {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n".encode()
+            f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n".encode()
             + extra
             + b"\r\n"
             + body
@@ -172,6 +180,8 @@ def test_woken_answers_are_byte_identical_to_the_ordinary_path(tmp_path: Path) -
             assert status(reference) == 200
             assert header(reference, b"access-control-allow-origin") == b"http://localhost:3000"
             assert header(reference, b"stream-cursor") is not None
+            assert header(reference, b"content-security-policy") == b"sandbox"  # stored content
+            assert header(reference, b"x-content-type-options") == b"nosniff"  # is inert
             assert reference.endswith(b'[{"event": 1, "text": "\\u00e9"}]')
             assert all(answer == reference for answer in answers)
             for conn in [*fast, ordinary]:

@@ -74,6 +74,33 @@ def test_expires_at_rejects_non_rfc3339(text: str) -> None:
         parse.expires_at(text)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "9999-12-31T23:59:59-23:59",  # year 10000 in UTC
+        "0001-01-01T00:00:00+23:59",  # year 0 in UTC
+        "0000-01-01T00:00:00Z",
+        "999-12-31T00:00:00Z",
+        "2030-01-01T00:00:00+24:00",
+        "\u0661\u0669\u0667\u0660-01-01T00:00:00Z",  # Arabic-Indic digits are not RFC 3339 digits
+    ],
+)
+def test_expires_at_outside_the_range_names_header_value_and_range(text: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse.expires_at(text)
+    message = caught.value.message
+    assert "Stream-Expires-At" in message and repr(text) in message
+    assert "0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z" in message
+
+
+def test_expires_at_accepts_the_ends_of_the_range() -> None:
+    assert parse.expires_at("0001-01-01T00:00:00Z") == datetime(1, 1, 1, tzinfo=timezone.utc)
+    assert parse.expires_at("9999-12-31T23:59:59.999999Z") == datetime.max.replace(
+        tzinfo=timezone.utc
+    )
+    assert parse.expires_at("0999-12-31T00:00:00Z") == datetime(999, 12, 31, tzinfo=timezone.utc)
+
+
 def _producer_headers(pid: str = "p", epoch: str = "0", seq: str = "0") -> dict[str, str]:
     return {"producer-id": pid, "producer-epoch": epoch, "producer-seq": seq}
 

@@ -70,7 +70,7 @@ def test_slow_sse_reader_is_backpressured(server_factory) -> None:
     sock.connect((server.host, server.port))
     sock.settimeout(10)
     with sock:
-        sock.sendall(b"GET /v1/stream/large?offset=-1&live=sse HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /v1/stream/large?offset=-1&live=sse HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         time.sleep(
             1.0
         )  # deliberately not reading: the server must stall, not buffer 16 MiB of base64

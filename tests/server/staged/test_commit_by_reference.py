@@ -20,6 +20,7 @@ import requests
 
 from durastream_server import errors
 from durastream_server.storage import group
+from durastream_server.storage.records import MESSAGE_OVERHEAD
 from durastream_server.storage.segments import SEGMENT_RE
 from durastream_server.storage.txnfile import staging_file_name
 
@@ -537,7 +538,8 @@ def test_a_move_reads_only_record_heads_and_damage_since_staging_still_fails_on_
         monkeypatch.setattr(os, "pread", real_pread)
         assert done.messages == 2
         assert 0 < read_in_commit["bytes"] < 4096
-        first = await read(engine, "s", "-1", len(good))
+        # A read's budget counts MESSAGE_OVERHEAD per message beyond its bytes.
+        first = await read(engine, "s", "-1", len(good) + MESSAGE_OVERHEAD)
         assert b"".join(first.messages) == good
         with pytest.raises(errors.CorruptStream):  # a read that covers the damaged record whole
             await read_all(engine, "s", max_bytes=4 << 20)

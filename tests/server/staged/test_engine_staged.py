@@ -336,11 +336,12 @@ def test_handle_size_limit(tmp_path: Path) -> None:
         await stage(engine, "s", "h", b"12345678")
         with pytest.raises(errors.TxnTooLarge) as info:
             await stage(engine, "s", "h", b"9")
-        assert info.value.status == 413 and "8 bytes per handle" in info.value.message
+        assert info.value.status == 413 and "32 bytes per handle" in info.value.message
         await commit(engine, "s", "h")
         assert await read_all(engine, "s") == b"12345678"
 
-    run(tmp_path, scenario, limits=TxnLimits(max_handle_bytes=8))
+    # 8 payload bytes in one message: 8 + MESSAGE_OVERHEAD (24) against the limit.
+    run(tmp_path, scenario, limits=TxnLimits(max_handle_bytes=32))
 
 
 def test_handles_survive_a_restart_with_their_dedupe_state(tmp_path: Path) -> None:

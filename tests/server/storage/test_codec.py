@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
 from durastream_server.storage import codec
@@ -61,6 +63,7 @@ def test_header_and_soft_delete_round_trip() -> None:
         fork_position=123,
         fork_offset_requested="0000000000000000_0000000000000123",
         fork_sub_offset=2,
+        append_time_floor_ms=1_700_000_000_123,
     )
     info, body = _split(codec.encode_header(header))
     assert info.kind == Kind.HEADER and codec.body_crc_ok(info, body)
@@ -68,6 +71,29 @@ def test_header_and_soft_delete_round_trip() -> None:
     info, body = _split(codec.encode_soft_delete(SoftDelete(99)))
     assert info.kind == Kind.SOFT_DELETE and codec.body_crc_ok(info, body)
     assert codec.decode_soft_delete(body) == SoftDelete(99)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'["a list"]',
+        b'{"path": "s", "content_type": 5, "created_at_ms": 1}',
+        b'{"path": null, "content_type": "text/plain", "created_at_ms": 1}',
+        b'{"path": "s", "content_type": "text/plain", "created_at_ms": true}',
+        b'{"path": "s", "content_type": "text/plain", "created_at_ms": 1, "expires_at": 0}',
+        b'{"path": "s", "content_type": "text/plain", "created_at_ms": 1, "fork_position": "0"}',
+        b'{"path": "s", "content_type": "text/plain"}',
+    ],
+)
+def test_header_of_the_wrong_shape_is_corrupt(body: bytes) -> None:
+    """A header whose checksum holds but whose fields have the wrong JSON types is damaged: it is
+    quarantined by recovery, never handed to the engine to fail there."""
+    with pytest.raises(CorruptRecord, match="bad stream header"):
+        codec.decode_header(body)
+
+
+def test_header_types_cover_every_field() -> None:
+    assert set(codec._HEADER_TYPES) == {f.name for f in fields(StreamHeader)}
 
 
 def test_any_flipped_byte_is_detected() -> None:

@@ -141,11 +141,27 @@ def test_mid_file_corruption_quarantines(tmp_path: Path, caplog: pytest.LogCaptu
             dd = await open_dd(tmp_path)
         assert log_id not in dd.logs
         assert "/s" in dd.corrupt and "mid-file corruption" in dd.corrupt["/s"]
-        assert "quarantined" in caplog.text
+        assert "quarantined" in caplog.text and log_id in caplog.text and "'/s'" in caplog.text
         await dd.close()
 
     run(go)
-    assert seg.read_bytes() != data and seg.stat().st_size == len(data)  # left as it was
+    # Set aside whole and unchanged, never deleted.
+    moved = tmp_path / "quarantine" / log_id / seg.name
+    assert not seg.exists()
+    assert moved.read_bytes() != data and moved.stat().st_size == len(data)
+    quarantined = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(quarantined) == 1  # logged once
+
+    async def again() -> None:  # the path stays reserved across restarts, without a second log
+        caplog.clear()
+        dd = await open_dd(tmp_path)
+        (entry,) = dd.quarantined.values()
+        assert entry.path == "/s" and entry.id == log_id and "mid-file corruption" in entry.reason
+        assert "mid-file corruption" in dd.corrupt["/s"]
+        assert not any(r.levelno >= logging.ERROR for r in caplog.records)
+        await dd.close()
+
+    run(again)
 
 
 def test_corruption_under_a_snapshot_is_caught_on_read(tmp_path: Path) -> None:
@@ -186,7 +202,7 @@ def test_unreadable_segment_quarantines(tmp_path: Path, monkeypatch: pytest.Monk
     async def go() -> None:
         dd = await open_dd(tmp_path)
         assert log_id not in dd.logs
-        assert any("unreadable" in reason for reason in dd.corrupt.values())
+        assert any("unreadable" in entry.reason for entry in dd.quarantined.values())
         await dd.close()
 
     run(go)
@@ -213,7 +229,9 @@ def test_damaged_header_quarantines_by_storage_id(tmp_path: Path) -> None:
 
     async def go() -> None:
         dd = await open_dd(tmp_path)
-        assert dd.logs == {} and f"storage:{log_id}" in dd.corrupt
+        assert dd.logs == {} and dd.corrupt == {}  # its path is unknown
+        assert dd.quarantined[log_id].path is None
+        assert "header" in dd.quarantined[log_id].reason
         await dd.close()
 
     run(go)

@@ -1,7 +1,7 @@
 """A local webhook receiver for end-to-end tests: a threaded ``http.server`` on 127.0.0.1.
 
 It records every request (raw body, parsed JSON, ``Webhook-Signature``) and answers with a configurable
-status and JSON body. Tests wait for requests with a deadline, never a fixed sleep.
+status and JSON body (or raw bytes, for receivers that answer nonsense). Tests wait for requests with a deadline, never a fixed sleep.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class WebhookReceiver:
         self.requests: list[Received] = []
         self._status = status
         self._reply: dict[str, Any] = reply if reply is not None else {}
+        self._raw: bytes | None = None
         self._cond = threading.Condition()
         receiver = self
 
@@ -34,7 +35,7 @@ class WebhookReceiver:
             def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with receiver._cond:
-                    status, reply = receiver._status, receiver._reply
+                    status, reply, raw_reply = receiver._status, receiver._reply, receiver._raw
                     receiver.requests.append(
                         Received(
                             raw=raw,
@@ -44,7 +45,7 @@ class WebhookReceiver:
                         )
                     )
                     receiver._cond.notify_all()
-                payload = json.dumps(reply).encode()
+                payload = raw_reply if raw_reply is not None else json.dumps(reply).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
@@ -63,10 +64,14 @@ class WebhookReceiver:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/webhook"
 
-    def respond(self, *, status: int = 200, reply: dict[str, Any] | None = None) -> None:
+    def respond(
+        self, *, status: int = 200, reply: dict[str, Any] | None = None, raw: bytes | None = None
+    ) -> None:
+        """Answer later requests with ``status`` and ``reply`` as JSON, or ``raw`` bytes as they are."""
         with self._cond:
             self._status = status
             self._reply = reply if reply is not None else {}
+            self._raw = raw
 
     def wait_for(self, count: int, timeout: float = 5.0) -> Received:
         """Block until at least ``count`` requests arrived; return the ``count``-th."""

@@ -11,7 +11,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -87,17 +87,6 @@ class Api:
         response = requests.get(self.stream(wake_stream), params={"offset": "-1"})
         assert response.status_code == 200, response.text
         return response.json()
-
-
-@pytest.fixture
-def api(durastream_server: ServerProcess) -> Api:
-    return Api(durastream_server)
-
-
-@pytest.fixture
-def receiver() -> Iterator[WebhookReceiver]:
-    with WebhookReceiver() as hook:
-        yield hook
 
 
 def webhook_config(pattern: str, url: str, **extra: Any) -> dict[str, Any]:

@@ -93,7 +93,11 @@ def call(
 ):
     headers = {"authorization": f"Bearer {token}"} if token else {}
     raw = json.dumps(body).encode() if body is not None else b""
-    return service.handle(SubscriptionHttpRequest(method, subpath, "", headers, raw, ROOT))
+
+    async def read_body() -> bytes:
+        return raw
+
+    return service.handle(SubscriptionHttpRequest(method, subpath, "", headers, read_body))
 
 
 async def eventually(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
@@ -114,7 +118,7 @@ def webhook(pattern: str, **extra: Any) -> dict[str, Any]:
 
 async def started(engine: FakeEngine, state_dir: Path, hook: Hook) -> SubscriptionService:
     service = SubscriptionService(
-        engine, state_dir, http_client=hook.client(), rng=random.Random(7)
+        engine, state_dir, stream_root_url=ROOT, http_client=hook.client(), rng=random.Random(7)
     )
     await service.start()
     return service

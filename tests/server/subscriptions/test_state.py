@@ -47,7 +47,6 @@ def make(
         incarnation="inc-1",
         config=config,
         created_at="2026-01-01T00:00:00.000Z",
-        stream_root_url="http://127.0.0.1:1/v1/stream",
     )
 
 

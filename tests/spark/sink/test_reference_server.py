@@ -1,7 +1,11 @@
-"""Issue 4, test 8: the same sink against the Node reference server (``@durable-streams/server``).
+"""Issue 4, test 8: the same sink against the Node reference server (``@durable-streams/server``) and
+rakaia (``rakaia-streams``), servers that advertise no durastream extensions.
 
-It advertises no durastream extensions, so ``exactlyOnce=auto`` writes in ordered mode, with the base
-protocol's idempotent producers only. The query includes a failing, truncated attempt that Spark retries.
+``exactlyOnce=auto`` writes in ordered mode there, with the base protocol's idempotent producers only. What
+holds on each (docs/compatibility.md): task failures, retried and truncated attempts are **exactly once**
+(tested here); transactional mode is **refused** (tested here); a retry that sends other bytes under the
+same producer tuple is accepted silently there, because neither keeps payload digests
+(``tests/compat/test_servers.py``).
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from tests.spark.sink.support import assert_exactly_once, read_stream, spark_con
 ROWS = 2000
 
 
-def test_ordered_mode_is_exactly_once_on_the_reference_server(
-    sink_spark, reference_server, tmp_path
+@pytest.mark.parametrize("server_name", ["reference_server", "rakaia_server"])
+def test_ordered_mode_is_exactly_once_on_servers_without_extensions(
+    sink_spark, server_name, request, tmp_path
 ) -> None:
     spark = sink_spark
-    root = reference_server.stream_root
+    root = request.getfixturevalue(server_name).stream_root
     stream = unique("reference")
     records, markers = tmp_path / "records", tmp_path / "markers"
     records.mkdir()
@@ -53,14 +58,15 @@ def test_ordered_mode_is_exactly_once_on_the_reference_server(
     assert_exactly_once(read_stream(root, stream), range(ROWS))
 
 
-def test_transactional_mode_is_refused_by_the_reference_server(
-    sink_spark, reference_server
+@pytest.mark.parametrize("server_name", ["reference_server", "rakaia_server"])
+def test_transactional_mode_is_refused_by_servers_without_extensions(
+    sink_spark, server_name, request
 ) -> None:
     df = sink_spark.range(0, 1).select(F.col("id").alias("n"))
     with pytest.raises(Exception, match="does not advertise the 'staged-append'"):
         (
             df.write.format("durastream")
-            .option("url", reference_server.stream_root)
+            .option("url", request.getfixturevalue(server_name).stream_root)
             .option("stream", unique("reference-txn"))
             .option("exactlyOnce", "transactional")
             .mode("append")

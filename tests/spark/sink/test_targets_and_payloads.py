@@ -236,3 +236,20 @@ def test_a_value_that_is_not_json_fails_with_advice(sink_spark, durastream_serve
     df = sink_spark.range(0, 3, numPartitions=1).select(F.lit("not json").alias("value"))
     with pytest.raises(Exception, match="every value must be one complete JSON text"):
         _writer(df, root, stream=unique("not-json")).save()
+
+
+@pytest.mark.parametrize("mode", ["transactional", "ordered"])
+def test_requests_over_the_servers_message_cap_fail_with_a_clear_error(
+    sink_spark, server_factory, mode
+) -> None:
+    """maxMessagesPerRequest above the server's --max-messages-per-request: every request is refused
+    (413 TOO_MANY_MESSAGES) and the job fails naming both settings; nothing becomes visible."""
+    server = server_factory(extra_args=["--max-messages-per-request", "10"])
+    root = server.base_url + "/v1/stream"
+    stream = unique(f"message-cap-{mode}")
+    df = sink_spark.range(0, 50, numPartitions=1).select(F.col("id").alias("n"))
+    with pytest.raises(Exception, match=r"(?s)maxMessagesPerRequest.*--max-messages-per-request"):
+        _writer(df, root, stream=stream, exactlyOnce=mode, maxMessagesPerRequest="20").save()
+    assert read_stream(root, stream) == []
+    _writer(df, root, stream=stream, exactlyOnce=mode, maxMessagesPerRequest="10").save()
+    assert_exactly_once(read_stream(root, stream), range(50), partition=None)

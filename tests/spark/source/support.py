@@ -27,6 +27,11 @@ def docs(first: int, count: int, **extra: Any) -> list[dict]:
     return [{"id": i, "name": f"n{i}", **extra} for i in range(first, first + count)]
 
 
+def ids_of(rows: list[dict]) -> list[int]:
+    """The ``id`` of each row's JSON message (rows of the default schema)."""
+    return [json.loads(bytes(row["value"]))["id"] for row in rows]
+
+
 def encoded(documents: Iterable[dict]) -> list[bytes]:
     """How the server stores JSON messages appended by ``Streams.append_json`` (compact, as sent)."""
     return [json.dumps(d, separators=(",", ":")).encode() for d in documents]

@@ -29,6 +29,7 @@ from durastream_spark.source.arrow import (
     FramesBlock,
     MalformedMessage,
     OutputLayout,
+    SchemaMismatch,
     SchemaNotSupported,
     ValuesBlock,
 )
@@ -171,8 +172,26 @@ def test_a_message_that_is_not_an_object_is_named_by_offset() -> None:
     with pytest.raises(MalformedMessage, match=offset_token(109)) as caught:
         layout.batch("events/x", block)
     assert "events/x" in str(caught.value) and "not an object" in str(caught.value)
-    with pytest.raises(MalformedMessage, match="do not match the user schema"):
-        layout.batch("events/x", frames_block([b'{"id": "seven"}'], lines=True))
+    with pytest.raises(SchemaMismatch) as mismatch:
+        layout.batch("events/x", frames_block([b'{"id": 1}', b'{"id": "seven"}'], lines=True))
+    assert str(mismatch.value).startswith(
+        f"Stream 'events/x': the message at offset {offset_token(109)} does not fit column 'id' INT "
+        'of the query\'s schema: it has "id": "seven" (a JSON string). Fix the producer'
+    )
+    assert (mismatch.value.column, mismatch.value.spark_type) == ("id", "INT")
+
+
+def test_a_value_spark_cannot_hold_is_named_with_its_column_and_offset() -> None:
+    layout = OutputLayout.for_schema(StructType([StructField("day", DateType())]))
+    good = b'{"day": "2024-01-31"}'
+    block = frames_block([good, b'{"day": "2024-13-45"}'], lines=True)
+    with pytest.raises(SchemaMismatch) as mismatch:
+        layout.batch("events/x", block)
+    second = offset_token(100 + len(good))
+    assert str(mismatch.value).startswith(
+        f"Stream 'events/x': the message at offset {second} does not fit column 'day' DATE"
+    )
+    assert '"day": "2024-13-45"' in str(mismatch.value)
 
 
 def test_layout_pickles_and_rebuilds_its_arrow_schema() -> None:

@@ -1,7 +1,9 @@
 """The source against the Node reference server (npm), which advertises none of our extensions.
 
-Batches stay replay-deterministic through forks pinned at each batch's end (``source/fallback.py``).
-What needs an extension (``pattern``, per-trigger limits) is refused with an error that says why.
+Batches stay replay-deterministic through forks pinned at each batch's end (``source/fallback.py``);
+``pattern`` lists streams through the protocol's subscriptions (section 6). Per-trigger limits run as one
+batch under AvailableNow and are refused otherwise, instants are refused, each with an error that says why
+(docs/compatibility.md).
 """
 
 from __future__ import annotations
@@ -94,27 +96,64 @@ def test_available_now_and_restart_read_each_message_once(
 
 
 @pytest.mark.skipif(not HAS_ADMISSION_CONTROL, reason="admission control needs Spark >= 4.2")
-def test_limits_and_patterns_are_refused_with_the_reason(
+def test_limits_are_refused_for_continuous_triggers(
     spark, reference_server, streams, tmp_path
 ) -> None:
-    path = streams.create(unique("refrefuse"))
-    streams.append_json(path, docs(0, 2))
+    """Without limit lookups nothing can count what waits or find where a limited batch ends."""
+    path = streams.create(unique("reflimit"))
+    streams.append_json(path, docs(0, 5))
+    options = options_for(reference_server, streams=path, maxMessagesPerTrigger=2)
+    query = (
+        reader_of(spark, options)
+        .writeStream.foreachBatch(BatchCollector())
+        .trigger(processingTime="200 milliseconds")
+        .option("checkpointLocation", str(tmp_path / "continuous"))
+        .start()
+    )
     with pytest.raises(StreamingQueryException) as caught:
-        run_available_now(
-            spark,
-            options_for(reference_server, streams=path, maxMessagesPerTrigger=1),
-            str(tmp_path / "a"),
-            BatchCollector(),
-        )
-    assert "maxMessagesPerTrigger" in str(caught.value) and "limit-lookup" in str(caught.value)
-    with pytest.raises(StreamingQueryException) as caught:
-        run_available_now(
-            spark,
-            options_for(reference_server, pattern="x/*"),
-            str(tmp_path / "b"),
-            BatchCollector(),
-        )
-    assert "listing" in str(caught.value) and "'streams'" in str(caught.value)
+        query.awaitTermination(120)
+    text = str(caught.value)
+    assert "maxMessagesPerTrigger" in text and "limit-lookup" in text and "AvailableNow" in text
+
+
+@pytest.mark.skipif(not HAS_ADMISSION_CONTROL, reason="admission control needs Spark >= 4.2")
+def test_limits_are_one_batch_under_available_now(
+    spark, reference_server, streams, tmp_path
+) -> None:
+    """AvailableNow must end: it reads up to its target in one batch (a warning names the option)."""
+    path = streams.create(unique("reflimit-now"))
+    streams.append_json(path, docs(0, 5))
+    options = options_for(reference_server, streams=path, maxMessagesPerTrigger=2)
+    collector = BatchCollector()
+    run_available_now(spark, options, str(tmp_path / "now"), collector)
+    assert [len(rows) for _, rows in collector.non_empty_batches] == [5]
+
+
+def test_pattern_discovers_streams_through_protocol_subscriptions(
+    spark, reference_server, streams, tmp_path
+) -> None:
+    """No listing extension, but the protocol's subscription globs (section 6): each snapshot links the
+    matching streams with a short-lived subscription. Exactly once, new streams included."""
+    base = unique("refpattern")
+    a = streams.create(f"{base}/a")
+    streams.append_json(a, docs(0, 3))
+    streams.create(f"{base}-other/x")  # does not match
+    options = options_for(reference_server, pattern=f"{base}/*")
+    collector = BatchCollector()
+    checkpoint = str(tmp_path / "chk")
+    run_available_now(spark, options, checkpoint, collector)
+    b = streams.create(f"{base}/b")
+    streams.append_json(b, docs(100, 2))
+    streams.append_json(a, docs(3, 1))
+    run_available_now(spark, options, checkpoint, collector)
+    assert sorted(json.loads(bytes(r["value"]))["id"] for r in collector.rows) == [
+        0,
+        1,
+        2,
+        3,
+        100,
+        101,
+    ]
 
 
 def test_deleted_stream_is_reported_as_data_loss(
@@ -141,11 +180,15 @@ class _ForkIgnoringClient:
 
         return CreateResult(path, True, content_type, "0000000000000000_0000000000000000", False)
 
+    def delete(self, path):
+        self.deleted = path  # the stream the ignored fork created is removed again
+
 
 def test_a_server_that_cannot_fork_is_refused_with_the_missing_guarantee() -> None:
+    client = _ForkIgnoringClient()
     with pytest.raises(ReplayNotGuaranteed) as caught:
         ensure_pin(
-            _ForkIgnoringClient(),
+            client,
             "pins",
             "s",
             "0000000000000000_0000000000000042",
@@ -154,3 +197,4 @@ def test_a_server_that_cannot_fork_is_refused_with_the_missing_guarantee() -> No
         )
     text = str(caught.value)
     assert "bounded-read" in text and "fork" in text and "re-read identically" in text
+    assert client.deleted == pin_path("pins", "s", "0000000000000000_0000000000000042")

@@ -18,6 +18,7 @@ from tests.spark.source.support import (
     Streams,
     docs,
     encoded,
+    ids_of,
     offsets_increase,
     options_for,
     reader_of,
@@ -29,10 +30,6 @@ from tests.spark.source.support import (
 @pytest.fixture
 def streams(durastream_server) -> Streams:
     return Streams(durastream_server)
-
-
-def ids_of(rows: list[dict]) -> list[int]:
-    return [json.loads(bytes(row["value"]))["id"] for row in rows]
 
 
 def test_memory_sink_while_a_writer_appends_concurrently(

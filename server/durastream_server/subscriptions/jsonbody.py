@@ -1,0 +1,60 @@
+"""Parsing JSON that someone else wrote: subscription request bodies and webhook receivers' answers.
+
+Python's parser recurses once per nesting level, so a body of a few thousand ``[`` raised
+``RecursionError``, which no caller expected: a 500 with a traceback for a request, a failed delivery task
+for a webhook answer. Every document the subscription service reads nests at most three levels (an ack
+object inside ``acks`` inside the body), so ``loads`` refuses anything nested deeper than ``MAX_DEPTH``
+before the parser starts. Counting the openers (two ``bytes.count`` calls) settles ordinary bodies; only a
+body with more openers than the limit is scanned, once, with its strings removed first.
+
+It also refuses unpaired surrogate escapes (``"\\ud800"``): they decode to a ``str`` that cannot be
+encoded as UTF-8, so a stream path holding one would fail every later webhook payload.
+
+Every refusal is a ``ValueError`` whose message says what was wrong; callers turn it into a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Final
+
+MAX_DEPTH: Final = 32
+
+# A JSON string (the unrolled form: no backtracking on long strings), and everything but brackets.
+_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET: Final = re.compile(rb"[^\[\]{}]+")
+_OPENERS: Final = frozenset(b"[{")
+
+
+class JsonTooDeep(ValueError):
+    pass
+
+
+def loads(data: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
+    """The JSON value in ``data`` (UTF-8). Raises ``ValueError`` naming the problem."""
+    text = data.decode("utf-8")  # UnicodeDecodeError is a ValueError
+    if nests_deeper(data, max_depth):
+        raise JsonTooDeep(f"JSON nested deeper than {max_depth} levels")
+    value = json.loads(text)
+    if b"\\u" in data:
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("JSON strings must not contain unpaired surrogate escapes") from None
+    return value
+
+
+def nests_deeper(data: bytes, limit: int) -> bool:
+    """Whether ``data`` opens more than ``limit`` arrays/objects inside each other (outside strings)."""
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False  # it cannot nest deeper than it has openers
+    depth = 0
+    for byte in _NOT_BRACKET.sub(b"", _STRING.sub(b"", data)):
+        if byte in _OPENERS:
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
