@@ -52,6 +52,7 @@ def legacy_v1_bytes(state: StreamState, *, txn_committed: bool = True) -> bytes:
             "index_interval": 64,
             "index_count": 0,
             "index_messages": 0,
+            "index_last_time": 0,  # DSSNAP01 of the versions with time lookups (earlier ones are replayed)
         }
     ).encode()
     payload = struct.pack("<I", len(meta)) + meta
