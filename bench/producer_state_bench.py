@@ -19,10 +19,15 @@ Two parts, both in one process against the real storage and engine:
 
 3. ``state``: the Python heap one producer's state takes (``tracemalloc``), with 1 and 64 requests in its
    epoch, active, quiet and forgotten; with ``PYTHONPATH=<main>/server``, as before this change.
+4. ``aborts``: issue 14 item 6's case, ``--requests`` (70) aborts of ``--names`` (3,000) names each that
+   the stream never staged (210,000 in all), on one stream. Prints the RSS and Python heap growth
+   (``tracemalloc``) and how many names the stream still fences; with ``PYTHONPATH=<main>/server``, as
+   before this change (every name tombstoned for 7 days).
 
 Run: ``python bench/producer_state_bench.py memory [--streams 10000 --per-stream 100]``
      ``python bench/producer_state_bench.py snapshot [--producers 6000 100000 1000000]``
      ``python bench/producer_state_bench.py state [--producers 100000 --seqs 1 64]``
+     ``python bench/producer_state_bench.py aborts [--requests 70 --names 3000]``
 """
 
 from __future__ import annotations
@@ -38,10 +43,12 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from durastream_server.engine.api import AppendRequest, CreateRequest
 from durastream_server.engine.engine import Engine
+from durastream_server.engine.txnapi import AbortRequest
 from durastream_server.storage import DataDir, Durability, StorageConfig
 from durastream_server.storage import snapshot as snap
 from durastream_server.storage.index import SparseIndex
@@ -261,6 +268,34 @@ def state_bytes(producers: int, seqs: int) -> None:
         print(f"  forgotten (one group left): {gone / producers:.1f} B each")
 
 
+async def aborts(requests: int, names: int) -> None:
+    """Aborts naming handles the stream never staged (a zombie's, or anyone's with write access)."""
+    import tracemalloc
+
+    with tempfile.TemporaryDirectory(dir=".") as root:
+        data = await DataDir.open(StorageConfig(root=Path(root), durability=Durability.NONE))
+        engine = Engine(data, sweep_interval=0)
+        await engine.start()
+        await engine.create(CreateRequest(path="s", content_type="text/plain"))
+        before = _rss_mib()
+        tracemalloc.start()
+        heap = tracemalloc.get_traced_memory()[0]
+        for r in range(requests):
+            handles = tuple(str(uuid.UUID(int=r * names + n)) for n in range(names))
+            await engine.abort(AbortRequest(path="s", handles=handles))
+        grown = tracemalloc.get_traced_memory()[0] - heap
+        tracemalloc.stop()
+        after = _rss_mib()
+        space = next(iter(engine._txns._spaces.values()))
+        kept = len(space.tombstones) + len(getattr(space, "fenced", ()))
+        print(
+            f"{requests} aborts x {names:,} unknown names: RSS +{after - before:.1f} MiB, Python heap "
+            f"+{grown / MIB:.1f} MiB; names the stream keeps: {kept:,}"
+        )
+        await engine.close()
+        await data.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="part", required=True)
@@ -276,10 +311,15 @@ def main() -> None:
     sta = sub.add_parser("state")
     sta.add_argument("--producers", type=int, default=100_000)
     sta.add_argument("--seqs", type=int, nargs="+", default=[1, 64])
+    abt = sub.add_parser("aborts")
+    abt.add_argument("--requests", type=int, default=70)
+    abt.add_argument("--names", type=int, default=3_000)
     args = parser.parse_args()
     if args.part == "state":
         for seqs in args.seqs:
             state_bytes(args.producers, seqs)
+    elif args.part == "aborts":
+        asyncio.run(aborts(args.requests, args.names))
     elif args.part == "memory":
         asyncio.run(memory(args.streams, args.per_stream, args.rounds))
     else:
