@@ -36,6 +36,7 @@ RELEVANT_HEADERS = (
     "Producer-Expected-Seq",
     "Producer-Received-Seq",
     "Durastream-Extensions",
+    "Durastream-Forgotten-Epoch",
     "Location",
     "X-Request-Id",  # the server's id of the request: the same id is in its access log and JSON logs
 )
@@ -295,6 +296,21 @@ class DuplicatePayloadMismatch(ConflictError):
 
     Exactly-once is broken for this tuple if this is ignored: the first payload stays, the second is lost.
     """
+
+
+class ProducerForgottenError(ConflictError):
+    """409 ``PRODUCER_FORGOTTEN`` (docs/extensions.md, section 8): the server no longer knows the producer,
+    and forgot an idle producer of its group that reached this epoch, so this request may repeat one it
+    already applied. Refused instead of being taken for new data; nothing of it was written.
+    ``forgotten_epoch`` is the highest epoch the server forgot for the group."""
+
+    forgotten_epoch: int | None = None
+
+
+class UnverifiedDuplicate(ConflictError):
+    """A producer request answered 204 (already applied) whose payload the server could not compare with the
+    one it applied (``Durastream-Digest: unknown``), raised where a caller required the comparison
+    (docs/extensions.md, section 6). Nothing of this request was written."""
 
 
 class StreamSeqConflict(ConflictError):
@@ -615,6 +631,17 @@ def _conflict(
             f"{where}: {producer_text} was already used for a different payload. The server kept the first "
             "payload; the writer reused a tuple for different bytes (hazard 4), so this request's data is "
             "NOT in the stream.",
+        )
+    if code == "PRODUCER_FORGOTTEN":
+        forgotten = _int_header(headers, "Durastream-Forgotten-Epoch")
+        return make(
+            ProducerForgottenError,
+            f"{where}: the server no longer knows {producer_text}: it forgot idle producers of this "
+            f"group up to epoch {forgotten} (after --producer-expiry-seconds without a request), so this "
+            "request may repeat one it already applied. It was refused rather than written a second "
+            "time; nothing of it is in the stream. See docs/guarantees.md, 'When the server has "
+            "forgotten a producer'.",
+            forgotten_epoch=forgotten,
         )
     if code == "STREAM_SEQ_REGRESSION":
         return make(

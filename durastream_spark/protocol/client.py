@@ -47,6 +47,7 @@ from durastream_spark.errors import (
     MalformedResponse,
     RequestContext,
     TxnNotFound,
+    UnverifiedDuplicate,
     error_from_response,
     parse_error_body,
 )
@@ -114,14 +115,26 @@ def _producer(value: ProducerLike | None) -> Producer | None:
     return producer
 
 
-def _producer_headers(producer: Producer | None) -> dict[str, str]:
+def _producer_headers(
+    producer: Producer | None, *, refuse_forgotten: bool = False
+) -> dict[str, str]:
     if producer is None:
         return {}
-    return {
+    headers = {
         "Producer-Id": producer.id,
         "Producer-Epoch": str(producer.epoch),
         "Producer-Seq": str(producer.seq),
     }
+    if refuse_forgotten:
+        # docs/extensions.md section 8: a request that may repeat a forgotten producer's is refused
+        # (409 PRODUCER_FORGOTTEN) instead of taken for new data. Other servers ignore the header.
+        headers["Durastream-Forgotten-Producer"] = "refuse"
+    return headers
+
+
+def _digest_verified(reply: Reply) -> bool | None:
+    value = (reply.header("Durastream-Digest") or "").strip().lower()
+    return {"match": True, "unknown": False}.get(value)
 
 
 def _handles(handles: str | Sequence[str]) -> list[str]:
@@ -380,9 +393,17 @@ class StreamClient:
         producer: ProducerLike | None = None,
         close: bool = False,
         stream_seq: str | None = None,
+        require_verified: bool = False,
+        refuse_forgotten: bool = True,
     ) -> AppendResult:
         """POST ``body``. With ``producer=(id, epoch, seq)`` it is retried safely and a 204 is a duplicate
         (delivered). Without, it is sent once (hazard 11). ``close=True`` closes the stream atomically.
+
+        Producer requests ask the server to refuse (``ProducerForgottenError``) rather than accept a
+        request that may repeat one of a producer it has forgotten (``refuse_forgotten=False``: a
+        forgotten producer is new, the protocol's rule; for ids whose groups do not count epochs alike). ``require_verified``: a duplicate
+        the server says it could not compare (``Durastream-Digest: unknown``, from servers with
+        ``payload-digest`` >= 2) raises ``UnverifiedDuplicate`` (docs/extensions.md, sections 6 and 7).
 
         For JSON streams ``body`` is what the protocol expects: one JSON value, or an array whose elements
         become messages (the caller frames it).
@@ -393,7 +414,7 @@ class StreamClient:
                 "an append needs a non-empty body (an empty body is only valid with close=True)"
             )
         checked = _producer(producer)
-        headers = _producer_headers(checked)
+        headers = _producer_headers(checked, refuse_forgotten=refuse_forgotten)
         if body:
             headers["Content-Type"] = content_type
         if close:
@@ -412,7 +433,21 @@ class StreamClient:
             body_bytes=len(body),
         )
         reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
-        return self._append_result(reply, checked)
+        result = self._append_result(reply, checked)
+        if require_verified and result.duplicate and result.digest_verified is False:
+            raise UnverifiedDuplicate(
+                f"{context.describe()}: the server already applied producer '{checked.id}' (epoch "
+                f"{checked.epoch}, seq {checked.seq}) but no longer remembers what that request "
+                "contained, so it cannot confirm this one is the same (a retry or replay older than "
+                "the digests it keeps). Nothing of this request was written. See docs/guarantees.md, "
+                "'When the server has forgotten a producer'.",
+                context=context,
+                status=reply.status,
+                code=None,
+                headers={},
+                server_message=None,
+            )
+        return result
 
     def close(self, path: str, *, producer: ProducerLike | None = None) -> AppendResult:
         """Close the stream (idempotent). With a producer, the close takes part in its sequencing."""
@@ -429,6 +464,7 @@ class StreamClient:
             producer_seq=_int_header(reply, "Producer-Seq"),
             txn_messages=_int_header(reply, "Durastream-Txn-Messages"),
             txn_bytes=_int_header(reply, "Durastream-Txn-Bytes"),
+            digest_verified=_digest_verified(reply),
         )
 
     # ---- staged (transactional) appends -----------------------------------------------------------------
@@ -496,7 +532,7 @@ class StreamClient:
         if checked is None:
             raise ValueError("commit needs producer=(id, epoch, seq)")
         headers, body = self._handle_list("Durastream-Commit", listed)
-        headers.update(_producer_headers(checked))
+        headers.update(_producer_headers(checked, refuse_forgotten=True))
         if key is not None:
             (key,) = _handles(key)  # the same syntax as a handle name
             self._require(

@@ -81,6 +81,9 @@ class AppendResult:
     producer_seq: int | None = None
     txn_messages: int | None = None  # a commit: how many staged messages became visible
     txn_bytes: int | None = None
+    # A duplicate: True if the server compared this request with the one it applied (they are equal),
+    # False if it could not (``Durastream-Digest: unknown``), None if it did not say.
+    digest_verified: bool | None = None
 
     @property
     def delivered(self) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
+from durastream_spark.errors import ProducerForgottenError, UnverifiedDuplicate
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink import ordered, transactional
 from durastream_spark.sink.errors import BatchModeConflict, CommitError
@@ -129,19 +130,10 @@ def commit_batch(
             f"stream '{part.stream}' partition {message.partition}: {error}"
             for message, part, error in failures
         )
-        if any(isinstance(error, BatchModeConflict) for _, _, error in failures):
-            advice = (
-                f"An earlier run of this batch wrote in ordered mode: restart the query from its "
-                f"checkpoint with {EXACTLY_ONCE}={ORDERED} to finish it exactly once (details below)."
-            )
-        else:
-            advice = (
-                "Replaying the batch (restart the query from its checkpoint) completes it without "
-                "duplicates."
-            )
         raise CommitError(
             f"Committing batch {_batch_text(batch_id, chosen)} failed for {len(failures)} of "
-            f"{len(jobs)} (stream, partition) parts; the others are committed. {advice} {listed}",
+            f"{len(jobs)} (stream, partition) parts; the others are committed. "
+            f"{_after_failure([error for _, _, error in failures])} {listed}",
             failures=tuple(error for _, _, error in failures),
         ) from failures[0][2]
     summaries = summarize(results)
@@ -260,6 +252,23 @@ def _choose_attempts(
             f"Commit messages of one batch come from different writers {sorted(keys)}; refusing to commit."
         )
     return chosen, extra
+
+
+def _after_failure(errors: Sequence[BaseException]) -> str:
+    """What a replay of the failed batch would do."""
+    if any(isinstance(e, BatchModeConflict) for e in errors):
+        return (
+            f"An earlier run of this batch wrote in ordered mode: restart the query from its "
+            f"checkpoint with {EXACTLY_ONCE}={ORDERED} to finish it exactly once (details below)."
+        )
+    if any(isinstance(e, ProducerForgottenError | UnverifiedDuplicate) for e in errors):
+        return (
+            "The server can no longer tell whether an earlier run of this batch already wrote these "
+            "parts (its producers were idle past the server's --producer-expiry-seconds), so it refused "
+            "them rather than risk a duplicate, and a replay will be refused the same way. See "
+            "docs/guarantees.md, 'When the server has forgotten a producer', for how to go on."
+        )
+    return "Replaying the batch (restart the query from its checkpoint) completes it without duplicates."
 
 
 def _batch_text(batch_id: int | None, chosen: dict[int, SinkCommitMessage]) -> str:

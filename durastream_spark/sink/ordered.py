@@ -15,7 +15,9 @@ after a driver crash resends the same bytes under the same tuple: a duplicate.
 Precondition: a retry must see its partition's rows in the same order. Where the server checks payload
 digests (durastream-server), a reordered retry reuses a seq for different bytes and gets 409
 ``DUPLICATE_PAYLOAD_MISMATCH``: the task fails loudly (``ReorderedRetryError``), nothing is lost or
-duplicated silently. Elsewhere the server would answer 204 and drop the different bytes; see
+duplicated silently. A duplicate the server can no longer compare (older than the digests it keeps) fails
+as loudly (``UnverifiedDuplicate``), and so does a request of a producer it has forgotten
+(``ProducerForgottenError``). Elsewhere the server would answer 204 and drop the different bytes; see
 docs/guarantees.md for the conditions.
 
 A replay of a batch that an earlier run committed in transactional mode (the mode changed in between)
@@ -119,7 +121,13 @@ class OrderedPartitionWriter(ModeWriter[_StreamState]):
             if committed_earlier.is_set():
                 return None
             try:
-                return client.append(stream, body, options.content_type, producer=(pid, epoch, seq))
+                return client.append(
+                    stream,
+                    body,
+                    options.content_type,
+                    producer=(pid, epoch, seq),
+                    require_verified=True,  # a replay the server cannot compare fails loudly
+                )
             except DuplicatePayloadMismatch as error:
                 if seq == COMMIT_SEQ and committed_transactionally(client, stream, pid, epoch):
                     log.info(
@@ -169,7 +177,13 @@ def commit_part(
         )
     producer = (message.producer_id, message.epoch, part.requests)
     try:
-        result = client.append(part.stream, part.remainder, options.content_type, producer=producer)
+        result = client.append(
+            part.stream,
+            part.remainder,
+            options.content_type,
+            producer=producer,
+            require_verified=True,
+        )
     except DuplicatePayloadMismatch as error:
         if part.requests == COMMIT_SEQ and committed_transactionally(
             client, part.stream, message.producer_id, message.epoch

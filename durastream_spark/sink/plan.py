@@ -106,14 +106,18 @@ def resolve_mode(client: StreamClient, options: SinkOptions) -> str:
         mode = TRANSACTIONAL if staged else ORDERED
     if (
         mode == ORDERED
-        and not extensions.supports(ext.PAYLOAD_DIGEST)
+        and not extensions.supports(ext.PAYLOAD_DIGEST, 2)
         and options.connection.url not in _warned_no_digest
     ):
         _warned_no_digest.add(options.connection.url)
         log.warning(
-            "%s has no staged appends and no payload digests: the durastream sink writes in ordered mode, "
-            "which is exactly-once only if a retried task sees its rows in the same order (see "
-            "docs/guarantees.md); a reordered retry cannot be detected on this server.",
+            "%s: the durastream sink writes in ordered mode, which is exactly-once only if a retried task "
+            "sees its rows in the same order (see docs/guarantees.md); %s",
             options.connection.url,
+            "this server checks only the last 64 requests of each producer (payload-digest=1): a "
+            "reordered retry that differs only in older requests is not detected. Upgrade "
+            "durastream-server."
+            if extensions.supports(ext.PAYLOAD_DIGEST)
+            else "this server has no payload digests: a reordered retry cannot be detected.",
         )
     return mode

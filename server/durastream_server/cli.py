@@ -51,6 +51,12 @@ from durastream_server.config import (
     ServerConfig,
     normalize_public_url,
 )
+from durastream_server.engine.producer_sweep import (
+    DEFAULT_EXPIRY_SECONDS,
+    DEFAULT_GROUP_EXPIRY_SECONDS,
+    DEFAULT_QUIET_SECONDS,
+    ProducerPolicy,
+)
 from durastream_server.environment import parse_with_environment, with_environment
 from durastream_server.http.cors import normalize_origin
 from durastream_server.http.hosts import normalize_allowed_host
@@ -245,6 +251,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest payload one staged-append handle may hold, each message counting 24 bytes "
         f"more; more gets 413 (default: {format_byte_size(DEFAULT_MAX_STAGED_BYTES)})",
     )
+    producers = parser.add_argument_group(
+        "producer state",
+        "how long idle idempotent producers are remembered in memory (docs/server.md, "
+        "docs/decisions/0005-producer-state.md); 0 = forever",
+    )
+    producers.add_argument(
+        "--producer-quiet-seconds",
+        type=_non_negative_seconds,
+        default=DEFAULT_QUIET_SECONDS,
+        metavar="SECONDS",
+        help="after this long without a request, a producer's request digests are shortened to 8 "
+        f"bytes (default: {DEFAULT_QUIET_SECONDS}, a day)",
+    )
+    producers.add_argument(
+        "--producer-expiry-seconds",
+        type=_non_negative_seconds,
+        default=DEFAULT_EXPIRY_SECONDS,
+        metavar="SECONDS",
+        help="after this long without a request, a producer is forgotten: a later request of it is a "
+        "new producer, or 409 PRODUCER_FORGOTTEN for clients that ask (the Spark sink does) "
+        f"(default: {DEFAULT_EXPIRY_SECONDS}, 7 days)",
+    )
+    producers.add_argument(
+        "--producer-group-expiry-seconds",
+        type=_non_negative_seconds,
+        default=DEFAULT_GROUP_EXPIRY_SECONDS,
+        metavar="SECONDS",
+        help="how long a stream keeps the highest epoch of a group of forgotten producers, which is "
+        f"what PRODUCER_FORGOTTEN is decided by (default: {DEFAULT_GROUP_EXPIRY_SECONDS}, 30 days)",
+    )
     security = parser.add_argument_group(
         "security and exposure", "authentication, TLS, CORS and request limits (docs/security.md)"
     )
@@ -412,6 +448,11 @@ def config_from_args(
         min_body_bytes_per_second=args.min_body_bytes_per_second,
         allowed_hosts=tuple(args.allowed_host),
         webhook_localhost=args.webhook_localhost,
+        producer_policy=ProducerPolicy(
+            quiet_seconds=args.producer_quiet_seconds,
+            expiry_seconds=args.producer_expiry_seconds,
+            group_expiry_seconds=args.producer_group_expiry_seconds,
+        ),
     )
 
 

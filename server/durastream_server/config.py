@@ -12,6 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from durastream_server.auth import AuthToken, check_unique
 from durastream_server.engine.jsonmode import DEFAULT_MAX_MESSAGES
+from durastream_server.engine.producer_sweep import ProducerPolicy
 from durastream_server.storage.datadir import Durability
 
 DEFAULT_HOST = "127.0.0.1"
@@ -77,6 +78,8 @@ class ServerConfig:
     # Webhooks to http://localhost / 127.0.0.x (section 12.8's development exception): "auto" allows them
     # only while the server listens on loopback, where nobody else can create subscriptions anyway.
     webhook_localhost: str = "auto"
+    # How long idle producer state is kept (docs/decisions/0005-producer-state.md).
+    producer_policy: ProducerPolicy = ProducerPolicy()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

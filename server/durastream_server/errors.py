@@ -120,6 +120,13 @@ class DuplicateMismatch(Conflict):
     code = "DUPLICATE_PAYLOAD_MISMATCH"
 
 
+class ProducerForgotten(Conflict):
+    """An unknown producer whose request may repeat one of a forgotten producer, refused because the
+    client asked (``Durastream-Forgotten-Producer: refuse``). Carries ``Durastream-Forgotten-Epoch``."""
+
+    code = "PRODUCER_FORGOTTEN"
+
+
 class ConfigMismatch(Conflict):
     code = "CONFIG_MISMATCH"
 

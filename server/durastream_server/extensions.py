@@ -21,7 +21,8 @@ EXTENSIONS: Final = MappingProxyType(
         "limit-lookup": 1,
         "listing": 1,
         "staged-append": 2,
-        "payload-digest": 1,
+        "payload-digest": 2,  # 2: every seq of the current epoch, and Durastream-Digest on 204s
+        "forgotten-producers": 1,
         "time-lookup": 1,
     }
 )

@@ -55,6 +55,7 @@ class Backend:
             engine = Engine(
                 data,
                 txn_limits=TxnLimits(max_handle_bytes=config.max_staged_bytes),
+                producer_policy=config.producer_policy,
                 max_messages_per_request=config.max_messages_per_request,
             )
             await engine.start()

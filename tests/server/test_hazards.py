@@ -435,7 +435,9 @@ def test_hazard_33_long_poll_on_deleted_stream_is_not_up_to_date(durastream_serv
     assert result.status_code in (404, 410)
 
 
-def test_hazard_34_producer_state_survives_restart_and_never_expires(server_factory) -> None:
+def test_hazard_34_producer_state_survives_restart(server_factory) -> None:
+    """Within --producer-expiry-seconds (7 days); after it, a retry is refused for clients that ask:
+    tests/server/http/test_producer_expiry.py."""
     server = server_factory()
     url = server.stream_url("h34")
     create(url, TEXT)

@@ -22,6 +22,15 @@ from pathlib import Path
 
 STARTUP_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 30.0
+# Flags for a server that forgets idle producers after a second (docs/server.md, "Producer state").
+FORGET_PRODUCERS_FAST = (
+    "--producer-quiet-seconds",
+    "1",
+    "--producer-expiry-seconds",
+    "1",
+    "--producer-group-expiry-seconds",
+    "3600",
+)
 
 
 def read_line(process: subprocess.Popen[str], timeout: float) -> str:

@@ -58,6 +58,8 @@ class AppendRequest:
     close: bool = False
     stream_seq: str | None = None
     producer: ProducerTuple | None = None
+    # Durastream-Forgotten-Producer: refuse (docs/extensions.md, section 8).
+    refuse_forgotten: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ class AppendResult:
     duplicate: bool = False  # producer duplicate / idempotent close: 204
     producer_epoch: int | None = None
     producer_seq: int | None = None  # highest accepted seq for (stream, producer, epoch)
+    # A producer duplicate: whether its digest was compared with the accepted request's (section 6).
+    verified: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -48,6 +49,7 @@ from durastream_server.engine import (
     expiry,
     jsonmode,
     lookup,
+    producer_sweep,
     producers,
     rendering,
     time_lookup,
@@ -139,6 +141,7 @@ class Engine:
         clock: Callable[[], float] | None = None,
         sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
         txn_limits: TxnLimits | None = None,
+        producer_policy: producer_sweep.ProducerPolicy | None = None,
         max_messages_per_request: int = jsonmode.DEFAULT_MAX_MESSAGES,
     ) -> None:
         self._data = data
@@ -146,6 +149,8 @@ class Engine:
         self.max_messages = max_messages_per_request
         self._clock = clock or time.time
         self._sweep_interval = sweep_interval
+        self.producer_policy = producer_policy or producer_sweep.ProducerPolicy()
+        self._producer_sweeper: asyncio.Task[None] | None = None
         self._registry: Registry
         self._registry, unusable = build(data.logs, self._clock())
         # Streams whose header the engine cannot use are quarantined like damaged logs; start() waits
@@ -178,15 +183,19 @@ class Engine:
             await self._quarantine(inc, reason)
         if self._sweeper is None and self._sweep_interval > 0:
             self._sweeper = asyncio.create_task(self._sweep_loop(), name="durastream-expiry")
+            self._producer_sweeper = asyncio.create_task(
+                self._producer_sweep_loop(), name="durastream-producers"
+            )
 
     async def close(self) -> None:
         """Release waiters (they answer as at a timeout) and flush storage."""
         self._closed = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        for task in (self._sweeper, self._producer_sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._sweeper = self._producer_sweeper = None
         for inc in list(self._registry.by_id.values()):
             inc.waiters.shutdown()
         results = await asyncio.gather(
@@ -475,7 +484,9 @@ class Engine:
             return await self._append_to_closed(inc, request, digest)
         messages = request_messages(inc, request_type, parsed, body, self.max_messages)
         if producer is not None:
-            decision = producers.validate(state, producer, digest)
+            decision = producers.validate(
+                state, producer, digest, refuse_forgotten=request.refuse_forgotten
+            )
             if isinstance(decision, producers.Duplicate):
                 return await self._duplicate(inc, decision)
         if (
@@ -521,14 +532,16 @@ class Engine:
         producer = request.producer
         if producer is not None:
             if state.closed_by == producer:
-                current = state.producers[producer.producer_id]
+                # The closing tuple: its retry dedupes to the original whatever its body (section
+                # 5.2.1), even once the producer itself is forgotten (closed_by stays).
                 decision: producers.Decision | None = producers.Duplicate(
-                    epoch=current.epoch, highest_seq=current.last_seq
+                    epoch=producer.epoch, highest_seq=producer.seq
                 )
             else:
                 decision = producers.stale_or_duplicate_after_close(state, producer)
                 if decision is not None:
-                    producers.check_duplicate_digest(state, producer, digest)
+                    verified = producers.check_duplicate_digest(state, producer, digest)
+                    decision = dataclasses.replace(decision, verified=verified)
             if isinstance(decision, producers.Duplicate):
                 return await self._duplicate(inc, decision)
         elif not request.body:
@@ -552,6 +565,7 @@ class Engine:
             duplicate=True,
             producer_epoch=decision.epoch,
             producer_seq=decision.highest_seq,
+            verified=decision.verified,
         )
 
     # ------------------------------------------------------------------ head / read / wait
@@ -815,6 +829,24 @@ class Engine:
         except Exception:
             logger.exception("expiring staged-append handles failed")
         return len(expired)
+
+    async def sweep_producers(self) -> producer_sweep.SweepCounts:
+        """Compact quiet producers, forget idle ones and old forgotten groups, now (in slices on the
+        loop); the background sweeper calls this every ``producer_policy.tick_seconds``."""
+        logs = (inc.log for inc in list(self._registry.by_id.values()))
+        return await producer_sweep.sweep(logs, int(self._clock() * 1000), self.producer_policy)
+
+    async def _producer_sweep_loop(self) -> None:
+        policy = self.producer_policy
+        while not self._closed:
+            try:
+                counts = await self.sweep_producers()
+            except Exception:
+                logger.exception("producer sweep failed")
+            else:
+                if counts:
+                    logger.info("producer state: %s", counts.describe(policy))
+            await asyncio.sleep(policy.tick_seconds)
 
     async def _sweep_loop(self) -> None:
         while not self._closed:

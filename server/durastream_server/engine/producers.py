@@ -4,8 +4,11 @@ The state these functions read is the log's *accepted* state (staged entries inc
 calls them and ``StreamLog.stage()`` with no ``await`` in between, so validation is serialized per stream
 and therefore per ``(stream, producerId)`` as the spec requires.
 
-Producer state is never expired (hazard 34): it lives in the log next to the data, so it is retained
-exactly as long as the stream, and a late retry of an old tuple is always recognized.
+Producer state lives in the log next to the data; in memory, a producer that stays idle is first
+compacted and then forgotten (``producer_sweep.py``, docs/decisions/0005-producer-state.md). A request
+of a producer the stream does not know is a new producer, as section 5.2.1 says; a client that must never
+have a retry of a forgotten producer taken for new data asks for ``refuse_forgotten`` (hazard 34), and
+gets 409 ``PRODUCER_FORGOTTEN`` wherever a forgotten producer of the same group could have sent it.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import blake3
 from durastream_server.errors import (
     BadRequest,
     DuplicateMismatch,
+    ProducerForgotten,
     SequenceGap,
     StaleEpoch,
 )
 from durastream_server.storage.records import ProducerTuple
-from durastream_server.storage.state import StreamState
+from durastream_server.storage.state import DIGEST_BYTES, StreamState, producer_group
 
 MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -40,6 +44,9 @@ class Duplicate:
 
     epoch: int
     highest_seq: int  # the Producer-Seq to report: highest accepted in this epoch
+    # The accepted request's digest was remembered and equals this one's. False: it could not be
+    # compared (older than the digest window, or written by an earlier version).
+    verified: bool = False
 
 
 Decision = Accept | Duplicate
@@ -51,8 +58,8 @@ Decision = Accept | Duplicate
 # fifth of the server's CPU on the Spark sink's staged appends (docs/decisions/0004, section 6). It is
 # still a cryptographic hash: two requests with one tuple cannot be made to look alike. Digests written
 # by earlier versions are 16-byte BLAKE2b or 20-byte SHA-256: a digest of another size cannot be
-# compared and counts as forgotten (see ``differ``).
-DIGEST_SIZE = 24
+# compared: the fold keeps it as unknown (``storage/state.py``).
+DIGEST_SIZE = DIGEST_BYTES
 
 
 def new_hasher(prefix: bytes) -> blake3.blake3:
@@ -94,9 +101,10 @@ def request_digest_soon(
 
 
 def differ(remembered: bytes, digest: bytes) -> bool:
-    """True if two request digests show different requests. A digest of another size (written by an
-    earlier version with another hash) cannot be compared: like a forgotten one, it proves nothing."""
-    return len(remembered) == len(digest) and remembered != digest
+    """True if two request digests show different requests. ``remembered`` may be a prefix of a digest
+    (a quiet producer keeps short ones, ``storage/state.py``); one longer than ``digest`` (of another
+    hash) cannot be compared and proves nothing."""
+    return len(remembered) <= len(digest) and digest[: len(remembered)] != remembered
 
 
 def check_tuple_syntax(producer: ProducerTuple) -> None:
@@ -108,12 +116,16 @@ def check_tuple_syntax(producer: ProducerTuple) -> None:
             raise BadRequest(f"{name} must be an integer in [0, 2^53-1]")
 
 
-def validate(state: StreamState, producer: ProducerTuple, digest: bytes) -> Decision:
-    """Section 5.2.1 validation. Raises StaleEpoch (403), BadRequest (400), SequenceGap (409) or
-    DuplicateMismatch (409); returns Accept or Duplicate.
+def validate(
+    state: StreamState, producer: ProducerTuple, digest: bytes, *, refuse_forgotten: bool = False
+) -> Decision:
+    """Section 5.2.1 validation. Raises StaleEpoch (403), BadRequest (400), SequenceGap (409),
+    DuplicateMismatch (409) or ProducerForgotten (409); returns Accept or Duplicate.
 
-    - unknown producer: must start at seq 0, else 409 expecting 0 (a producer whose state we never had
-      cannot resume mid-sequence);
+    - unknown producer: with ``refuse_forgotten``, 409 ``ProducerForgotten`` if the stream forgot a
+      producer of the same group at this epoch or a later one (it may be that producer repeating a
+      request); otherwise it must start at seq 0, else 409 expecting 0 (a producer whose state we do not
+      have cannot resume mid-sequence);
     - epoch below the server's: 403 with the current epoch (zombie fencing);
     - epoch above: a new session, which must start at seq 0 (400 otherwise);
     - same epoch: ``seq <= last`` is a duplicate, ``last + 1`` is next, anything higher is a gap.
@@ -122,6 +134,8 @@ def validate(state: StreamState, producer: ProducerTuple, digest: bytes) -> Deci
     """
     current = state.producers.get(producer.producer_id)
     if current is None:
+        if refuse_forgotten:
+            check_not_forgotten(state, producer)
         if producer.seq != 0:
             raise _gap(expected=0, received=producer.seq)
         return Accept()
@@ -135,20 +149,40 @@ def validate(state: StreamState, producer: ProducerTuple, digest: bytes) -> Deci
             raise BadRequest(f"a new producer epoch must start at seq 0, got {producer.seq}")
         return Accept()
     if producer.seq <= current.last_seq:
-        check_duplicate_digest(state, producer, digest)
-        return Duplicate(epoch=current.epoch, highest_seq=current.last_seq)
+        verified = check_duplicate_digest(state, producer, digest)
+        return Duplicate(epoch=current.epoch, highest_seq=current.last_seq, verified=verified)
     if producer.seq == current.last_seq + 1:
         return Accept()
     raise _gap(expected=current.last_seq + 1, received=producer.seq)
 
 
-def check_duplicate_digest(state: StreamState, producer: ProducerTuple, digest: bytes) -> None:
-    """Raise DuplicateMismatch if the accepted request for this tuple is remembered and differs."""
+def check_not_forgotten(state: StreamState, producer: ProducerTuple) -> None:
+    """For a producer the stream does not know: raise ProducerForgotten if a forgotten producer of its
+    group reached this epoch (docs/extensions.md, section 8). A group's producers count epochs alike
+    (the Spark sink's: batch ids), so a forgotten one that never got this far cannot have sent it."""
+    group = producer_group(producer.producer_id)
+    forgotten = state.forgotten.get(group)
+    if forgotten is None or producer.epoch > forgotten.epoch:
+        return
+    raise ProducerForgotten(
+        f"producer {producer.producer_id!r} is not known to this stream, which forgot idle producers of "
+        f"group {group!r} up to epoch {forgotten.epoch}: this request (epoch {producer.epoch}, seq "
+        f"{producer.seq}) may repeat one they made, and cannot be checked. Refused, as asked "
+        "(Durastream-Forgotten-Producer: refuse)",
+        headers={"Durastream-Forgotten-Epoch": str(forgotten.epoch)},
+    )
+
+
+def check_duplicate_digest(state: StreamState, producer: ProducerTuple, digest: bytes) -> bool:
+    """Raise DuplicateMismatch if the accepted request for this tuple is remembered and differs.
+    True if it is remembered (and equal), False if it could not be compared."""
     current = state.producers.get(producer.producer_id)
     if current is None or current.epoch != producer.epoch:
-        return
-    remembered = current.digests.get(producer.seq)
-    if remembered and differ(remembered, digest):
+        return False
+    remembered = current.digest(producer.seq)
+    if remembered is None or len(remembered) > len(digest):
+        return False
+    if differ(remembered, digest):
         raise DuplicateMismatch(
             f"producer tuple ({producer.producer_id}, {producer.epoch}, {producer.seq}) was already "
             "used for a different request",
@@ -157,14 +191,15 @@ def check_duplicate_digest(state: StreamState, producer: ProducerTuple, digest: 
                 "Producer-Seq": str(current.last_seq),
             },
         )
+    return True
 
 
 def stale_or_duplicate_after_close(state: StreamState, producer: ProducerTuple) -> Decision | None:
     """Producer checks that still apply once the stream is closed (hazard 35).
 
-    Returns Duplicate for the closing tuple and for already-accepted earlier tuples of the current
-    epoch, raises StaleEpoch for an old epoch, and returns None when the request would have been new
-    data (the caller answers 409 Stream-Closed).
+    Returns Duplicate for already-accepted earlier tuples of the current epoch, raises StaleEpoch for
+    an old epoch, and returns None when the request would have been new data (the caller answers 409
+    Stream-Closed). The closing tuple itself is the caller's (``closed_by``).
     """
     current = state.producers.get(producer.producer_id)
     if current is None:

@@ -43,6 +43,7 @@ from durastream_server.engine.txnapi import (
 from durastream_server.engine.txnspace import (
     ABORTED,
     EXPIRED,
+    FENCED,
     StagedHandle,
     StreamTxns,
     check_handle_names,
@@ -382,7 +383,9 @@ class TxnManager:
                     producer=producer,
                 )
                 return _as_commit(await engine._append_to_closed(inc, as_append, digest))
-            decision = producers.validate(state, producer, digest)
+            decision = producers.validate(
+                state, producer, digest, refuse_forgotten=request.refuse_forgotten
+            )
             if isinstance(decision, producers.Duplicate):
                 # Before the handles: a retried commit whose handles are already reclaimed is a 204.
                 return _as_commit(await engine._duplicate(inc, decision))
@@ -477,6 +480,11 @@ class TxnManager:
         check_handle_names(request.handles, "Durastream-Abort")
         if not request.handles:
             raise BadRequest("Durastream-Abort must name at least one handle")
+        if len(request.handles) > self.limits.max_handles_per_commit:
+            raise BadRequest(
+                f"Durastream-Abort names {len(request.handles)} handles; at most "
+                f"{self.limits.max_handles_per_commit} per request"
+            )
         inc = self._engine._lookup(request.path)
         self._engine._touch(inc)
         return await asyncio.shield(self._abort_locked(request, inc))
@@ -498,14 +506,20 @@ class TxnManager:
                 if handle is not None:
                     victims.append(handle)
             # Tombstones first (durable), then the data: a crash in between leaves a staging file
-            # whose name is tombstoned, which start-up removes. Unknown names are tombstoned too, so
-            # a late stage from a zombie writer can never create a committable handle.
-            forget_at = self._now_ms() + 1000 * self.limits.tombstone_seconds
+            # whose name is tombstoned, which start-up removes. Unknown names are fenced too, so a
+            # stage racing its abort (a zombie writer's) can never create a committable handle; they
+            # cost memory, so they are kept for less time and at most ``max_fenced_per_stream``.
+            now_ms = self._now_ms()
+            forget_at = now_ms + 1000 * self.limits.tombstone_seconds
+            fence_at = now_ms + 1000 * self.limits.fence_seconds
+            staged = {handle.name for handle in victims}
             new = []
             for name in request.handles:
-                known = space.tombstones.get(name)
-                if known is None or known.status != ABORTED:
+                known = space.dead(name)
+                if name in staged or (known is not None and known.status not in (ABORTED, FENCED)):
                     new.append((name, Tombstone(ABORTED, forget_at)))
+                elif known is None and self.limits.max_fenced_per_stream:
+                    new.append((name, Tombstone(FENCED, fence_at)))
             if new:
                 await self._write_tombstones(inc, space, new)
             for handle in victims:
@@ -528,7 +542,11 @@ class TxnManager:
         except OSError as exc:
             raise self._storage_error("writing handle tombstones", exc) from exc
         for name, tombstone in entries:
-            space.tombstones[name] = tombstone
+            if tombstone.status == FENCED:
+                space.fence(name, tombstone, self.limits.max_fenced_per_stream)
+            else:
+                space.fenced.pop(name, None)
+                space.tombstones[name] = tombstone
         space.tombstone_lines += len(entries)
 
     # ------------------------------------------------------------------------------ expiry
@@ -552,9 +570,8 @@ class TxnManager:
             ]
             for name in due:
                 removed += await self._expire(inc, space, name, closed=closed)
-            for name in [n for n, t in space.tombstones.items() if t.forget_at_ms <= now_ms]:
-                del space.tombstones[name]
-            if space.tombstone_lines > max(1024, 2 * len(space.tombstones)):
+            space.forget_tombstones(now_ms)
+            if space.tombstone_lines > max(1024, 2 * (len(space.tombstones) + len(space.fenced))):
                 await self._compact(space)
         return removed
 
@@ -586,7 +603,7 @@ class TxnManager:
         return 1
 
     async def _compact(self, space: StreamTxns) -> None:
-        live = dict(space.tombstones)
+        live = space.live_tombstones
         try:
             await self._io(lambda: txnfile.rewrite_tombstones(space.txn_dir, live, sync=self._sync))
         except OSError as exc:
@@ -631,7 +648,9 @@ class TxnManager:
                     raise loaded
                 unreadable.append((inc, f"staged appends cannot be read: {loaded!r}"))
                 continue
-            stale = self._space(inc).adopt(loaded, inc.log.state, inc.path)
+            stale = self._space(inc).adopt(
+                loaded, inc.log.state, inc.path, self.limits.max_fenced_per_stream
+            )
             if stale:
                 self._background_io(txnfile.remove_files, stale)
         return unreadable
@@ -684,4 +703,5 @@ def _as_commit(result: AppendResult) -> CommitResult:
         duplicate=result.duplicate,
         producer_epoch=result.producer_epoch,
         producer_seq=result.producer_seq,
+        verified=result.verified,
     )

@@ -50,15 +50,23 @@ class TxnLimits:
     max_handle_bytes: int = GIB  # payload one handle may hold, plus MESSAGE_OVERHEAD per message
     default_ttl_seconds: int = 3600
     max_ttl_seconds: int = 604800  # 7 days
-    max_handles_per_commit: int = MAX_HANDLES_PER_COMMIT
+    max_handles_per_commit: int = MAX_HANDLES_PER_COMMIT  # also per abort
     # Aborted/expired handle names stay unusable this long (the longest a handle can live).
     tombstone_seconds: int = 604800
+    # Names an abort lists that the stream does not know (never staged, or long forgotten) are fenced
+    # too, so a late stage of a zombie cannot create them, but only for the default handle TTL and at
+    # most this many per stream (the oldest go first): each costs memory, and only a stage racing its
+    # abort needs one (docs/extensions.md, section 5).
+    fence_seconds: int = 3600
+    max_fenced_per_stream: int = 1024
 
     def __post_init__(self) -> None:
         if self.max_handle_bytes < 1:
             raise ValueError(f"max handle bytes must be >= 1, got {self.max_handle_bytes}")
         if not 1 <= self.default_ttl_seconds <= self.max_ttl_seconds:
             raise ValueError("default TTL must be in [1, max TTL]")
+        if self.max_fenced_per_stream < 0 or self.fence_seconds < 1:
+            raise ValueError("fenced names need a positive lifetime and a cap >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +100,8 @@ class CommitRequest:
     stream_seq: str | None = None
     # Durastream-Commit-Key: deduplicate by this key instead of the handle list (txnspace.commit_digest)
     key: str | None = None
+    # Durastream-Forgotten-Producer: refuse (extensions.md section 8)
+    refuse_forgotten: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +111,7 @@ class CommitResult:
     duplicate: bool = False
     producer_epoch: int | None = None
     producer_seq: int | None = None
+    verified: bool = False  # a duplicate: its digest was compared with the accepted one
     messages: int = 0  # what this commit made visible (0 for a duplicate)
     bytes: int = 0
 

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 ABORTED = "aborted"
 EXPIRED = "expired"
 CORRUPT = "corrupt"
+FENCED = "fenced"  # aborted before anything was staged under it (or after it was long forgotten)
 
 
 def commit_digest(handles: tuple[str, ...], closes: bool, key: str | None = None) -> bytes:
@@ -140,30 +141,62 @@ class StreamTxns:
     txn_dir: str
     handles: dict[str, StagedHandle] = field(default_factory=dict)
     tombstones: dict[str, Tombstone] = field(default_factory=dict)
+    # FENCED tombstones, oldest first (bounded: ``fence``).
+    fenced: dict[str, Tombstone] = field(default_factory=dict)
     locks: KeyedLocks = field(default_factory=KeyedLocks)
     tombstone_lines: int = 0  # lines in the tombstone file (live or not), for compaction
+
+    def dead(self, name: str) -> Tombstone | None:
+        return self.tombstones.get(name) or self.fenced.get(name)
+
+    def fence(self, name: str, tombstone: Tombstone, cap: int) -> None:
+        """Remember an unknown name an abort listed; past ``cap`` the oldest are forgotten."""
+        self.fenced.pop(name, None)
+        self.fenced[name] = tombstone
+        while len(self.fenced) > cap:
+            del self.fenced[next(iter(self.fenced))]
+
+    def forget_tombstones(self, now_ms: int) -> None:
+        """Drop tombstones past their time (fenced ones expire in the order they were made)."""
+        for name in [n for n, t in self.tombstones.items() if t.forget_at_ms <= now_ms]:
+            del self.tombstones[name]
+        fenced = self.fenced
+        while fenced:
+            name = next(iter(fenced))
+            if fenced[name].forget_at_ms > now_ms:
+                break
+            del fenced[name]
+
+    @property
+    def live_tombstones(self) -> dict[str, Tombstone]:
+        return {**self.tombstones, **self.fenced}
 
     def dead_error(self, state: StreamState, name: str) -> ProtocolError:
         """The error for a handle name that has no open handle (``state``: the stream's)."""
         if name in state.txn_committed:
             return TxnAlreadyCommitted(f"handle {name!r} was already committed into this stream")
-        tombstone = self.tombstones.get(name)
+        tombstone = self.dead(name)
         if tombstone is not None:
-            if tombstone.status == ABORTED:
+            if tombstone.status in (ABORTED, FENCED):
                 return TxnAborted(f"handle {name!r} was aborted")
             if tombstone.status == EXPIRED:
                 return TxnExpired(f"handle {name!r} expired before it was committed")
             return TxnCorrupt(f"handle {name!r}: its staged data failed its checksums")
         return TxnNotFound(f"handle {name!r} has no staged data in this stream")
 
-    def adopt(self, loaded: Loaded, state: StreamState, path: str) -> list[str]:
+    def adopt(self, loaded: Loaded, state: StreamState, path: str, fence_cap: int) -> list[str]:
         """Take over what start-up found; returns the staging files to remove.
 
         A file whose handle the log says was committed (a crash between a commit and its cleanup) or
         whose name is tombstoned (a crash between an abort's tombstone and its unlink) is removed,
         never served again.
         """
-        self.tombstones = loaded.tombstones
+        self.tombstones = {n: t for n, t in loaded.tombstones.items() if t.status != FENCED}
+        fenced = sorted(
+            ((n, t) for n, t in loaded.tombstones.items() if t.status == FENCED),
+            key=lambda item: item[1].forget_at_ms,
+        )
+        self.fenced = dict(fenced[-fence_cap:] if fence_cap else [])
         self.tombstone_lines = len(loaded.tombstones)
         stale = list(loaded.stale)
         for item in loaded.handles:
@@ -175,7 +208,7 @@ class StreamTxns:
                     name,
                 )
                 stale.append(item.path)
-            elif name in self.tombstones or item.path != os.path.join(
+            elif self.dead(name) is not None or item.path != os.path.join(
                 self.txn_dir, txnfile.staging_file_name(name)
             ):
                 stale.append(item.path)

@@ -47,6 +47,8 @@ EXPOSED_HEADERS: Final = (
     "Durastream-Txn-Messages",  # staged appends
     "Durastream-Txn-Bytes",
     "Durastream-Txn-Expires-At",
+    "Durastream-Digest",  # producer duplicates and forgotten producers (extensions.md 6, 7)
+    "Durastream-Forgotten-Epoch",
 )
 
 ALLOWED_REQUEST_HEADERS: Final = (
@@ -68,6 +70,7 @@ ALLOWED_REQUEST_HEADERS: Final = (
     "Durastream-Commit",
     "Durastream-Commit-Key",
     "Durastream-Abort",
+    "Durastream-Forgotten-Producer",
 )
 
 ALLOWED_METHODS: Final = ("GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS")

@@ -146,6 +146,8 @@ class StreamHandlers:
             seq = result.producer_seq if result.producer_seq is not None else append.producer.seq
             headers.append(("Producer-Epoch", str(epoch)))
             headers.append(("Producer-Seq", str(seq)))
+            if result.duplicate:
+                headers.append(parse.digest_header(result.verified))
         # Section 5.2.1: new data from a producer is 200; plain appends, close-only requests and
         # duplicates are 204.
         status = 200 if append.producer is not None and body and not result.duplicate else 204

@@ -174,6 +174,31 @@ def create_request(path: str, headers: dict[str, str], body: bytes) -> CreateReq
     )
 
 
+FORGOTTEN_PRODUCER: Final = "durastream-forgotten-producer"
+DIGEST_HEADER: Final = "Durastream-Digest"
+
+
+def refuse_forgotten(headers: dict[str, str], producer: ProducerTuple | None) -> bool:
+    """``Durastream-Forgotten-Producer: refuse`` (docs/extensions.md, section 8): only with producer
+    headers, only that value."""
+    value = headers.get(FORGOTTEN_PRODUCER)
+    if value is None:
+        return False
+    if value.strip().lower() != "refuse":
+        raise BadRequest(f"Durastream-Forgotten-Producer accepts only 'refuse', got {value!r}")
+    if producer is None:
+        raise BadRequest(
+            "Durastream-Forgotten-Producer needs the producer headers (Producer-Id, Producer-Epoch, "
+            "Producer-Seq)"
+        )
+    return True
+
+
+def digest_header(verified: bool) -> tuple[str, str]:
+    """On a producer duplicate (204): whether the request was compared with the accepted one."""
+    return DIGEST_HEADER, "match" if verified else "unknown"
+
+
 def append_request(path: str, headers: dict[str, str], body: bytes) -> AppendRequest:
     close = stream_closed(headers)
     ctype = content_type(headers)
@@ -185,13 +210,15 @@ def append_request(path: str, headers: dict[str, str], body: bytes) -> AppendReq
         ctype = None  # section 5.2: an empty close-only body is never judged by its Content-Type
     elif ctype is None:
         raise BadRequest("Content-Type is required when appending a body")
+    appender = producer(headers)
     return AppendRequest(
         path=path,
         content_type=ctype,
         body=body,
         close=close,
         stream_seq=headers.get("stream-seq"),
-        producer=producer(headers),
+        producer=appender,
+        refuse_forgotten=refuse_forgotten(headers, appender),
     )
 
 

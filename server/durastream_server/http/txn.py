@@ -152,6 +152,7 @@ def _commit(path: str, headers: dict[str, str], handles: tuple[str, ...]) -> Com
         close=parse.stream_closed(headers),
         stream_seq=headers.get("stream-seq"),
         key=key,
+        refuse_forgotten=parse.refuse_forgotten(headers, producer),
     )
 
 
@@ -240,7 +241,9 @@ async def serve(engine: Engine, send: Send, request: TxnRequest) -> None:
             ("Producer-Epoch", str(epoch if epoch is not None else request.producer.epoch))
         )
         headers.append(("Producer-Seq", str(seq if seq is not None else request.producer.seq)))
-        if not committed.duplicate:
+        if committed.duplicate:
+            headers.append(parse.digest_header(committed.verified))
+        else:
             headers.append(("Durastream-Txn-Messages", str(committed.messages)))
             headers.append(("Durastream-Txn-Bytes", str(committed.bytes)))
         await responses.send_response(send, 204 if committed.duplicate else 200, headers)

@@ -419,6 +419,7 @@ class DataDir:
         worth = (
             stream.state.entries - stream._snapshot_entries >= _CLOSE_SNAPSHOT_ENTRIES
             or stream._file_end - stream._snapshot_end >= _CLOSE_SNAPSHOT_BYTES
+            or stream.snapshot_stale
         )
         await stream._shutdown(snapshot=worth)
         stream._forget_files()

@@ -59,7 +59,13 @@ from durastream_server.storage.records import (
 )
 from durastream_server.storage.recovery import Quarantine, recover_stream
 from durastream_server.storage.segments import SegmentTable
-from durastream_server.storage.snapshot import encode_snapshot, state_to_dict, write_snapshot
+from durastream_server.storage.snapshot import (
+    IndexImage,
+    StateImage,
+    capture,
+    snapshot_pieces,
+    write_snapshot,
+)
 from durastream_server.storage.state import StreamState, apply_entry
 from durastream_server.storage.times import first_at_or_after
 from durastream_server.storage.writer import BatchResult, WriteTarget, write_batch
@@ -158,6 +164,8 @@ class StreamLog:
         self._next_listener = 0
         self._snapshot_entries = state.entries  # state.entries covered by the last snapshot
         self._snapshot_end = file_end
+        self._pruned = 0  # changes to the state that are not in the log (``note_pruned``)
+        self._snapshot_pruned = 0  # ... of them, covered by the last snapshot
         self._hot: collections.deque[AppendEntry] = collections.deque()  # see _keep_hot
         self._hot_bytes = 0
         self._hot_at = 0.0  # loop time of the last commit that added to _hot
@@ -249,7 +257,7 @@ class StreamLog:
                 batch, self._queue = split_batch(self._queue)
                 self._inflight = batch
                 snapshot_state = (
-                    state_to_dict(self.state) if not self._queue and self._snapshot_due() else None
+                    capture(self.state) if not self._queue and self._snapshot_due() else None
                 )
                 try:
                     result = await loop.run_in_executor(
@@ -482,6 +490,16 @@ class StreamLog:
 
     # -------------------------------------------------------------------------------------- snapshots
 
+    def note_pruned(self) -> None:
+        """The state dropped something the log still holds (idle producers, engine/producer_sweep.py):
+        the shutdown snapshot is written even without new entries, so a restart does not fold it back
+        first (harmless if it does: it is true, and the next sweep drops it again)."""
+        self._pruned += 1
+
+    @property
+    def snapshot_stale(self) -> bool:
+        return self._pruned != self._snapshot_pruned
+
     def _snapshot_due(self) -> bool:
         """Every ``snapshot_interval_entries``, and only once the bytes written since are worth more
         than re-writing the index (so a huge index is not rewritten every few KiB)."""
@@ -489,20 +507,26 @@ class StreamLog:
             return False
         return self._file_end - self._snapshot_end >= 16 * len(self._index.sparse)
 
-    async def _write_snapshot(self, state: dict, covered_end: int, last_record: int) -> None:
-        data = encode_snapshot(self.id, covered_end, last_record, state, self._index.sparse)
+    async def _write_snapshot(self, state: StateImage, covered_end: int, last_record: int) -> None:
+        """Encode and write in a worker thread: the loop only took ``capture`` and the index's length
+        (storage/snapshot.py), whatever the number of producers or index points."""
+        index = IndexImage.of(self._index.sparse)
+        pruned = self._pruned
+
+        def encode_and_write() -> None:
+            pieces = snapshot_pieces(self.id, covered_end, last_record, state, index)
+            write_snapshot(self.directory, pieces, sync=self._ctx.sync)
+
         try:
-            await asyncio.get_running_loop().run_in_executor(
-                self._ctx.executor,
-                lambda: write_snapshot(self.directory, data, sync=self._ctx.sync),
-            )
+            await asyncio.get_running_loop().run_in_executor(self._ctx.executor, encode_and_write)
         except OSError as exc:
             log.warning(
                 "stream %s: snapshot not written (%s); start-up will replay more", self.id, exc
             )
             return
-        self._snapshot_entries = state["entries"]
+        self._snapshot_entries = state.entries
         self._snapshot_end = covered_end
+        self._snapshot_pruned = pruned
 
     # ------------------------------------------------------------------------------------------ reads
 
@@ -808,10 +832,12 @@ class StreamLog:
             and self._failure is None
             and not self._deleted
             and (
-                self.state.entries != self._snapshot_entries or self._file_end != self._snapshot_end
+                self.state.entries != self._snapshot_entries
+                or self._file_end != self._snapshot_end
+                or self.snapshot_stale
             )
         ):
-            await self._write_snapshot(state_to_dict(self.state), self._file_end, self._last_record)
+            await self._write_snapshot(capture(self.state), self._file_end, self._last_record)
 
     def _forget_files(self) -> None:
         self._drop_hot()

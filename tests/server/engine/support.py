@@ -16,6 +16,7 @@ from durastream_server.engine.api import (
     ReadResult,
 )
 from durastream_server.engine.engine import Engine, StreamObserver
+from durastream_server.engine.producer_sweep import ProducerPolicy
 from durastream_server.engine.txnapi import TxnLimits
 from durastream_server.offsets import format_offset
 from durastream_server.storage import DataDir, Durability, StorageConfig
@@ -60,9 +61,10 @@ async def open_engine(
     clock: Callable[[], float] | None = None,
     limits: TxnLimits | None = None,
     durability: Durability = Durability.NONE,
+    policy: ProducerPolicy | None = None,
 ) -> tuple[DataDir, Engine]:
     data = await DataDir.open(config(root, durability))
-    engine = Engine(data, clock=clock, sweep_interval=0, txn_limits=limits)
+    engine = Engine(data, clock=clock, sweep_interval=0, txn_limits=limits, producer_policy=policy)
     await engine.start()
     return data, engine
 
@@ -78,9 +80,10 @@ def run(
     *,
     clock: Callable[[], float] | None = None,
     limits: TxnLimits | None = None,
+    policy: ProducerPolicy | None = None,
 ) -> None:
     async def main() -> None:
-        data, engine = await open_engine(root, clock, limits)
+        data, engine = await open_engine(root, clock, limits, policy=policy)
         try:
             await scenario(engine)
         finally:

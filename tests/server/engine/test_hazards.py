@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from durastream_server.engine.engine import Engine
-from durastream_server.errors import BadRequest, StorageFailure, StreamClosed
+from durastream_server.engine.producer_sweep import ProducerPolicy
+from durastream_server.errors import BadRequest, ProducerForgotten, StorageFailure, StreamClosed
 from durastream_server.offsets import format_offset
 from durastream_server.storage import log as storage_log
 from tests.server.engine.support import (
@@ -61,18 +62,37 @@ def test_hazard_22_non_canonical_offsets_are_rejected(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
-def test_hazard_34_producer_state_never_expires(tmp_path: Path) -> None:
+def test_hazard_34_a_late_retry_is_a_duplicate_or_refused_never_new_data(tmp_path: Path) -> None:
+    """Hazard 34 asks for a defined behaviour, 403/409 rather than silent acceptance: within the expiry
+    a late retry is a duplicate; after it, 409 PRODUCER_FORGOTTEN for a client that asks (the connector
+    always does); with ``--producer-expiry-seconds 0`` producers are never forgotten."""
     clock = FakeClock()
+    week = 7 * 24 * 3600
 
     async def scenario(engine: Engine) -> None:
         await create(engine, "s")
-        await append(engine, "s", b"batch", producer=("p", 0, 0))
-        clock.advance(365 * 24 * 3600)  # far past any producer TTL another store might apply
-        assert (await append(engine, "s", b"batch", producer=("p", 0, 0))).duplicate
-        assert (await append(engine, "s", b"next", producer=("p", 0, 1))).producer_seq == 1
-        assert await text(engine, "s") == b"batchnext"
+        await append(engine, "s", b"batch", producer=("q-p", 0, 0))
+        clock.advance(week - 60)
+        await engine.sweep_producers()
+        assert (await append(engine, "s", b"batch", producer=("q-p", 0, 0))).duplicate
+        clock.advance(week + 1)
+        await engine.sweep_producers()
+        with pytest.raises(ProducerForgotten):
+            await append(engine, "s", b"batch", producer=("q-p", 0, 0), refuse_forgotten=True)
+        assert await text(engine, "s") == b"batch"
 
     run(tmp_path, scenario, clock=clock)
+
+    async def never(engine: Engine) -> None:
+        await create(engine, "n")
+        await append(engine, "n", b"batch", producer=("p", 0, 0))
+        clock.advance(365 * 24 * 3600)
+        await engine.sweep_producers()
+        assert (await append(engine, "n", b"batch", producer=("p", 0, 0))).duplicate
+        assert (await append(engine, "n", b"next", producer=("p", 0, 1))).producer_seq == 1
+        assert await text(engine, "n") == b"batchnext"
+
+    run(tmp_path / "never", never, clock=clock, policy=ProducerPolicy(0, 0, 0))
 
 
 def test_hazard_40_json_lookalike_types_are_plain_bytes(tmp_path: Path) -> None:

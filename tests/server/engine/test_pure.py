@@ -19,7 +19,7 @@ from durastream_server.errors import (
     StaleEpoch,
 )
 from durastream_server.storage.records import AppendEntry, ProducerTuple
-from durastream_server.storage.state import StreamState, apply_entry
+from durastream_server.storage.state import EPOCH_DIGESTS, StreamState, apply_entry
 
 # --------------------------------------------------------------------------- content types
 
@@ -166,7 +166,7 @@ def test_sequence_rules_within_an_epoch() -> None:
     state = _state_after(("p", 0, 0, b"a"), ("p", 0, 1, b"b"), ("p", 0, 2, b"c"))
     assert isinstance(producers.validate(state, ProducerTuple("p", 0, 3), b""), producers.Accept)
     duplicate = producers.validate(state, ProducerTuple("p", 0, 1), _digest(b"b"))
-    assert duplicate == producers.Duplicate(epoch=0, highest_seq=2)
+    assert duplicate == producers.Duplicate(epoch=0, highest_seq=2, verified=True)
     with pytest.raises(SequenceGap) as err:
         producers.validate(state, ProducerTuple("p", 0, 5), b"")
     assert err.value.headers["Producer-Expected-Seq"] == "3"
@@ -192,11 +192,39 @@ def test_hazard_4_reused_tuple_with_different_payload_is_409() -> None:
         producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"A", closes=True))
 
 
-def test_duplicate_with_forgotten_digest_is_still_a_duplicate() -> None:
+def test_every_seq_of_the_epoch_is_checked_not_only_the_last_64() -> None:
+    """Issue 15 item 6: a reordered retry whose differing request is older than the last 64 seqs was a
+    silent 204; every seq of the current epoch (up to EPOCH_DIGESTS) is checked now."""
     state = _state_after(*[("p", 0, seq, b"x%d" % seq) for seq in range(100)])
-    # The oldest digests were pruned (RECENT_DIGESTS): the spec's plain rule applies.
-    decision = producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"different"))
-    assert decision == producers.Duplicate(epoch=0, highest_seq=99)
+    with pytest.raises(DuplicateMismatch):
+        producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"different"))
+    same = producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"x0"))
+    assert same == producers.Duplicate(epoch=0, highest_seq=99, verified=True)
+
+
+def test_a_duplicate_older_than_the_digest_window_says_it_was_not_checked() -> None:
+    """Past the bound the server cannot compare; its 204 says so (``verified=False``), and a client
+    that must be loud (the Spark sink's ordered mode) fails on it."""
+    count = 2 * EPOCH_DIGESTS + 10
+    state = StreamState(tail=0)
+    for seq in range(count):
+        apply_entry(
+            state,
+            AppendEntry(
+                position=state.tail,
+                messages=(b"m",),
+                timestamp_ms=1,
+                producer=ProducerTuple("p", 0, seq),
+                digest=_digest(b"%d" % seq),
+            ),
+        )
+    kept = state.producers["p"]
+    assert EPOCH_DIGESTS <= kept.digest_count <= 2 * EPOCH_DIGESTS
+    old = producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"different"))
+    assert old == producers.Duplicate(epoch=0, highest_seq=count - 1, verified=False)
+    recent = count - EPOCH_DIGESTS
+    with pytest.raises(DuplicateMismatch):
+        producers.validate(state, ProducerTuple("p", 0, recent), _digest(b"different"))
 
 
 @pytest.mark.parametrize("legacy_size", [16, 20])
@@ -217,9 +245,9 @@ def test_digest_of_an_earlier_version_counts_as_forgotten(legacy_size: int) -> N
         ),
     )
     decision = producers.validate(state, ProducerTuple("p", 0, 0), _digest(b"x"))
-    assert decision == producers.Duplicate(epoch=0, highest_seq=0)
+    assert decision == producers.Duplicate(epoch=0, highest_seq=0, verified=False)
     assert producers.differ(_digest(b"x"), _digest(b"y"))
-    assert not producers.differ(legacy, _digest(b"y"))
+    assert not producers.differ(_digest(b"x")[:8], _digest(b"x"))
 
 
 def test_digest_ignores_content_type_parameters_but_not_essence() -> None:

@@ -18,7 +18,8 @@ EXPECTED = {
     "limit-lookup": 1,
     "listing": 1,
     "staged-append": 2,
-    "payload-digest": 1,
+    "payload-digest": 2,
+    "forgotten-producers": 1,
     "time-lookup": 1,
 }
 

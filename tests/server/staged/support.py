@@ -49,6 +49,7 @@ async def commit(
     producer: tuple[str, int, int] = ("committer", 0, 0),
     close: bool = False,
     stream_seq: str | None = None,
+    refuse_forgotten: bool = False,
 ) -> CommitResult:
     return await engine.commit(
         CommitRequest(
@@ -57,6 +58,7 @@ async def commit(
             producer=ProducerTuple(*producer),
             close=close,
             stream_seq=stream_seq,
+            refuse_forgotten=refuse_forgotten,
         )
     )
 

@@ -11,8 +11,8 @@ from durastream_server.storage.records import (
     GroupCommit,
     ProducerTuple,
 )
-from durastream_server.storage.snapshot import state_from_dict, state_to_dict
 from durastream_server.storage.state import StreamState, apply_entry
+from tests.server.storage.snapshots import legacy_v1_state, snapshot_round_trip
 
 
 def _decode(frame: bytes) -> AppendEntry:
@@ -57,18 +57,18 @@ def test_group_folds_as_one_entry_and_snapshots_its_handles() -> None:
         n_messages=7,
         timestamp_ms=50,
         producer=ProducerTuple("c", 4, 0),
-        digest=b"d",
+        digest=b"d" * 24,
         txn_handles=(CommittedHandle("h1", 1000), CommittedHandle("h2", 2000)),
     )
     apply_entry(state, group)
     assert (state.tail, state.entries, state.last_timestamp_ms) == (102, 2, 50)
-    assert state.producers["c"].digests == {0: b"d"}
+    assert state.producers["c"].digest(0) == b"d" * 24
     assert state.txn_committed == {"h1": 1000, "h2": 2000}
-    restored = state_from_dict(state_to_dict(state))
+    restored = snapshot_round_trip(state)
     assert restored.txn_committed == state.txn_committed
-    older = state_to_dict(state)
-    del older["txn_committed"]  # a snapshot written before staged appends existed
-    assert state_from_dict(older).txn_committed == {}
+    assert restored.producers == state.producers
+    # A snapshot written before staged appends existed has no committed names.
+    assert legacy_v1_state(state, txn_committed=False).txn_committed == {}
 
 
 def test_expired_committed_names_are_pruned_as_the_table_grows() -> None:

@@ -152,6 +152,63 @@ def test_abort_then_commit_is_refused_and_abort_is_idempotent(tmp_path: Path) ->
     run(tmp_path, _expect_aborted)  # the tombstones are durable
 
 
+def test_aborts_of_unknown_names_are_capped_and_expire(tmp_path: Path) -> None:
+    """Issue 14 item 6: 210k unknown names in 70 aborts were kept 7 days (+44 MiB). Unknown names are
+    fenced for the default handle TTL, at most ``max_fenced_per_stream`` per stream, oldest out first;
+    names of staged handles keep their 7-day tombstones; an abort names at most as many as a commit."""
+    clock = FakeClock()
+    limits = TxnLimits(fence_seconds=100, max_fenced_per_stream=50, max_handles_per_commit=40)
+
+    async def scenario(engine) -> None:
+        await create(engine, "s")
+        await stage(engine, "s", "staged", b"x")
+        await abort(engine, "s", "staged", *[f"u{n}" for n in range(39)])
+        for batch in range(1, 5):  # 4 x 40 more unknown names
+            await abort(engine, "s", *[f"u{batch}-{n}" for n in range(40)])
+        with pytest.raises(errors.BadRequest, match="at most 40 per request"):
+            await abort(engine, "s", *[f"v{n}" for n in range(41)])
+        space = engine._txns._spaces[engine._lookup("s").id]
+        assert len(space.fenced) == 50 and "staged" in space.tombstones
+        with pytest.raises(errors.TxnAborted):  # the most recent ones still fence a late stage
+            await stage(engine, "s", "u4-39", b"late")
+        await stage(
+            engine, "s", "u0", b"late"
+        )  # pushed out by newer ones: harmless, never committed
+        clock.advance(101)
+        await engine.sweep_expired()
+        assert space.fenced == {}
+        await stage(engine, "s", "u4-39", b"later")
+        with pytest.raises(errors.TxnAborted):  # a staged handle's tombstone lives 7 days
+            await stage(engine, "s", "staged", b"again")
+
+    run(tmp_path, scenario, clock=clock, limits=limits)
+
+    async def after_restart(engine) -> None:
+        space = engine._txns._spaces[engine._lookup("s").id]
+        assert space.fenced == {} and "staged" in space.tombstones
+
+    run(tmp_path, after_restart, clock=clock, limits=limits)
+
+
+def test_fenced_names_survive_a_restart_within_the_cap(tmp_path: Path) -> None:
+    clock = FakeClock()
+    limits = TxnLimits(fence_seconds=100, max_fenced_per_stream=5)
+
+    async def scenario(engine) -> None:
+        await create(engine, "s")
+        await abort(engine, "s", *[f"u{n}" for n in range(8)])
+
+    run(tmp_path, scenario, clock=clock, limits=limits)
+
+    async def after_restart(engine) -> None:
+        space = engine._txns._spaces[engine._lookup("s").id]
+        assert list(space.fenced) == [f"u{n}" for n in range(3, 8)]
+        with pytest.raises(errors.TxnAborted):
+            await stage(engine, "s", "u7", b"late")
+
+    run(tmp_path, after_restart, clock=clock, limits=limits)
+
+
 async def _expect_aborted(engine) -> None:
     with pytest.raises(errors.TxnAborted):
         await commit(engine, "s", "h1", producer=("c", 0, 0))

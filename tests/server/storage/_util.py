@@ -50,8 +50,13 @@ def entry(
         closes=closes,
         producer=ProducerTuple(*producer) if producer else None,
         stream_seq=stream_seq,
-        digest=b"digest:" + b"".join(messages)[:8],
+        digest=sample_digest(b"".join(messages)),
     )
+
+
+def sample_digest(payload: bytes) -> bytes:
+    """A recognisable digest of the size the server keeps (shorter ones are kept as unknown)."""
+    return (b"digest:" + payload[:8]).ljust(24, b".")
 
 
 async def append(log: StreamLog, *messages: bytes, **kw: Any) -> AppendEntry:

@@ -14,7 +14,17 @@ from durastream_server import errors
 from durastream_server.storage import AlreadyLocked, DataDir, StreamState, codec, recovery
 from durastream_server.storage.records import ProducerTuple
 
-from ._util import append, drop_snapshot, entry, header, open_dd, read_all, run, segment_files
+from ._util import (
+    append,
+    drop_snapshot,
+    entry,
+    header,
+    open_dd,
+    read_all,
+    run,
+    sample_digest,
+    segment_files,
+)
 
 
 def _write_records(root: Path, messages: list[bytes], **overrides: object) -> str:
@@ -323,7 +333,7 @@ def test_dedup_state_survives_a_crash_right_after_the_ack(tmp_path: Path) -> Non
         dd = await open_dd(crashed)
         state = dd.logs[log_id].state
         assert state.producers["w"].epoch == 3 and state.producers["w"].last_seq == 1
-        assert state.producers["w"].digests[1] == b'digest:"b"'
+        assert state.producers["w"].digest(1) == sample_digest(b'"b"')
         assert state.last_stream_seq == "s2"
         assert state.closed and state.closed_by == ProducerTuple("w", 3, 1)
         assert dd.logs[log_id].durable_closed
