@@ -38,8 +38,8 @@ from durastream_server.storage.segments import segment_name
 from durastream_server.storage.snapshot import (
     SNAPSHOT_NAME,
     SNAPSHOT_TMP,
+    comparable_state,
     decode_snapshot,
-    state_to_dict,
 )
 from durastream_server.storage.state import StreamState
 from durastream_server.storage.txnfile import (
@@ -252,7 +252,10 @@ def _check_snapshot(
     except (recovery._Bad, recovery._Inconsistent) as exc:
         report.note(DAMAGE, "snapshot", f"the log does not replay on top of it: {exc}")
         return
-    if state_to_dict(state) != state_to_dict(full_state) or index.messages != full_index.messages:
+    if (
+        comparable_state(state) != comparable_state(full_state)
+        or index.messages != full_index.messages
+    ):
         report.note(DAMAGE, "snapshot", "its state differs from a full replay of the log")
         return
     report.snapshot = "ok"

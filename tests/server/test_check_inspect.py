@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from durastream_server.storage.snapshot import decode_snapshot, encode_snapshot, state_to_dict
+from durastream_server.storage.snapshot import (
+    IndexImage,
+    capture,
+    decode_snapshot,
+    encode_snapshot,
+)
 from tests.support.server_process import ServerProcess
 
 TEXT = {"Content-Type": "text/plain"}
@@ -196,8 +201,8 @@ def _damage_index(data_dir: Path) -> str:
             snapshot.log_id,
             snapshot.covered_end,
             snapshot.last_record,
-            state_to_dict(snapshot.state),
-            snapshot.index,
+            capture(snapshot.state),
+            IndexImage.of(snapshot.index),
         )
     )
     return "index"

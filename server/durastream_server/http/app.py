@@ -27,7 +27,7 @@ from durastream_server.http import (
     subscriptions,
 )
 from durastream_server.http.auth import Authorizer
-from durastream_server.http.body import ClientDisconnected
+from durastream_server.http.body import ClientDisconnected, check_declared_length
 from durastream_server.http.handlers import Request, StreamHandlers
 from durastream_server.http.live import LiveReaders
 from durastream_server.http.parse import header_map
@@ -258,6 +258,8 @@ class DurastreamApp:
             return
         if self._auth is not None:
             self._auth.authorize(request, target)  # 401 / 403; see http/auth.py for the rules
+        if target.kind in (paths.RouteKind.HEALTH, paths.RouteKind.METRICS):
+            check_declared_length(request.headers, self.config.max_body_bytes)
         if target.kind is paths.RouteKind.HEALTH:
             request.route = "health"
             await self._health(request)

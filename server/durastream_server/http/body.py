@@ -19,7 +19,13 @@ class ClientDisconnected(Exception):
     """The client went away before sending its whole body; there is nobody to answer."""
 
 
-async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+def check_declared_length(headers: dict[str, str], limit: int) -> None:
+    """Refuse a declared ``Content-Length`` over ``limit`` (or malformed) before any body byte is read.
+
+    Also called by routes that never read a body (``/healthz``, ``/metrics``): an oversized request is
+    refused the same way wherever it is sent, and the 413 closes the connection instead of leaving the
+    unread body on it.
+    """
     declared = headers.get("content-length")
     if declared is not None:
         text = declared.strip()
@@ -29,6 +35,10 @@ async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> by
             raise PayloadTooLarge(
                 f"request body of {int(text)} bytes exceeds the {limit}-byte limit"
             )
+
+
+async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    check_declared_length(headers, limit)
     chunks: list[bytes] = []
     size = 0
     while True:

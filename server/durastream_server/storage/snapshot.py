@@ -155,6 +155,17 @@ def state_scalars(state: StateImage | StreamState) -> dict[str, Any]:
     }
 
 
+def comparable_state(state: StreamState) -> dict[str, Any]:
+    """Everything a snapshot keeps of ``state``, as plain values: ``durastream-server check`` compares a
+    snapshot replayed to the log's end with a full replay of the log."""
+    return {
+        **state_scalars(state),
+        "producers": dict(state.producers.items()),
+        "forgotten": dict(state.forgotten.items()),
+        "txn_committed": dict(state.txn_committed.items()),
+    }
+
+
 def _items(frozen: Frozen[V]) -> Iterator[tuple[str, V]]:
     return chain.from_iterable(part.items() for part in frozen)
 

@@ -49,6 +49,27 @@ def test_healthz(durastream_server: ServerProcess) -> None:
     assert isinstance(response.json()["waiters"], int)
 
 
+@pytest.mark.parametrize("path", ["/healthz", "/metrics"])
+def test_a_body_declared_over_the_limit_is_refused_on_routes_that_read_none(
+    durastream_server: ServerProcess, path: str
+) -> None:
+    """Found by the hostile-request fuzz: a GET /healthz declaring a 64 MiB + 1 body was answered 200
+    (the body left unread on the connection) where every other route answers 413."""
+    connection = http.client.HTTPConnection(
+        durastream_server.host, durastream_server.port, timeout=10
+    )
+    try:
+        connection.putrequest("GET", path)
+        connection.putheader("Content-Length", str((64 << 20) + 1))
+        connection.endheaders()
+        response = connection.getresponse()
+        assert response.status == 413
+        assert json.loads(response.read())["error"]["code"] == "PAYLOAD_TOO_LARGE"
+    finally:
+        connection.close()
+    assert requests.get(durastream_server.base_url + "/healthz").status_code == 200
+
+
 def test_slash_and_escaped_slash_name_different_streams(durastream_server: ServerProcess) -> None:
     base = unique("sep")
     two_segments = f"/v1/stream/{base}/a/b"
