@@ -28,11 +28,6 @@ from tests.spark.source.support import (
 STREAM_LOGGER = "durastream_spark.source.stream"
 
 
-@pytest.fixture
-def streams(durastream_server) -> Streams:
-    return Streams(durastream_server)
-
-
 def batch_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The source's batch lines, their planning time (which varies) replaced by ``N``."""
     return [

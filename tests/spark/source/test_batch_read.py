@@ -10,12 +10,7 @@ from chispa import assert_df_equality
 from pyspark.errors import PySparkException
 from pyspark.sql import Row
 
-from tests.spark.source.support import Streams, docs, encoded, options_for, reader_of, unique
-
-
-@pytest.fixture
-def streams(durastream_server) -> Streams:
-    return Streams(durastream_server)
+from tests.spark.source.support import docs, encoded, options_for, reader_of, unique
 
 
 def test_default_schema_rows_of_json_and_byte_streams(spark, durastream_server, streams) -> None:

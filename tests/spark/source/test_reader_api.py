@@ -44,11 +44,6 @@ def all_available(reader, start: dict) -> dict:
     return reader.latestOffset(start, ReadAllAvailable())
 
 
-@pytest.fixture
-def streams(durastream_server) -> Streams:
-    return Streams(durastream_server)
-
-
 def test_replay_is_identical_after_more_appends(durastream_server, streams: Streams) -> None:
     base = unique("replay")
     a, b = streams.create(f"{base}/a"), streams.create(f"{base}/b", "text/plain")

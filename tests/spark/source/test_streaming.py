@@ -27,11 +27,6 @@ from tests.spark.source.support import (
 )
 
 
-@pytest.fixture
-def streams(durastream_server) -> Streams:
-    return Streams(durastream_server)
-
-
 def test_memory_sink_while_a_writer_appends_concurrently(
     spark, durastream_server, streams, tmp_path
 ) -> None:

@@ -28,11 +28,6 @@ from tests.spark.source.support import (
 from tests.spark.source.test_reader_api import all_available, read_all
 
 
-@pytest.fixture
-def streams(durastream_server) -> Streams:
-    return Streams(durastream_server)
-
-
 def last_time(streams: Streams, path: str) -> int:
     """The latest append time of ``path`` as the server reports it (frames read to the tail)."""
     latest = 0

@@ -20,7 +20,6 @@ from durastream_spark.source.options import SourceOptions
 from durastream_spark.source.planner import RangeSize, TriggerMinimum, batch_due
 from tests.spark.source.support import (
     BatchCollector,
-    Streams,
     docs,
     ids_of,
     options_for,
@@ -33,11 +32,6 @@ needs_admission_control = pytest.mark.skipif(
     not HAS_ADMISSION_CONTROL, reason="minMessagesPerTrigger needs Spark >= 4.2 (ReadMinRows)"
 )
 HOUR = "1h"
-
-
-@pytest.fixture
-def streams(durastream_server) -> Streams:
-    return Streams(durastream_server)
 
 
 @pytest.mark.parametrize(
