@@ -113,6 +113,10 @@ def batch_reader(options: Mapping[str, str], schema: StructType) -> DataSourceRe
 
 
 def stream_reader(options: Mapping[str, str], schema: StructType) -> DataSourceStreamReader:
-    from durastream_spark.source.stream import DurableStreamStreamReader
+    from durastream_spark.errors import DurastreamError
+    from durastream_spark.source.stream import DurableStreamStreamReader, RefusedStreamReader
 
-    return DurableStreamStreamReader(SourceOptions.parse(options), schema)
+    try:
+        return DurableStreamStreamReader(SourceOptions.parse(options), schema)
+    except DurastreamError as error:  # raised here, Spark would report an UnboundLocalError instead
+        return RefusedStreamReader(error)

@@ -41,6 +41,7 @@ from pyspark.sql.types import StructType
 from durastream_spark import compat
 from durastream_spark.boundary import spark_entry_points
 from durastream_spark.errors import (
+    DurastreamError,
     EndBeyondTail,
     ExtensionNotSupported,
     OptionError,
@@ -582,4 +583,33 @@ else:  # Spark 4.0 / 4.1
             return self._all_tails()
 
 
-__all__ = ["DEFAULT_KEY", "DurableStreamStreamReader", "initial_offset"]
+@spark_entry_points
+class RefusedStreamReader(DataSourceStreamReader):
+    """A stream reader that could not be made: it raises the reason at Spark's first call.
+
+    PySpark's streaming source runner calls ``reader.stop()`` in a ``finally`` around the reader's
+    construction, so an error raised by ``streamReader`` (a bad option, a limit this Spark version cannot
+    apply) reaches the user as ``UnboundLocalError: ... 'reader'``. Raised from ``initialOffset`` or
+    ``latestOffset`` instead, it reaches them as itself.
+    """
+
+    def __init__(self, error: DurastreamError) -> None:
+        self.error = error
+
+    def initialOffset(self) -> dict:
+        raise self.error
+
+    def latestOffset(self, *args: Any) -> dict:  # (start, limit) on Spark >= 4.2, () before
+        raise self.error
+
+    def partitions(self, start: dict, end: dict) -> list:
+        raise self.error
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        raise self.error
+
+    def stop(self) -> None:
+        pass  # nothing was opened
+
+
+__all__ = ["DEFAULT_KEY", "DurableStreamStreamReader", "RefusedStreamReader", "initial_offset"]

@@ -182,3 +182,27 @@ def test_a_server_stopped_mid_query_fails_the_query_in_one_sentence(
         f"durastream_spark.errors.TransportError: The server at {server.base_url} is not answering "
         "(is it running? is the port right?): connection refused ("
     )
+
+
+def test_an_option_the_stream_reader_refuses_reaches_the_user_as_itself(
+    spark, durastream_server, tmp_path
+) -> None:
+    """PySpark's source runner stops a reader it could not make, so an error raised while making one used
+    to reach the user as "UnboundLocalError: ... 'reader'" (with a user schema no ``load()`` check runs)."""
+    error = failure(
+        lambda: (
+            spark.readStream.format("durastream")
+            .option("url", root_of(durastream_server))
+            .option("streams", "errors/never-read")
+            .option("endingTimestamp", "5")
+            .schema("value STRING")
+            .load()
+            .writeStream.format("noop")
+            .option("checkpointLocation", str(tmp_path / "chk"))
+            .start()
+            .awaitTermination(120)
+        )
+    )
+    text = str(error)
+    assert "UnboundLocalError" not in text, text
+    assert "endingTimestamp only for batch reads" in text, text

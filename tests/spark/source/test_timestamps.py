@@ -178,8 +178,11 @@ def test_batch_reads_between_two_instants(spark, durastream_server, streams) -> 
 
 def test_ending_instants_are_refused_for_streaming_queries(durastream_server) -> None:
     options = options_for(durastream_server, streams="x", endingTimestamp="5")
+    reader = stream_reader(
+        options, DEFAULT_SCHEMA
+    )  # refuses at Spark's first call (RefusedStreamReader)
     with pytest.raises(Exception, match="endingTimestamp only for batch reads"):
-        stream_reader(options, DEFAULT_SCHEMA)
+        reader.initialOffset()
 
 
 def test_servers_without_time_lookups_refuse_naming_the_server_and_extension(

@@ -79,8 +79,11 @@ def test_refused_options_name_themselves(options: dict, option: str, fragment: s
 @pytest.mark.skipif(HAS_ADMISSION_CONTROL, reason="the refusal is for Spark 4.0/4.1")
 def test_spark_before_4_2_refuses_the_minimum_naming_the_version(durastream_server) -> None:
     options = options_for(durastream_server, streams="a", minMessagesPerTrigger=10)
+    reader = stream_reader(
+        options, DEFAULT_SCHEMA
+    )  # refuses at Spark's first call (RefusedStreamReader)
     with pytest.raises(OptionError, match=r"minMessagesPerTrigger.*Spark >= 4\.2"):
-        stream_reader(options, DEFAULT_SCHEMA)
+        reader.initialOffset()
 
 
 def start_query(spark, options: dict, checkpoint: str, collector: BatchCollector):
