@@ -37,6 +37,7 @@ RELEVANT_HEADERS = (
     "Producer-Received-Seq",
     "Durastream-Extensions",
     "Location",
+    "X-Request-Id",  # the server's id of the request: the same id is in its access log and JSON logs
 )
 
 MAYBE_APPLIED = (
@@ -195,7 +196,7 @@ class TransportError(DurastreamError):
 
 class ProtocolError(DurastreamError):
     """The server answered with an error status. Attributes: ``status``, ``code`` (the server's JSON error code
-    or ``None``), ``headers`` (whitelisted response headers), ``server_message``, ``stream``, ``method``,
+    or ``None``), ``headers`` (whitelisted response headers), ``request_id`` (the server's ``X-Request-Id``), ``server_message``, ``stream``, ``method``,
     ``url``, ``attempts``, and ``maybe_applied`` (a 5xx to a request that is not safe to repeat: the server,
     or a proxy in front of it, may have applied it before failing)."""
 
@@ -221,6 +222,11 @@ class ProtocolError(DurastreamError):
         self.method = context.method
         self.url = context.url
         self.attempts = attempts
+
+    @property
+    def request_id(self) -> str | None:
+        """The server's ``X-Request-Id`` of the failed request (durastream-server logs it), if any."""
+        return self.headers.get("X-Request-Id")
 
 
 class BadRequest(ProtocolError):
@@ -436,7 +442,11 @@ def error_from_response(
     closed = (_header(headers, "Stream-Closed") or "").strip().lower() == "true"
     where = context.describe()
     said = f" Server said: {server_message}" if server_message else ""
-    tail = f" [HTTP {status}{' ' + code if code else ''}; {attempts} attempt(s)]"
+    request_id = _header(headers, "X-Request-Id")
+    tail = (
+        f" [HTTP {status}{' ' + code if code else ''}; {attempts} attempt(s)"
+        f"{f'; request id {request_id}' if request_id else ''}]"
+    )
 
     def make(cls: type[ProtocolError], message: str, **extra: Any) -> ProtocolError:
         error = cls(

@@ -26,6 +26,7 @@ import json
 import logging
 import random
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -173,6 +174,27 @@ def _int_header(reply: Reply, name: str) -> int | None:
         return None
 
 
+class RequestCounts:
+    """Requests a client sent (answered, whatever the status) and the retries among their attempts.
+    Thread-safe: a task's writer sends from a pool of threads."""
+
+    __slots__ = ("_lock", "requests", "retries")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.retries = 0
+
+    def add(self, attempts: int) -> None:
+        with self._lock:
+            self.requests += 1
+            self.retries += attempts - 1
+
+    def snapshot(self) -> tuple[int, int]:
+        with self._lock:
+            return self.requests, self.retries
+
+
 class StreamClient:
     """Protocol client for one server (``connection.url`` is the stream root). Thread-safe."""
 
@@ -193,6 +215,9 @@ class StreamClient:
         # Known in advance when the driver already asked (Spark tasks get it with their partition), so
         # that a task does not spend a discovery request before its first read.
         self._extensions: Extensions | None = extensions
+        # Logical requests answered and the retries they took: a task's figures travel in its commit
+        # message, the driver's are measured around a commit (sink/commit.py).
+        self.counts = RequestCounts()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"connection": self.connection, "extensions": self._extensions}
@@ -765,6 +790,7 @@ class StreamClient:
             return self._exchange(method, url, all_headers, body)
 
         reply, attempts = self._retrier.call(send, idempotent=idempotent, context=context)
+        self.counts.add(attempts)
         advertised = reply.header(ext.HEADER)
         if advertised is not None:
             self._extensions = Extensions.parse(advertised)

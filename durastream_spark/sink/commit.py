@@ -19,10 +19,12 @@ requests stay, see docs/guarantees.md.)
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
@@ -56,13 +58,46 @@ class StreamSummary:
     final_offset: str | None
 
 
+@dataclass(frozen=True)
+class BatchFigures:
+    """One committed batch, as the driver's INFO line states it; ``as_dict`` for code that wants the
+    figures (``writer.last_batch`` after a commit). Requests count answered ones; retries the extra
+    attempts among them; ``task_*`` were sent by the batch's tasks, ``commit_*`` by the driver."""
+
+    batch: str
+    mode: str
+    streams: int
+    rows: int
+    bytes: int
+    partitions: int
+    task_requests: int
+    task_retries: int
+    commit_requests: int
+    commit_retries: int
+    commit_ms: float
+    per_stream: tuple[StreamSummary, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (
+            f"batch {self.batch} committed ({self.mode}): {self.streams} stream(s), {self.rows} rows, "
+            f"{self.bytes} bytes from {self.partitions} partition(s); tasks sent {self.task_requests} "
+            f"requests ({self.task_retries} retries); commit took {self.commit_ms:.1f} ms, "
+            f"{self.commit_requests} requests ({self.commit_retries} retries)"
+        )
+
+
 def commit_batch(
     client: StreamClient,
     options: SinkOptions,
     messages: Sequence[WriterCommitMessage | None],
     *,
     batch_id: int | None,
-) -> list[StreamSummary]:
+) -> BatchFigures:
+    started = time.perf_counter()
+    sent_before, retried_before = client.counts.snapshot()
     chosen, extra = _choose_attempts(messages, batch_id)
     for message in extra:
         log.warning(
@@ -102,7 +137,23 @@ def commit_batch(
         ) from failures[0][2]
     summaries = summarize(results)
     _log_summary(batch_id, chosen, summaries)
-    return summaries
+    sent, retried = client.counts.snapshot()
+    figures = BatchFigures(
+        batch=_batch_text(batch_id, chosen),
+        mode=next(iter(chosen.values())).mode if chosen else options.exactly_once,
+        streams=len(summaries),
+        rows=sum(summary.rows for summary in summaries),
+        bytes=sum(summary.bytes for summary in summaries),
+        partitions=len(chosen),
+        task_requests=sum(message.requests for message in chosen.values()),
+        task_retries=sum(message.retries for message in chosen.values()),
+        commit_requests=sent - sent_before,
+        commit_retries=retried - retried_before,
+        commit_ms=round((time.perf_counter() - started) * 1000, 3),
+        per_stream=tuple(summaries),
+    )
+    log.info("%s", figures.describe())
+    return figures
 
 
 def abort_batch(

@@ -45,6 +45,8 @@ class SinkCommitMessage(WriterCommitMessage):
     attempt: int
     producer_id: str
     parts: tuple[StreamPart, ...]
+    requests: int = 0  # requests the task sent (answered), for the batch's log line
+    retries: int = 0  # retries among their attempts
 
     @property
     def rows(self) -> int:

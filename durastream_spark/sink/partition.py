@@ -87,6 +87,7 @@ class PartitionWrite:
 
     def _run(self, feed: Any) -> SinkCommitMessage:
         plan, identity = self._plan, self._identity
+        sent_before, retried_before = plan.client.counts.snapshot()
         pool = RequestPool(plan.options.max_in_flight)
         json_framing = plan.layout.json_stream
         writer_class = (
@@ -112,6 +113,7 @@ class PartitionWrite:
                 ) from error
             raise
         pool.shutdown()
+        sent, retried = plan.client.counts.snapshot()
         message = SinkCommitMessage(
             mode=plan.mode,
             writer_key=identity.writer_key,
@@ -120,6 +122,8 @@ class PartitionWrite:
             attempt=identity.attempt,
             producer_id=writer.producer_id,
             parts=parts,
+            requests=sent - sent_before,
+            retries=retried - retried_before,
         )
         log.info(
             "%s wrote %d rows to %d stream(s) in %s mode",

@@ -24,7 +24,7 @@ from pyspark.sql.datasource import (
 
 from durastream_spark.boundary import spark_entry_points
 from durastream_spark.compat import HAS_STREAM_ARROW_WRITER
-from durastream_spark.sink.commit import abort_batch, commit_batch
+from durastream_spark.sink.commit import BatchFigures, abort_batch, commit_batch
 from durastream_spark.sink.identity import TaskIdentity
 from durastream_spark.sink.messages import SinkCommitMessage
 from durastream_spark.sink.partition import PartitionWrite
@@ -35,6 +35,8 @@ from durastream_spark.sink.plan import SinkPlan
 class DurastreamBatchWriter(DataSourceArrowWriter):
     """``df.write.format("durastream").mode("append").save()``."""
 
+    last_batch: BatchFigures | None = None  # the figures of the last commit (its INFO line)
+
     def __init__(self, plan: SinkPlan) -> None:
         self.plan = plan
 
@@ -44,7 +46,8 @@ class DurastreamBatchWriter(DataSourceArrowWriter):
         return PartitionWrite(self.plan, identity).write_arrow(iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
-        commit_batch(self.plan.client, self.plan.options, messages, batch_id=None)
+        # The batch's figures (also one INFO line), for code that holds the writer.
+        self.last_batch = commit_batch(self.plan.client, self.plan.options, messages, batch_id=None)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:  # type: ignore[override]
         """Transactional: discards the staged data named in ``messages``; nothing became visible. Ordered:
@@ -57,9 +60,12 @@ class _StreamingCommit:
     """``commit``/``abort`` of the streaming writers (one micro-batch, ``batchId`` = epoch)."""
 
     plan: SinkPlan
+    last_batch: BatchFigures | None = None  # the figures of the last commit (its INFO line)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        commit_batch(self.plan.client, self.plan.options, messages, batch_id=batchId)
+        self.last_batch = commit_batch(
+            self.plan.client, self.plan.options, messages, batch_id=batchId
+        )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """Transactional: discards the staged data named in ``messages`` (handles of failed attempts

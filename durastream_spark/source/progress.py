@@ -57,6 +57,7 @@ class BatchSummary:
     messages: int | None
     bytes: int | None
     behind: Lag | None
+    planning_ms: float | None = None  # the driver's planning of the batch's ranges and tasks
 
     @classmethod
     def of(
@@ -65,6 +66,8 @@ class BatchSummary:
         tasks: int,
         sizes: Mapping[tuple[str, str, str], RangeSize],
         behind: Lag | None,
+        *,
+        planning_ms: float | None = None,
     ) -> BatchSummary:
         listed = list(ranges)
         measured = [sizes.get((r.stream, r.start, r.end)) for r in listed]
@@ -75,6 +78,7 @@ class BatchSummary:
             messages=sum(s.messages for s in measured if s is not None) if known else None,
             bytes=sum(s.bytes for s in measured if s is not None) if known else None,
             behind=behind,
+            planning_ms=None if planning_ms is None else round(planning_ms, 3),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -93,7 +97,10 @@ class BatchSummary:
                 f"behind the tails after it: {self.behind.messages} messages, "
                 f"{self.behind.bytes} bytes in {self.behind.streams} stream(s)"
             )
-        return f"batch reads {self.streams} stream(s), {read}, in {self.tasks} task(s); {lag}"
+        planned = "" if self.planning_ms is None else f", planned in {self.planning_ms:.1f} ms"
+        return (
+            f"batch reads {self.streams} stream(s), {read}, in {self.tasks} task(s){planned}; {lag}"
+        )
 
 
 def behind_latest(source_progress: Any, options: Mapping[str, str]) -> Lag:

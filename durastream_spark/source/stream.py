@@ -163,7 +163,9 @@ class _StreamReaderBase(DataSourceStreamReader):
     def _all_tails(self) -> dict:
         """Spark 4.0/4.1: no start offset given; every stream's tail (streams never seen start at 0)."""
         states = self.driver.snapshot()
-        return SourceOffset.of({path: state.tail for path, state in states.items()}).to_dict()
+        end = SourceOffset.of({path: state.tail for path, state in states.items()})
+        self.driver.remember_lag(end, Lag.of({}))  # the batch ends at the tails seen just now
+        return end.to_dict()
 
     def reportLatestOffset(self) -> dict | None:
         tails = self.driver.latest_tails
@@ -437,6 +439,7 @@ class _DriverState:
     # ---- partitions, commits ----------------------------------------------------------------------------
 
     def partitions(self, start: SourceOffset, end: SourceOffset) -> list:
+        planning_started = time.perf_counter()
         self.check_capabilities()
         initial = start
         # Starts at an instant, bounded by this batch's end: a replay finds the same message. The
@@ -464,7 +467,10 @@ class _DriverState:
         )
         if ranges:
             behind = self.planned_lag.get(end.positions)
-            self.last_batch = BatchSummary.of(ranges, len(planned), self.sizes, behind)
+            planning_ms = (time.perf_counter() - planning_started) * 1000
+            self.last_batch = BatchSummary.of(
+                ranges, len(planned), self.sizes, behind, planning_ms=planning_ms
+            )
             log.info("%s", self.last_batch.describe())
         return planned
 

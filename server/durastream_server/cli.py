@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from durastream_server import __version__
+from durastream_server import __version__, tools
 from durastream_server.allocator import keep_freed_memory
 from durastream_server.auth import (
     MODES,
@@ -56,7 +56,7 @@ from durastream_server.environment import parse_with_environment, with_environme
 from durastream_server.http.cors import normalize_origin
 from durastream_server.http.hosts import normalize_allowed_host
 from durastream_server.http.paths import STREAM_ROOT
-from durastream_server.logformat import FORMAT, EscapingFormatter
+from durastream_server.logformat import LOG_FORMATS, TEXT, formatter
 from durastream_server.sizes import format_byte_size, parse_byte_size
 from durastream_server.storage.datadir import AlreadyLocked, Durability
 
@@ -346,6 +346,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="INFO",
         help=f"one of {', '.join(LOG_LEVELS)} (default: INFO)",
     )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=TEXT,
+        help="text: one escaped line per record; json: one JSON object per line, with the request id "
+        "of the request being served (default: text)",
+    )
+    parser.add_argument(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="log one INFO line per answered request: request id, method, path, status, duration, "
+        "body sizes; never headers or bodies (default: off)",
+    )
     return with_environment(parser)
 
 
@@ -394,6 +408,8 @@ def config_from_args(
         sse_reconnect_seconds=args.sse_reconnect_seconds,
         shutdown_grace_seconds=args.shutdown_grace_seconds,
         log_level=args.log_level,
+        log_format=args.log_format,
+        access_log=args.access_log,
         max_staged_bytes=args.max_staged_bytes,
         max_open_files=args.max_open_files,
         auth_tokens=auth_tokens,
@@ -437,17 +453,17 @@ def _check_tls(config: ServerConfig) -> str | None:
     return None
 
 
-def _warn(message: str) -> None:
-    """Loudly: a log record for log collectors, and a banner on stderr for whoever started the server."""
+def _warn(message: str, log_format: str = TEXT) -> None:
+    """Loudly: a log record for log collectors, and a banner on stderr for whoever started the server
+    (not with ``--log-format json``: there every line on stderr is a JSON object)."""
     logging.getLogger("durastream_server").warning(message)
-    print(f"durastream-server: WARNING: {message}", file=sys.stderr, flush=True)
+    if log_format == TEXT:
+        print(f"durastream-server: WARNING: {message}", file=sys.stderr, flush=True)
 
 
-def _configure_logging(level: str) -> None:
+def _configure_logging(level: str, log_format: str = TEXT) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        EscapingFormatter(FORMAT)
-    )  # log lines never carry a client's control chars
+    handler.setFormatter(formatter(log_format))  # log lines never carry a client's control chars
     logging.basicConfig(level=level, handlers=[handler])
 
 
@@ -463,6 +479,9 @@ def _quiet_signals() -> Callable[[], None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if arguments and arguments[0] in tools.COMMANDS:  # offline tools: check, inspect (tools.py)
+        return tools.main(arguments)
     parser = build_parser()
     args = parse_args(parser, argv, os.environ)
     try:
@@ -471,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # TokenConfigError included; messages never contain a token
         print(f"durastream-server: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    _configure_logging(config.log_level)
+    _configure_logging(config.log_level, config.log_format)
     keep_freed_memory()
     tls_error = _check_tls(config)
     if tls_error is not None:
@@ -496,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
     for warning in [*token_warnings, *exposure_warnings(config, sock.getsockname()[0])]:
-        _warn(warning)
+        _warn(warning, config.log_format)
 
     def announce(url: str) -> None:
         print(startup_line(config, url), flush=True)

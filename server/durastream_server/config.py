@@ -61,6 +61,8 @@ class ServerConfig:
     sse_reconnect_seconds: float = DEFAULT_SSE_RECONNECT_SECONDS
     shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
     log_level: str = "INFO"
+    log_format: str = "text"  # "text" (escaped lines) or "json" (one object per line): logformat.py
+    access_log: bool = False  # one INFO line per answered request (http/access.py)
     max_staged_bytes: int = DEFAULT_MAX_STAGED_BYTES
     max_open_files: int = DEFAULT_MAX_OPEN_FILES
     # Exposure (docs/security.md). No tokens: no authentication. No CORS origins: loopback origins only.
@@ -99,6 +101,8 @@ class ServerConfig:
             )
         if self.shutdown_grace_seconds < 0:
             raise ValueError(f"shutdown grace must be >= 0, got {self.shutdown_grace_seconds}")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log format must be text or json, got {self.log_format!r}")
         if self.max_staged_bytes < 1:
             raise ValueError(f"max staged bytes must be >= 1, got {self.max_staged_bytes}")
         if self.max_open_files < 1:

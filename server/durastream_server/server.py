@@ -30,7 +30,9 @@ from durastream_server.http.app import DurastreamApp
 from durastream_server.http.guard import protocol_class
 from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
+from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.storage.datadir import DataDir, StorageConfig
+from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.subscriptions.service import SubscriptionService
 
 logger = logging.getLogger(__name__)
@@ -45,26 +47,27 @@ class Backend:
         self.subscriptions = subscriptions
 
     @classmethod
-    async def open(cls, config: ServerConfig) -> Backend:
+    async def open(cls, config: ServerConfig, metrics: WriteMetrics = NO_METRICS) -> Backend:
         # Recovery allocates dozens of objects per stream, all of them long-lived: the cyclic GC's
         # collections during it only re-scan them (with 100,000 streams they took half of start-up).
         # The server freezes what exists once it listens (_Server.startup).
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return await cls._open(config)
+            return await cls._open(config, metrics)
         finally:
             if was_enabled:
                 gc.enable()
 
     @classmethod
-    async def _open(cls, config: ServerConfig) -> Backend:
+    async def _open(cls, config: ServerConfig, metrics: WriteMetrics) -> Backend:
         data = await DataDir.open(
             StorageConfig(
                 root=config.data_dir,
                 durability=config.durability,
                 max_open_files=config.max_open_files,
-            )
+            ),
+            metrics,
         )
         try:
             engine = Engine(
@@ -218,10 +221,12 @@ def exposure_warnings(config: ServerConfig, bound_host: str) -> list[str]:
 
 
 def build_app(config: ServerConfig) -> DurastreamApp:
-    async def open_backend() -> Backend:
-        return await Backend.open(config)
+    metrics = ServerMetrics()  # the app counts requests, the storage writer its group commits
 
-    return DurastreamApp(config, open_backend)
+    async def open_backend() -> Backend:
+        return await Backend.open(config, metrics)
+
+    return DurastreamApp(config, open_backend, metrics)
 
 
 def _loop_setting() -> str:
@@ -242,7 +247,7 @@ def run(
         ws="none",
         lifespan="on",
         log_config=None,  # the CLI configures logging; uvicorn's loggers propagate to it
-        access_log=False,  # the app logs one line per request at DEBUG
+        access_log=False,  # the app writes its own access log (--access-log, http/access.py)
         server_header=False,
         timeout_graceful_shutdown=config.shutdown_grace_seconds,
         ssl_certfile=None if config.tls_certfile is None else str(config.tls_certfile),

@@ -7,6 +7,7 @@ written against docs/extensions.md and start running as soon as the server does.
 from __future__ import annotations
 
 import json
+import pickle
 import time
 import uuid
 
@@ -34,6 +35,7 @@ from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.frames import decode_frames
 from durastream_spark.protocol.jsonarray import split_json_array
 from durastream_spark.protocol.models import FRAMES, FRAMES_LINES
+from tests.support.http import poll_until
 
 JSON = "application/json"
 
@@ -362,3 +364,23 @@ def test_payload_digest_detects_a_reused_tuple(client: StreamClient, path: str) 
     with pytest.raises(DuplicatePayloadMismatch):
         client.append(path, b'{"v":"B"}', JSON, producer=("p", 0, 0))
     assert json.loads(client.read(path, "-1").body) == [{"v": "A"}]
+
+
+def test_server_errors_keep_the_servers_request_id(server_factory) -> None:
+    """The id in a connector error is the one in the server's access log: one line matches the other."""
+    server = server_factory(extra_args=["--access-log"])
+    client = StreamClient(ConnectionOptions.parse({"url": root_of(server)}))
+    with pytest.raises(StreamNotFound) as caught:
+        client.read("client/never-created", "-1")
+    request_id = caught.value.request_id
+    assert request_id and f"request id {request_id}]" in str(caught.value)
+    assert (
+        pickle.loads(pickle.dumps(caught.value)).request_id == request_id
+    )  # crosses Spark processes
+    poll_until(
+        lambda: (
+            "-> 404 in" in server.log_path.read_text()
+            and f"[{request_id}]" in server.log_path.read_text()
+        ),
+        "the server's access-log line naming the same request id",
+    )

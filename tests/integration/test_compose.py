@@ -146,8 +146,8 @@ def build_of(service: str) -> tuple[Path, Path]:
 def test_compose_file_parses_and_references_files_that_exist() -> None:
     config = compose()
     services = config["services"]
-    assert set(services) == {"server", "spark"}
-    for name in services:
+    assert set(services) == {"server", "spark", "prometheus", "grafana"}
+    for name in ("server", "spark"):
         context, dockerfile = build_of(name)
         assert context.is_dir(), f"{name}: build context {context} missing"
         assert dockerfile.is_file(), f"{name}: {dockerfile} missing"
@@ -216,3 +216,49 @@ def test_the_images_run_what_exists() -> None:
         assert not ignored(kept, patterns), kept
     for dropped in (".venv", "server/durastream_server.egg-info", "tests", "a/node_modules/x"):
         assert ignored(dropped, patterns), dropped
+
+
+# ---- the "metrics" profile ----------------------------------------------------------------------------------
+
+METRICS = ROOT / "docker" / "metrics"
+
+
+def test_the_metrics_profile_scrapes_the_server_and_provisions_the_dashboard() -> None:
+    from durastream_server.cli import build_parser as server_parser
+    from durastream_server.http.hosts import HostPolicy
+
+    services = compose()["services"]
+    for name in ("prometheus", "grafana"):
+        assert services[name]["profiles"] == ["metrics"], f"{name} must be optional"
+        for volume in services[name]["volumes"]:
+            source = volume.split(":")[0]
+            assert (COMPOSE_FILE.parent / source).exists(), f"{name}: {source} missing"
+    assert "metrics" not in services["server"].get(
+        "profiles", []
+    )  # the server runs in every profile
+    scrape = yaml.safe_load((METRICS / "prometheus.yml").read_text())
+    (target,) = scrape["scrape_configs"][0]["static_configs"][0]["targets"]
+    server_args = server_parser().parse_args(services["server"]["command"])
+    assert target == f"server:{server_args.port}"
+    hosts = HostPolicy.for_server(server_args.allowed_host, server_args.host)
+    assert hosts.refusal([target.encode()]) is None  # the server answers Prometheus's Host
+    provider = yaml.safe_load(
+        (METRICS / "grafana" / "provisioning" / "dashboards" / "durastream.yml").read_text()
+    )
+    mounted = [v for v in services["grafana"]["volumes"] if "dashboards:" in v]
+    assert provider["providers"][0]["options"]["path"] == mounted[0].split(":")[1]
+
+
+def test_every_dashboard_query_names_a_metric_the_server_exposes(durastream_server) -> None:
+    import json
+
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(durastream_server.base_url + "/metrics", timeout=10).text
+    exposed = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    dashboard = json.loads((METRICS / "grafana" / "dashboards" / "durastream.json").read_text())
+    queries = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(queries) >= 13
+    named = {name for query in queries for name in re.findall(r"durastream_\w+", query)}
+    assert named and named <= exposed, f"not exposed: {sorted(named - exposed)}"

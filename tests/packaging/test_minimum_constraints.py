@@ -44,6 +44,7 @@ def test_every_declared_minimum_is_pinned_for_test_compat() -> None:
         "msgspec",
         "blake3",
         "sortedcontainers",
+        "prometheus_client",
     }
     assert set(pinned) == set(connector) | set(server)
     for name, minimum in {**connector, **server}.items():

@@ -43,6 +43,7 @@ from typing import Any, TypeVar
 
 from durastream_server.engine import (
     bounds,
+    census,
     contenttype,
     expiry,
     jsonmode,
@@ -196,6 +197,25 @@ class Engine:
             if isinstance(result, BaseException):
                 logger.error("flush at shutdown failed: %s", result)
         await self._txns.close()
+
+    async def census(self) -> census.Census:
+        """Streams, producers, staged handles and bytes, quarantine and free disk, for ``/metrics``
+        (``census.py``: a walk over the streams in slices, yielding to the loop between them)."""
+        current = list(self._registry.by_path.values())
+        producers = await census.count_producers(inc.log.state for inc in current)
+        handles, staged = await census.count_staged(self._txns.spaces())
+        try:
+            free: int | None = self._data.disk_free()
+        except OSError:
+            free = None
+        return census.Census(
+            streams=len(current),
+            producers=producers,
+            staged_handles=handles,
+            staged_bytes=staged,
+            quarantined=len(self._data.quarantined),
+            disk_free_bytes=free,
+        )
 
     def add_observer(self, observer: StreamObserver) -> None:
         self._observers.append(observer)

@@ -129,6 +129,10 @@ class TxnManager:
             self._spaces[inc.id] = space
         return space
 
+    def spaces(self) -> list[StreamTxns]:
+        """The staged-append state of every stream that has had any (a copy: for counting)."""
+        return list(self._spaces.values())
+
     def _current(self, path: str, inc: Incarnation) -> Incarnation:
         """After an await: the stream must still be the same incarnation (else 404/410)."""
         now = self._engine._lookup(path)

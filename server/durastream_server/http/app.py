@@ -1,4 +1,4 @@
-"""The ASGI application: lifespan, routing, error mapping, one log line per request.
+"""The ASGI application: lifespan, routing, error mapping, request ids, metrics, the access log.
 
 No web framework: the protocol is a handful of methods on one URL shape, and owning the ASGI loop keeps
 every byte of every response (headers, SSE framing, backpressure) explicit. The app does not know how the
@@ -16,14 +16,28 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from durastream_server.config import ServerConfig
 from durastream_server.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
-from durastream_server.http import cors, discovery, fastpath, paths, responses, subscriptions
+from durastream_server.http import (
+    access,
+    cors,
+    discovery,
+    fastpath,
+    paths,
+    requestid,
+    responses,
+    subscriptions,
+)
 from durastream_server.http.auth import Authorizer
 from durastream_server.http.body import ClientDisconnected
 from durastream_server.http.handlers import Request, StreamHandlers
 from durastream_server.http.live import LiveReaders
 from durastream_server.http.parse import header_map
+from durastream_server.logformat import REQUEST_ID
+from durastream_server.metrics.counters import ServerMetrics
+from durastream_server.metrics.exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from durastream_server.metrics.exposition import Exporter
 
 if TYPE_CHECKING:
+    from durastream_server.engine.census import Census
     from durastream_server.engine.engine import Engine
     from durastream_server.storage.quarantine import QuarantinedStream
 
@@ -32,6 +46,8 @@ logger = logging.getLogger("durastream_server.http")
 # /healthz lists at most this many quarantined streams (and counts them all): a damaged disk may
 # quarantine thousands, and a health probe must stay small and cheap.
 HEALTH_QUARANTINE_LIST = 100
+# The status recorded for a request whose client left before any answer (nginx's convention).
+CLIENT_CLOSED = 499
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -48,35 +64,57 @@ class Backend(Protocol):
 
 
 class _TrackedSend:
-    """Remembers whether and how the response started, so errors after the headers are handled sanely."""
+    """Remembers whether and how the response started, so errors after the headers are handled sanely,
+    and counts the body bytes sent (metrics and the access log)."""
 
-    def __init__(self, send: Send, extra_headers: list[tuple[bytes, bytes]]) -> None:
+    __slots__ = ("_send", "_extra_headers", "_request_id", "status", "finished", "body_bytes")
+
+    def __init__(
+        self, send: Send, extra_headers: list[tuple[bytes, bytes]], request_id: bytes
+    ) -> None:
         self._send = send
         self._extra_headers = extra_headers  # per-request headers (CORS origin) on every response
+        self._request_id = request_id  # the x-request-id value, last header of every response
         self.status: int | None = None
         self.finished = False
+        self.body_bytes = 0
 
     async def __call__(self, message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
-            message["headers"] = [*message["headers"], *self._extra_headers]
-        elif message["type"] == "http.response.body" and not message.get("more_body", False):
-            self.finished = True
+            message["headers"] = [
+                *message["headers"],
+                *self._extra_headers,
+                (b"x-request-id", self._request_id),
+            ]
+        elif message["type"] == "http.response.body":
+            self.body_bytes += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                self.finished = True
         await self._send(message)
 
 
 class DurastreamApp:
     def __init__(
-        self, config: ServerConfig, open_backend: Callable[[], Awaitable[Backend]]
+        self,
+        config: ServerConfig,
+        open_backend: Callable[[], Awaitable[Backend]],
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.config = config
         self._open_backend = open_backend
         self._backend: Backend | None = None
         self._live: LiveReaders | None = None
         self._streams: StreamHandlers | None = None
+        self._exporter: Exporter | None = None
         self.startup_error: BaseException | None = None
         self._cors = cors.CorsPolicy(config.cors_origins)
         self._auth = Authorizer(config.auth_tokens) if config.auth_tokens else None
+        # Counted on every request; the storage layer adds its own figures when the server passes
+        # the same object to the data directory (server.py).
+        self.metrics = metrics if metrics is not None else ServerMetrics()
+        self._request_ids = requestid.RequestIds()
+        self._access_log = config.access_log
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -101,8 +139,11 @@ class DurastreamApp:
                     )
                     return
                 self._backend = backend
-                self._live = LiveReaders(backend.engine)
-                self._streams = StreamHandlers(backend.engine, self._live, self.config)
+                self._live = LiveReaders(backend.engine, self.metrics)
+                self._streams = StreamHandlers(
+                    backend.engine, self._live, self.config, self.metrics
+                )
+                self._exporter = Exporter(self.metrics, self._census)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.begin_drain()
@@ -126,8 +167,14 @@ class DurastreamApp:
             return  # websockets are not part of the protocol (uvicorn runs with ws="none")
         started = time.perf_counter()
         headers = header_map(scope.get("headers", ()))
+        request_id = self._request_ids.take(headers.get(requestid.HEADER))
+        context = REQUEST_ID.set(request_id)
+        encoded_id = request_id.encode("ascii")
         extra_headers = self._cors.headers_for(headers.get("origin"))
-        tracked = _TrackedSend(send, extra_headers)
+        tracked = _TrackedSend(send, extra_headers, encoded_id)
+        responder = fastpath.responder(
+            scope, extra_headers, b"x-request-id: " + encoded_id + b"\r\n"
+        )
         request = Request(
             method=scope["method"].upper(),
             raw_path=scope.get("raw_path") or scope["path"].encode("utf-8"),
@@ -138,7 +185,8 @@ class DurastreamApp:
             receive=receive,
             send=tracked,
             # The long-poll fast path writes whole answers itself: it appends the same extra headers.
-            responder=fastpath.responder(scope, extra_headers),
+            responder=responder,
+            request_id=request_id,
         )
         try:
             await self._dispatch(request)
@@ -150,15 +198,37 @@ class DurastreamApp:
             logger.exception("internal error on %s %r", request.method, request.raw_path)
             await self._send_error(request, tracked, *responses.internal_error_parts())
         finally:
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug(
-                    "%s %s%s -> %s in %.1f ms",
-                    request.method,
-                    request.raw_path.decode("latin-1"),
-                    "?" + request.query_string.decode("latin-1") if request.query_string else "",
-                    tracked.status,
-                    (time.perf_counter() - started) * 1000,
-                )
+            self._finished(request, tracked, time.perf_counter() - started)
+            REQUEST_ID.reset(context)
+
+    def _finished(self, request: Request, tracked: _TrackedSend, seconds: float) -> None:
+        """Count the request (``/metrics``) and write its access-log line."""
+        status = tracked.status
+        sent = tracked.body_bytes
+        if status is None:
+            fast = request.responder.sent if request.responder is not None else None
+            if fast is not None:  # answered by the long-poll fast path (http/fastpath.py)
+                status, sent = fast.status, fast.body_bytes
+            else:
+                status = CLIENT_CLOSED
+        metrics = self.metrics
+        metrics.finished(request.route, status, seconds)
+        metrics.request_bytes += request.body_bytes
+        metrics.response_bytes += sent
+        level = logging.INFO if self._access_log else logging.DEBUG
+        if access.enabled(level):
+            access.log_request(
+                level=level,
+                request_id=request.request_id,
+                method=request.method,
+                raw_path=request.raw_path,
+                query_string=request.query_string,
+                route=request.route,
+                status=status,
+                seconds=seconds,
+                bytes_in=request.body_bytes,
+                bytes_out=sent,
+            )
 
     async def _send_error(
         self,
@@ -189,19 +259,45 @@ class DurastreamApp:
         if self._auth is not None:
             self._auth.authorize(request, target)  # 401 / 403; see http/auth.py for the rules
         if target.kind is paths.RouteKind.HEALTH:
+            request.route = "health"
             await self._health(request)
+        elif target.kind is paths.RouteKind.METRICS:
+            request.route = "metrics"
+            await self._metrics(request)
         elif target.kind is paths.RouteKind.STREAM:
             assert self._streams is not None
             await self._streams.handle(request, target.target)
         elif target.kind is paths.RouteKind.SUBSCRIPTIONS and discovery.owns(target.target):
             # Extension discovery and listing: their own __ds namespace, before subscriptions.
             assert self._backend is not None
+            request.route = "discovery"
             await discovery.handle(self._backend.engine, request, target.target)
         elif target.kind is paths.RouteKind.SUBSCRIPTIONS:
+            request.route = "subscriptions"
             service = self._backend.subscriptions if self._backend is not None else None
             await subscriptions.handle(service, request, target.target, self.config.max_body_bytes)
         else:
             raise NotFound(f"no resource at {request.raw_path.decode('latin-1')}")
+
+    async def _census(self) -> Census:
+        """What the backend holds, for a scrape (asked then: not every backend offers it)."""
+        assert self._backend is not None
+        return await self._backend.engine.census()
+
+    async def _metrics(self, request: Request) -> None:
+        """``GET /metrics``: the Prometheus text format (``metrics/exposition.py``)."""
+        if request.method not in ("GET", "HEAD"):
+            raise MethodNotAllowed("metrics are read with GET", headers={"Allow": "GET, HEAD"})
+        if self._exporter is None:
+            raise NotFound("the server is not serving yet")
+        body = await self._exporter.render()
+        headers = [
+            ("Content-Type", METRICS_CONTENT_TYPE),
+            ("Cache-Control", responses.CACHE_NO_STORE),
+        ]
+        await responses.send_response(
+            request.send, 200, headers, body, head=request.method == "HEAD"
+        )
 
     def _quarantined(self, entries: list[QuarantinedStream]) -> list[dict[str, Any]]:
         """Quarantined streams for ``/healthz`` (the first ``HEALTH_QUARANTINE_LIST``; the count is

@@ -6,6 +6,7 @@ With no tokens configured the app never builds an ``Authorizer`` and nothing her
 request                                                    needs
 =========================================================  ===============================================
 ``GET``/``HEAD /healthz``                                  nothing (load balancers probe it)
+``GET /metrics``                                           any valid token (read-only suffices)
 ``OPTIONS`` (CORS preflight) on any routable path          nothing (browsers never send credentials on it)
 ``GET``/``HEAD`` a stream                                  any token whose prefix covers the stream
 ``PUT``/``POST``/``DELETE`` a stream                       a read-write token whose prefix covers it; a
@@ -65,6 +66,8 @@ def requirement(request: Request, target: paths.Route | None) -> Need | None:
         return Need()
     if target.kind is paths.RouteKind.HEALTH:
         return None
+    if target.kind is paths.RouteKind.METRICS:
+        return Need()  # operational figures, no stream paths: any valid token
     if target.kind is paths.RouteKind.STREAM:
         streams = [target.target]
         if method == "PUT" and "stream-forked-from" in request.headers:

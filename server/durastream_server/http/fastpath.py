@@ -87,25 +87,35 @@ class Prepared:
     """One complete response, encoded once, for any number of connections.
 
     The status line and the server's default headers come first on the wire; uvicorn keeps those per
-    request (its ``date`` value as of the request's arrival), so the full bytes are cached per distinct
-    default-header list, of which a burst typically sees one or two.
+    request (its ``date`` value as of the request's arrival), so the head (status line and every header
+    line) is cached per distinct default-header list, of which a burst typically sees one or two. Each
+    connection's own request id header (``RawResponder.request_id_line``) goes between the head and the
+    blank line that ends the headers, where the ordinary path's send wrapper puts it (``app.py``).
     """
 
-    __slots__ = ("status", "_rest", "_wires")
+    __slots__ = ("status", "body_bytes", "_lines", "_tail", "_heads")
 
-    def __init__(self, status: int, rest: bytes) -> None:
+    def __init__(self, status: int, lines: bytes, body: bytes) -> None:
         self.status = status
-        self._rest = rest
-        self._wires: dict[int, tuple[list[tuple[bytes, bytes]], bytes | None]] = {}
+        self.body_bytes = len(body)
+        self._lines = lines
+        self._tail = b"\r\n" + body
+        self._heads: dict[int, tuple[list[tuple[bytes, bytes]], bytes | None]] = {}
 
-    def wire(self, defaults: list[tuple[bytes, bytes]]) -> bytes | None:
-        cached = self._wires.get(id(defaults))
+    def head(self, defaults: list[tuple[bytes, bytes]]) -> bytes | None:
+        """Status line and header lines (without the request id and the blank line)."""
+        cached = self._heads.get(id(defaults))
         if cached is not None and cached[0] is defaults:
             return cached[1]
         lines = _header_lines(defaults)
-        wire = None if lines is None else STATUS_LINE[self.status] + lines + self._rest
-        self._wires[id(defaults)] = (defaults, wire)  # holding the list keeps its id unique
-        return wire
+        head = None if lines is None else STATUS_LINE[self.status] + lines + self._lines
+        self._heads[id(defaults)] = (defaults, head)  # holding the list keeps its id unique
+        return head
+
+    @property
+    def tail(self) -> bytes:
+        """The blank line ending the headers, and the body."""
+        return self._tail
 
 
 def prepare(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Prepared | None:
@@ -116,19 +126,23 @@ def prepare(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Pre
     lines = _header_lines(headers)
     if lines is None:
         return None
-    return Prepared(status, lines + b"\r\n" + body)
+    return Prepared(status, lines, body)
 
 
 class RawResponder:
     """Answers one request by writing prepared bytes to its connection (see the module docstring)."""
 
-    __slots__ = ("_cycle", "extra_headers")
+    __slots__ = ("_cycle", "extra_headers", "request_id_line", "sent")
 
     def __init__(self, cycle: Any) -> None:
         self._cycle = cycle
         # Encoded headers the app adds to every response of this request (CORS, ``app._TrackedSend``);
         # set by ``responder``.
         self.extra_headers: list[tuple[bytes, bytes]] = []
+        # ``x-request-id: <id>\r\n``, the header the app adds last to every response (set by
+        # ``responder``); per request, so it is not part of a shared answer's bytes.
+        self.request_id_line = b""
+        self.sent: Prepared | None = None  # what was written (the app's access log and metrics)
 
     def send(self, prepared: Prepared) -> bool:
         """Write the whole response and complete the request cycle. False: nothing was written; send it
@@ -154,14 +168,15 @@ class RawResponder:
         transport: asyncio.Transport = cycle.transport
         if transport.is_closing():
             return False
-        wire = prepared.wire(cycle.default_headers)
-        if wire is None:
+        head = prepared.head(cycle.default_headers)
+        if head is None:
             return False
         try:
-            transport.write(wire)
+            transport.writelines((head, self.request_id_line, prepared.tail))
         except Exception:  # nothing was written; the ordinary send decides what to do
             logger.debug("fast-path write refused", exc_info=True)
             return False
+        self.sent = prepared
         # As uvicorn's send does for http.response.start and a final http.response.body (keep-alive).
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
@@ -176,13 +191,17 @@ class RawResponder:
         cycle.on_response()
 
 
-def responder(scope: Any, extra_headers: list[tuple[bytes, bytes]]) -> RawResponder | None:
+def responder(
+    scope: Any, extra_headers: list[tuple[bytes, bytes]], request_id_line: bytes = b""
+) -> RawResponder | None:
     """The request's responder, if the server offers one (``with_fast_path``). ``extra_headers``: what
-    the app's send wrapper appends to every response header list of this request."""
+    the app's send wrapper appends to every response header list of this request; then
+    ``request_id_line``, its ``x-request-id`` header as a wire line."""
     extensions = scope.get("extensions")
     found: RawResponder | None = extensions.get(EXTENSION) if extensions else None
     if found is not None:
         found.extra_headers = extra_headers
+        found.request_id_line = request_id_line
     return found
 
 

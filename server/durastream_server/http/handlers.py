@@ -25,6 +25,7 @@ from durastream_server.http.etag import if_none_match, make_etag
 from durastream_server.http.fastpath import RawResponder
 from durastream_server.http.live import ANSWERED, Disconnect, LiveReaders, WakeAnswer
 from durastream_server.http.responses import Headers, Send
+from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.offsets import NOW
 
 if TYPE_CHECKING:
@@ -49,6 +50,9 @@ class Request:
     send: Send
     # Writes a prepared answer straight to the connection (long-poll wake-ups, http/fastpath.py).
     responder: RawResponder | None = None
+    request_id: str = ""  # http/requestid.py; in X-Request-Id and every log line of the request
+    route: str = "other"  # the route class its handler sets (metrics/counters.py: ROUTES)
+    body_bytes: int = 0  # request body bytes read (metrics, access log)
 
     @property
     def authority(self) -> str:
@@ -70,12 +74,14 @@ class StreamHandlers:
         engine: Engine,
         live: LiveReaders,
         config: ServerConfig,
+        metrics: ServerMetrics | None = None,
         *,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._engine = engine
         self._live = live
         self._config = config
+        self._metrics = metrics if metrics is not None else ServerMetrics()
         self._clock = clock
 
     async def handle(self, request: Request, path: str) -> None:
@@ -99,7 +105,9 @@ class StreamHandlers:
     # -- writes ---------------------------------------------------------------------------------------
 
     async def _put(self, request: Request, path: str) -> None:
+        request.route = "create"
         body = await read_body(request.receive, request.headers, self._config.max_body_bytes)
+        request.body_bytes = len(body)
         result = await self._engine.create(parse.create_request(path, request.headers, body))
         info = result.info
         headers: Headers = [
@@ -114,7 +122,9 @@ class StreamHandlers:
         await responses.send_response(request.send, 201 if result.created else 200, headers)
 
     async def _post(self, request: Request, path: str) -> None:
+        request.route = txn.route_class(request.headers)  # append, stage, commit or abort
         body = await read_body(request.receive, request.headers, self._config.max_body_bytes)
+        request.body_bytes = len(body)
         if txn.is_txn(request.headers):  # staged appends: stage / commit / abort (extensions.md 5)
             staged = txn.parse_request(path, request.headers, body)
             await txn.serve(self._engine, request.send, staged)
@@ -142,6 +152,7 @@ class StreamHandlers:
         await responses.send_response(request.send, status, headers)
 
     async def _delete(self, request: Request, path: str) -> None:
+        request.route = "delete"
         await self._engine.delete(path)
         headers: Headers = [("Cache-Control", responses.CACHE_NO_STORE)]
         await responses.send_response(request.send, 204, headers)
@@ -149,6 +160,7 @@ class StreamHandlers:
     # -- metadata -------------------------------------------------------------------------------------
 
     async def _head(self, request: Request, path: str) -> None:
+        request.route = "head"
         info = self._engine.head(path)
         headers: Headers = [
             ("Content-Type", info.content_type),
@@ -174,19 +186,23 @@ class StreamHandlers:
         return next_cursor(params.cursor, clock=self._clock)
 
     async def _get(self, request: Request, path: str) -> None:
+        request.route = "read"
         params = parse.read_params(request.query_string)
         extensions = read_extensions.parse(request.query_string, params.live)
         if extensions is not None:  # end= / format= / lookup= (docs/extensions.md)
-            await read_extensions.serve(
+            self._metrics.messages_read += await read_extensions.serve(
                 self._engine, self._config.chunk_bytes, request, path, params, extensions
             )
             return
         if params.live == "sse":
+            request.route = "sse"
             await self._sse(request, path, params)
         elif params.live == "long-poll":
+            request.route = "long_poll"
             await self._long_poll(request, path, params)
         else:
             result = await self._read(path, params.offset)
+            self._metrics.messages_read += result.count
             await self._send_read(request, result, params, cursor=None)
 
     async def _send_read(
@@ -226,6 +242,14 @@ class StreamHandlers:
 
     async def _long_poll(self, request: Request, path: str, params: parse.ReadParams) -> None:
         """Section 5.7: answer at once when there is data (or EOF); else wait up to the timeout."""
+        metrics = self._metrics
+        metrics.open_long_polls += 1
+        try:
+            await self._long_poll_open(request, path, params)
+        finally:
+            metrics.open_long_polls -= 1
+
+    async def _long_poll_open(self, request: Request, path: str, params: parse.ReadParams) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._config.long_poll_timeout
         result = await self._read(path, params.offset)
@@ -247,7 +271,7 @@ class StreamHandlers:
                         self._wake_answer(request, params),
                     )
                 if woken is ANSWERED:
-                    return
+                    return  # and counted by the wake group
                 if not isinstance(woken, ReadResult):
                     # Timeout, or released by shutdown / hang-up: answer as a timeout.
                     await self._send_no_content(request, result.next_offset, params, closed=False)
@@ -256,6 +280,7 @@ class StreamHandlers:
         finally:
             if disconnect is not None:
                 await disconnect.close()
+        self._metrics.messages_read += result.count
         await responses.send_response(request.send, *self._long_poll_parts(request, params, result))
 
     def _long_poll_parts(
@@ -308,12 +333,14 @@ class StreamHandlers:
             headers.append((sse.ENCODING_HEADER, "base64"))
         await responses.start_streaming(request.send, 200, headers)
         disconnect = Disconnect(request.receive)
+        self._metrics.open_sse += 1
         try:
             await self._sse_events(request, path, params, result, base64_encoded, disconnect)
         except ProtocolError as exc:
             # E.g. the stream was deleted mid-connection: end the response; a reconnect gets the status.
             logger.debug("SSE on %s ended by %s: %s", path, type(exc).__name__, exc.message)
         finally:
+            self._metrics.open_sse -= 1
             await disconnect.close()
             await request.send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -340,6 +367,7 @@ class StreamHandlers:
             if disconnect.happened:
                 return  # sends would be dropped; stop reading on behalf of nobody
             if result.count:
+                self._metrics.messages_read += result.count
                 event = sse.data_event(result.body, base64_encoded=base64_encoded)
                 event += sse.control_event(
                     result.next_offset,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from durastream_server.errors import ProtocolError
 from durastream_server.http import fastpath, responses
+from durastream_server.metrics.counters import ServerMetrics
 
 if TYPE_CHECKING:
     from durastream_server.engine.api import ReadResult
@@ -105,8 +106,10 @@ class Disconnect:
 class LiveReaders:
     """The server's parked readers: counts them (``/healthz`` reports it) and releases them on drain."""
 
-    def __init__(self, engine: Waitable) -> None:
+    def __init__(self, engine: Waitable, metrics: ServerMetrics | None = None) -> None:
         self._engine = engine
+        # Wake latency per woken long-poll, and the messages of fast-path answers (``/metrics``).
+        self.metrics = metrics
         self._drain: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._groups: dict[tuple[str, str], _WakeGroup] = {}
         self.parked = 0
@@ -263,6 +266,8 @@ class _WakeGroup:
         live = self.live
         result: ReadResult | None = None
         outcome: Any = _ON_YOUR_OWN
+        loop = asyncio.get_running_loop()
+        woke_at = 0.0
         try:
             while result is None:
                 woke = await live._engine.wait(
@@ -270,6 +275,7 @@ class _WakeGroup:
                 )
                 if not woke:
                     break
+                woke_at = loop.time()
                 read = await self.read(path, offset)
                 if read.count or read.closed:
                     result = read
@@ -285,11 +291,16 @@ class _WakeGroup:
             for future in self.members:
                 _settle(future, outcome)
         else:
-            self._answer(result)
+            fast, answered = self._answer(result)
+            metrics = live.metrics
+            if metrics is not None and answered:
+                metrics.long_poll_wake.observe_many(loop.time() - woke_at, answered)
+                metrics.messages_read += result.count * fast
 
-    def _answer(self, result: ReadResult) -> None:
+    def _answer(self, result: ReadResult) -> tuple[int, int]:
         """Two passes, no await: first every fast-path answer goes on the wire (the latency that is
-        measured), then the request cycles are completed and every member's task is woken."""
+        measured), then the request cycles are completed and every member's task is woken. Returns
+        how many members were answered on the fast path, and in all (written, or handed the read)."""
         prepared: list[fastpath.Prepared | None | _Outcome] = [_MISSING] * len(self.shapes)
         written: list[fastpath.RawResponder] = []
         others: list[asyncio.Future[Any]] = []
@@ -320,6 +331,7 @@ class _WakeGroup:
                 future
             ) in self.members:  # only if the pass failed halfway: the rest read on their own
                 _settle(future, _ON_YOUR_OWN)
+        return len(answered), len(answered) + len(others)
 
 
 _MISSING: Final = _Outcome("MISSING")

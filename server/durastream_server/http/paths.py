@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 STREAM_ROOT: Final = "/v1/stream"
 STREAM_PREFIX: Final = STREAM_ROOT + "/"
 HEALTH_PATH: Final = "/healthz"
+METRICS_PATH: Final = "/metrics"
 RESERVED_SEGMENT: Final = "__ds"  # section 6: control APIs, routed before stream handling
 MAX_PATH_BYTES: Final = 4096
 
@@ -33,6 +34,7 @@ class InvalidPath(ValueError):
 
 class RouteKind(Enum):
     HEALTH = "health"
+    METRICS = "metrics"
     STREAM = "stream"
     SUBSCRIPTIONS = "subscriptions"
     NOT_FOUND = "not_found"
@@ -49,6 +51,8 @@ def route(raw_path: bytes) -> Route:
     """Classify a raw request path (no query). Raises ``InvalidPath`` for a malformed stream path."""
     if raw_path == HEALTH_PATH.encode():
         return Route(RouteKind.HEALTH)
+    if raw_path == METRICS_PATH.encode():
+        return Route(RouteKind.METRICS)
     prefix = STREAM_PREFIX.encode()
     if not raw_path.startswith(prefix):
         if raw_path == STREAM_ROOT.encode():

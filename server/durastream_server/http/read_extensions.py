@@ -126,15 +126,17 @@ async def serve(
     path: str,
     params: ReadParams,
     ext: ReadExtensions,
-) -> None:
+) -> int:
+    """Answer the request; returns how many messages the answer carries (``/metrics``)."""
     if ext.lookup == "limit":
         await _limit_lookup(engine, request, path, params, ext)
     elif ext.lookup == "time":
         await _time_lookup(engine, request, path, params, ext)
     elif ext.format is not None:
-        await _frames(engine, chunk_bytes, request, path, params, ext)
+        return await _frames(engine, chunk_bytes, request, path, params, ext)
     else:
-        await _bounded(engine, chunk_bytes, request, path, params, ext)
+        return await _bounded(engine, chunk_bytes, request, path, params, ext)
+    return 0
 
 
 async def _bounded(
@@ -144,7 +146,7 @@ async def _bounded(
     path: str,
     params: ReadParams,
     ext: ReadExtensions,
-) -> None:
+) -> int:
     result = await engine.read(
         ReadRequest(path=path, offset=params.offset, max_bytes=chunk_bytes, end_offset=ext.end)
     )
@@ -160,6 +162,7 @@ async def _bounded(
         closed=result.closed,
         body=result.body,  # the base read's body (a JSON array for JSON)
     )
+    return result.count
 
 
 async def _frames(
@@ -169,7 +172,7 @@ async def _frames(
     path: str,
     params: ReadParams,
     ext: ReadExtensions,
-) -> None:
+) -> int:
     lines = ext.format == "frames-lines"
     if lines and not contenttype.is_json(engine.head(path).content_type):
         raise InvalidParameter(
@@ -203,6 +206,7 @@ async def _frames(
         closed=result.closed,
         body=body,
     )
+    return result.count
 
 
 async def _send_chunk(

@@ -40,6 +40,17 @@ def is_txn(headers: dict[str, str]) -> bool:
     return TXN in headers or COMMIT in headers or ABORT in headers or TTL in headers
 
 
+def route_class(headers: dict[str, str]) -> str:
+    """The metrics route class of a POST: ``stage``, ``commit``, ``abort`` or a plain ``append``."""
+    if TXN in headers:
+        return "stage"
+    if COMMIT in headers:
+        return "commit"
+    if ABORT in headers:
+        return "abort"
+    return "append"
+
+
 def parse_request(path: str, headers: dict[str, str], body: bytes) -> TxnRequest:
     """The stage, commit or abort this POST asks for, or ``BadRequest`` naming what is wrong."""
     present = [name for name in (TXN, COMMIT, ABORT) if name in headers]

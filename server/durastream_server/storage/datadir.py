@@ -38,6 +38,7 @@ from durastream_server.storage import codec
 from durastream_server.storage.files import FdCache, fsync_dir, is_out_of_space, write_file
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.log import LogContext, StreamLog
+from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.quarantine import QuarantinedStream, free_name, set_aside
 from durastream_server.storage.quarantine import load as load_quarantine
 from durastream_server.storage.records import AppendEntry, StreamHeader
@@ -99,7 +100,9 @@ class DataDir:
     corrupt: dict[str, str]
     with_staging: set[str]
 
-    def __init__(self, config: StorageConfig, lock_fd: int) -> None:
+    def __init__(
+        self, config: StorageConfig, lock_fd: int, metrics: WriteMetrics = NO_METRICS
+    ) -> None:
         self.config = config
         self.root = Path(config.root)
         self.logs = {}
@@ -120,6 +123,7 @@ class DataDir:
             segment_bytes=max(1, config.segment_bytes),
             snapshot_interval_entries=max(1, config.snapshot_interval_entries),
             sync=config.durability == Durability.FSYNC,
+            metrics=metrics,
         )
         self._background: set[asyncio.Future[None]] = set()
         self._closed = False
@@ -140,13 +144,14 @@ class DataDir:
     # ------------------------------------------------------------------------------------------- open
 
     @classmethod
-    async def open(cls, config: StorageConfig) -> DataDir:
-        """Lock, recover every stream (snapshot + replay), return. Raises ``AlreadyLocked``."""
+    async def open(cls, config: StorageConfig, metrics: WriteMetrics = NO_METRICS) -> DataDir:
+        """Lock, recover every stream (snapshot + replay), return. Raises ``AlreadyLocked``.
+        ``metrics`` hears of every group commit and fsync (``storage/metrics.py``)."""
         root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
         lock_fd = _lock(root)
         try:
-            self = cls(config, lock_fd)
+            self = cls(config, lock_fd, metrics)
         except BaseException:
             os.close(lock_fd)
             raise
@@ -374,6 +379,11 @@ class DataDir:
             fsync_dir(src.parent)
 
     # ------------------------------------------------------------------------------------------- misc
+
+    def disk_free(self) -> int:
+        """Bytes available to the server on the data directory's file system (one ``statvfs``)."""
+        stat = os.statvfs(self.root)
+        return stat.f_bavail * stat.f_frsize
 
     def meta_path(self, name: str) -> Path:
         """A path under ``meta/`` for another component's durable files (``meta/`` exists)."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -122,6 +123,7 @@ def write_group(
         raise
     records.extend(out.records)
     new_segments.extend(out.new_segments)
+    target.metrics.batch(len(records), group.n_messages, group.size)
     return GroupResult([records[-1][1]], new_segments, out.end, tuple(records))
 
 
@@ -432,7 +434,9 @@ class _SegmentAppender:
 
     def _sync_and_release(self) -> None:
         if self._handle is not None and self._touched and self._target.sync:
+            synced_at = time.perf_counter()
             os.fdatasync(self._handle.fd)
+            self._target.metrics.fsync(time.perf_counter() - synced_at)
         self.release()
         self._touched = False
 

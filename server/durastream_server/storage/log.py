@@ -46,6 +46,7 @@ from durastream_server.storage import codec
 from durastream_server.storage.files import FdCache, is_out_of_space
 from durastream_server.storage.group import GroupResult, is_group_batch, split_batch, write_group
 from durastream_server.storage.index import LogIndex
+from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.ordinals import floor_boundary, message_start
 from durastream_server.storage.reader import NotABoundary, read_entries, read_range
 from durastream_server.storage.records import (
@@ -102,6 +103,7 @@ class LogContext:
     segment_bytes: int
     snapshot_interval_entries: int
     sync: bool  # Durability.FSYNC
+    metrics: WriteMetrics = NO_METRICS  # what the group commit reports (storage/metrics.py)
 
 
 _Item = AppendEntry | SoftDelete | GroupCommit
@@ -176,7 +178,9 @@ class StreamLog:
         self._index = index
         self._file_end = file_end
         self._last_record = last_record  # global offset of the last record on disk
-        self._target = WriteTarget(directory, log_id, ctx.cache, ctx.segment_bytes, ctx.sync)
+        self._target = WriteTarget(
+            directory, log_id, ctx.cache, ctx.segment_bytes, ctx.sync, ctx.metrics
+        )
         self._queue: list[_Queued] = []
         self._inflight: list[_Queued] = []
         self._writer: asyncio.Task[None] | None = None

@@ -265,21 +265,30 @@ def recover_batch(
     return results
 
 
-def _list_segments(directory: str, log_id: str) -> tuple[list[int], list[int], bool]:
-    """Segment bases and sizes, in order, and whether a ``txn/`` directory exists."""
+def segment_listing(directory: str) -> tuple[list[int], list[str]]:
+    """The segment bases in a stream directory (sorted), and the names of the other entries that are
+    neither the snapshot nor ``txn/``. Reads only (``datacheck.py`` uses it too)."""
     bases = []
-    has_staging = False
+    others = []
     for name in os.listdir(directory):
         match = SEGMENT_RE.match(name)
         if match:
             bases.append(int(match.group(1)))
-        elif name == SNAPSHOT_TMP:
-            os.unlink(os.path.join(directory, name))  # an interrupted snapshot write
-        elif name == TXN_DIR:  # staging files (txnfile.py)
-            has_staging = True
-        elif name != SNAPSHOT_NAME:  # txn/: staging files (txnfile.py)
-            log.warning("stream %s: ignoring unexpected file %r", log_id, name)
+        elif name not in (SNAPSHOT_NAME, TXN_DIR):  # txn/: staging files (txnfile.py)
+            others.append(name)
     bases.sort()
+    return bases, others
+
+
+def _list_segments(directory: str, log_id: str) -> tuple[list[int], list[int], bool]:
+    """Segment bases and sizes, in order, and whether a ``txn/`` directory exists."""
+    bases, others = segment_listing(directory)
+    has_staging = os.path.isdir(os.path.join(directory, TXN_DIR))
+    for name in others:
+        if name == SNAPSHOT_TMP:
+            os.unlink(os.path.join(directory, name))  # an interrupted snapshot write
+        else:
+            log.warning("stream %s: ignoring unexpected file %r", log_id, name)
     if not bases or bases[0] != 0:
         raise Quarantine(None, "first segment is missing")
     sizes = [os.stat(os.path.join(directory, segment_name(b))).st_size for b in bases]
@@ -467,13 +476,17 @@ def _replay(
     return segs.bases[-1] + segs.sizes[-1]
 
 
-def _repair_tail(segs: _Segments, bad: _Bad, log_id: str, stream_path: str, sync: bool) -> int:
-    """Truncate a torn tail at ``bad``, or quarantine if valid data follows it."""
+def _valid_data_after(segs: _Segments, bad: _Bad) -> tuple[int, int] | None:
+    """The first valid record after ``bad`` (mid-file corruption), or None (a torn tail)."""
     if isinstance(bad, _TornGroup):
         cut = bad.cut
-        after = segs.valid_record_after(cut.seg, cut.off) if cut is not None else None
-    else:
-        after = segs.valid_record_after(bad.seg, bad.off)
+        return segs.valid_record_after(cut.seg, cut.off) if cut is not None else None
+    return segs.valid_record_after(bad.seg, bad.off)
+
+
+def _repair_tail(segs: _Segments, bad: _Bad, log_id: str, stream_path: str, sync: bool) -> int:
+    """Truncate a torn tail at ``bad``, or quarantine if valid data follows it."""
+    after = _valid_data_after(segs, bad)
     where = f"{segment_name(segs.bases[bad.seg])} offset {bad.off}"
     if after is not None:
         j, off = after

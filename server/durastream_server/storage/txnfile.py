@@ -368,12 +368,14 @@ class RecoveredHandle:
     n_messages: int = 0
     corrupt: str | None = None  # why the handle cannot be trusted (it is never committed)
     movable: bool = True  # a commit may move the file into the log (False: legacy layout, copied)
+    torn_at: int | None = None  # read-only check (``repair=False``): a torn tail left in place here
 
 
-def recover_staging_file(path: str, *, sync: bool) -> RecoveredHandle | None:
+def recover_staging_file(path: str, *, sync: bool, repair: bool = True) -> RecoveredHandle | None:
     """Rebuild a handle from its file. None if the file has no valid header (the caller deletes it:
-    such a file was never acknowledged, since creation is atomic)."""
-    fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
+    such a file was never acknowledged, since creation is atomic). ``repair=False`` (the offline
+    ``check``): open it read-only and report a torn tail in ``torn_at`` instead of truncating it."""
+    fd = os.open(path, (os.O_RDWR if repair else os.O_RDONLY) | _O_CLOEXEC)
     try:
         stat = os.fstat(fd)
         size = stat.st_size
@@ -411,6 +413,9 @@ def recover_staging_file(path: str, *, sync: bool) -> RecoveredHandle | None:
                         "staging file %s (handle %r): %s", path, header.handle, handle.corrupt
                     )
                     return handle
+                if not repair:
+                    handle.torn_at = offset
+                    break
                 log.warning(
                     "staging file %s: torn tail at %d (%s); truncating %d bytes",
                     path,

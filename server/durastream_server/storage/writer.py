@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 from durastream_server.storage import codec
 from durastream_server.storage.files import FdCache, fsync_dir, pwrite_all
+from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.records import AppendEntry, SoftDelete
 from durastream_server.storage.segments import segment_name
 
@@ -30,6 +32,7 @@ class WriteTarget:
     cache: FdCache
     segment_bytes: int
     sync: bool  # fdatasync after writing (Durability.FSYNC)
+    metrics: WriteMetrics = NO_METRICS  # batch sizes and fsync times (storage/metrics.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +86,11 @@ def write_batch(
             try:
                 pwrite_all(handle.fd, c_frames, c_start)
                 if target.sync:
+                    synced_at = time.perf_counter()
                     os.fdatasync(
                         handle.fd
                     )  # the fd we wrote through, never a re-lookup (hazard 30)
+                    target.metrics.fsync(time.perf_counter() - synced_at)
             finally:
                 target.cache.release(handle)
         if new_segments and target.sync:
@@ -93,7 +98,18 @@ def write_batch(
     except OSError:
         _undo(target, written)
         raise
+    target.metrics.batch(len(items), *_payload(items))
     return BatchResult(offsets, new_segments, base + size)
+
+
+def _payload(items: list[AppendEntry | SoftDelete]) -> tuple[int, int]:
+    """Messages and payload bytes of a batch (sizes are summed once per entry already)."""
+    messages = size = 0
+    for item in items:
+        if type(item) is AppendEntry:
+            messages += len(item.messages)
+            size += item.size
+    return messages, size
 
 
 def _undo(target: WriteTarget, written: list[tuple[int, int, bool]]) -> None:

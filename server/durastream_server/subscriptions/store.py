@@ -69,6 +69,15 @@ class _Slot:
     writer: asyncio.Task[None] | None = None
 
 
+def read_record(path: Path) -> dict[str, Any]:
+    """One subscription's state file: a JSON object with an ``id``. Raises ``OSError`` or
+    ``ValueError`` naming what is wrong (the offline ``check`` reports the same)."""
+    record = json.loads(path.read_bytes())
+    if not isinstance(record, dict) or "id" not in record:
+        raise ValueError("not a subscription record (a JSON object with an id)")
+    return record
+
+
 class SubscriptionStore:
     def __init__(self, state_dir: Path) -> None:
         self.directory = state_dir / "subscriptions"
@@ -89,12 +98,9 @@ class SubscriptionStore:
             if path.suffix != ".json":
                 continue
             try:
-                record = json.loads(path.read_bytes())
+                record = read_record(path)
             except (OSError, ValueError) as exc:
                 log.error("skipping unreadable subscription state %s: %s", path, exc)
-                continue
-            if not isinstance(record, dict) or "id" not in record:
-                log.error("skipping malformed subscription state %s", path)
                 continue
             records.append(record)
         return records

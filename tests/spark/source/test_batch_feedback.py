@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 
@@ -33,8 +34,9 @@ def streams(durastream_server) -> Streams:
 
 
 def batch_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The source's batch lines, their planning time (which varies) replaced by ``N``."""
     return [
-        r.getMessage()
+        re.sub(r"planned in [\d.]+ ms", "planned in N ms", r.getMessage())
         for r in caplog.records
         if r.name == STREAM_LOGGER and r.getMessage().startswith("batch reads")
     ]
@@ -71,11 +73,12 @@ def test_each_batch_logs_its_size_and_the_lag_behind_the_tails(
     read_bytes = read[a].bytes + read[b].bytes
     behind_bytes = total[a].bytes + total[b].bytes - read_bytes
     assert batch_lines(caplog) == [
-        f"batch reads 2 stream(s), 8 messages, {read_bytes} bytes, in 2 task(s); behind the tails "
+        f"batch reads 2 stream(s), 8 messages, {read_bytes} bytes, in 2 task(s), planned in N ms; behind the tails "
         f"after it: 32 messages, {behind_bytes} bytes in 2 stream(s)"
     ]
     summary = reader.driver.last_batch
     assert summary is not None and summary.as_dict()["behind"]["messages"] == 32
+    assert summary.as_dict()["planning_ms"] >= 0
 
 
 def test_without_a_limit_a_batch_leaves_nothing_behind(
