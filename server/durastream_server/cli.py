@@ -42,6 +42,7 @@ from durastream_server.config import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_MESSAGES_PER_REQUEST,
+    DEFAULT_MAX_OPEN_FILES,
     DEFAULT_MAX_STAGED_BYTES,
     DEFAULT_MIN_BODY_BYTES_PER_SECOND,
     DEFAULT_PORT,
@@ -251,6 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest payload one staged-append handle may hold, each message counting 24 bytes "
         f"more; more gets 413 (default: {format_byte_size(DEFAULT_MAX_STAGED_BYTES)})",
     )
+    parser.add_argument(
+        "--max-open-files",
+        type=_positive_int,
+        default=DEFAULT_MAX_OPEN_FILES,
+        metavar="COUNT",
+        help="segment files kept open at once (least recently used are closed), whatever the "
+        f"number of streams (default: {DEFAULT_MAX_OPEN_FILES})",
+    )
     producers = parser.add_argument_group(
         "producer state",
         "how long idle idempotent producers are remembered in memory (docs/server.md, "
@@ -438,6 +447,7 @@ def config_from_args(
         log_format=args.log_format,
         access_log=args.access_log,
         max_staged_bytes=args.max_staged_bytes,
+        max_open_files=args.max_open_files,
         auth_tokens=auth_tokens,
         cors_origins=tuple(args.cors_origin),
         tls_certfile=args.tls_cert,

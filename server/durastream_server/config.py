@@ -32,6 +32,7 @@ DEFAULT_SSE_RECONNECT_SECONDS = (
 )
 DEFAULT_SHUTDOWN_GRACE_SECONDS = 10.0
 DEFAULT_MAX_STAGED_BYTES = 1024 * 1024 * 1024  # staged appends: payload one handle may hold
+DEFAULT_MAX_OPEN_FILES = 512  # segment files kept open (an LRU), however many streams there are
 DEFAULT_MAX_HEADER_BYTES = 32 * 1024  # request line + headers of one request; more gets 431
 DEFAULT_HEADER_TIMEOUT_SECONDS = (
     10.0  # a request's line and headers must arrive within this (slowloris)
@@ -64,6 +65,7 @@ class ServerConfig:
     log_format: str = "text"  # "text" (escaped lines) or "json" (one object per line): logformat.py
     access_log: bool = False  # one INFO line per answered request (http/access.py)
     max_staged_bytes: int = DEFAULT_MAX_STAGED_BYTES
+    max_open_files: int = DEFAULT_MAX_OPEN_FILES
     # Exposure (docs/security.md). No tokens: no authentication. No CORS origins: loopback origins only.
     auth_tokens: tuple[AuthToken, ...] = ()
     cors_origins: tuple[str, ...] = ()
@@ -106,6 +108,8 @@ class ServerConfig:
             raise ValueError(f"log format must be text or json, got {self.log_format!r}")
         if self.max_staged_bytes < 1:
             raise ValueError(f"max staged bytes must be >= 1, got {self.max_staged_bytes}")
+        if self.max_open_files < 1:
+            raise ValueError(f"max open files must be >= 1, got {self.max_open_files}")
         check_unique(self.auth_tokens)
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             raise ValueError("TLS needs both a certificate and a key (--tls-cert and --tls-key)")

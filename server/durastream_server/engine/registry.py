@@ -25,7 +25,7 @@ from durastream_server.storage.records import StreamHeader
 logger = logging.getLogger(__name__)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Incarnation:
     """One stream incarnation (one storage id) as the engine tracks it."""
 

@@ -42,7 +42,7 @@ from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.quarantine import QuarantinedStream, free_name, set_aside
 from durastream_server.storage.quarantine import load as load_quarantine
 from durastream_server.storage.records import AppendEntry, StreamHeader
-from durastream_server.storage.recovery import Quarantine, Recovered, recover_stream
+from durastream_server.storage.recovery import Quarantine, Recovered, recover_batch
 from durastream_server.storage.segments import SegmentTable, segment_name
 from durastream_server.storage.state import StreamState, apply_entry
 
@@ -52,6 +52,8 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 # A clean shutdown snapshots a log only if start-up would otherwise replay at least this much.
 _CLOSE_SNAPSHOT_BYTES = 256 * 1024
 _CLOSE_SNAPSHOT_ENTRIES = 256
+# Streams recovered per call on the I/O pool at start-up (recovery.recover_batch).
+_RECOVERY_BATCH = 256
 
 
 class Durability(str, Enum):
@@ -89,11 +91,14 @@ class DataDir:
     ``quarantined``: entry name under ``quarantine/`` -> what was set aside there and why.
     ``corrupt``: stream path -> reason, the paths of quarantined streams (reserved: never served,
     never re-created empty). A stream whose header is unreadable has no known path.
+    ``with_staging``: ids of the logs recovered with a ``txn/`` directory (staged appends to load), so
+    start-up looks at those only, not at every stream's directory.
     """
 
     logs: dict[str, StreamLog]
     quarantined: dict[str, QuarantinedStream]
     corrupt: dict[str, str]
+    with_staging: set[str]
 
     def __init__(
         self, config: StorageConfig, lock_fd: int, metrics: WriteMetrics = NO_METRICS
@@ -103,6 +108,7 @@ class DataDir:
         self.logs = {}
         self.quarantined = {}
         self.corrupt = {}
+        self.with_staging = set()
         self._lock_fd = lock_fd
         self._executor = ThreadPoolExecutor(
             max_workers=max(1, config.io_threads), thread_name_prefix="durastream-io"
@@ -185,44 +191,39 @@ class DataDir:
                 self.root,
                 len(self.quarantined),
             )
-        streams = self._dir("streams")
-        ids = sorted(os.listdir(streams))
+        streams = str(self._dir("streams"))
+        ids = sorted(await self._run(os.listdir, streams))
         interval = self.config.index_interval_bytes
-
-        async def one(log_id: str) -> Recovered | Quarantine:
-            directory = str(streams / log_id)
-            if not os.path.isdir(directory):
-                return Quarantine(None, "not a stream directory")
-            try:
-                return await self._run(
-                    recover_stream, directory, log_id, interval, sync=self._ctx.sync
-                )
-            except Quarantine as q:
-                return q
-            except Exception as exc:  # a bug must not silently drop a stream (hazard 32)
-                log.exception("stream %s: recovery failed", log_id)
-                return Quarantine(None, f"recovery failed: {exc!r}")
-
+        batches = [ids[i : i + _RECOVERY_BATCH] for i in range(0, len(ids), _RECOVERY_BATCH)]
+        results = await asyncio.gather(
+            *(self._run(recover_batch, streams, b, interval, sync=self._ctx.sync) for b in batches)
+        )
         set_aside: list[asyncio.Future[None]] = []
-        for log_id, result in zip(ids, await asyncio.gather(*(one(i) for i in ids)), strict=True):
-            if isinstance(result, Quarantine):
-                set_aside.append(self.quarantine(log_id, result.path, result.reason))
-                continue
-            stream = StreamLog(
-                self._ctx,
-                result.log_id,
-                result.directory,
-                result.header,
-                result.state,
-                SegmentTable(result.directory, result.log_id, result.bases),
-                result.index,
-                result.file_end,
-                result.last_record,
-            )
-            stream._snapshot_entries = result.snapshot_entries
-            stream._snapshot_end = result.snapshot_end
-            self.logs[result.log_id] = stream
+        for batch, recovered in zip(batches, results, strict=True):
+            for log_id, result in zip(batch, recovered, strict=True):
+                if isinstance(result, Quarantine):
+                    set_aside.append(self.quarantine(log_id, result.path, result.reason))
+                else:
+                    self._adopt(result)
         await asyncio.gather(*set_aside)
+
+    def _adopt(self, result: Recovered) -> None:
+        stream = StreamLog(
+            self._ctx,
+            result.log_id,
+            result.directory,
+            result.header,
+            result.state,
+            SegmentTable(result.directory, result.log_id, result.bases),
+            result.index,
+            result.file_end,
+            result.last_record,
+        )
+        stream._snapshot_entries = result.snapshot_entries
+        stream._snapshot_end = result.snapshot_end
+        self.logs[result.log_id] = stream
+        if result.has_staging:
+            self.with_staging.add(result.log_id)
 
     # ------------------------------------------------------------------------------------- quarantine
 
