@@ -168,8 +168,9 @@ def generations(directory: Path) -> list[int]:
     return sorted(found)
 
 
-def _entries(path: Path, generation: int) -> list[tuple[str, int, int, bytes]]:
-    """The entries of one WAL file up to its first damaged one."""
+def read_entries(path: Path, generation: int) -> list[tuple[str, int, int, bytes]]:
+    """The entries of one WAL file up to its first damaged one, as ``(log id, segment base, offset,
+    records)``."""
     with open(path, "rb", buffering=0) as fh:
         data = fh.read()
     found = []
@@ -215,7 +216,7 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
     created_dirs: set[str] = set()
     try:
         for generation in found:
-            for log_id, segment, offset, records in _entries(
+            for log_id, segment, offset, records in read_entries(
                 directory / wal_name(generation), generation
             ):
                 entries += 1

@@ -31,13 +31,23 @@ ORIGIN = b"Origin: http://localhost:3000\r\n"  # an allowed origin: the app adds
 
 @contextlib.asynccontextmanager
 async def running(
-    tmp_path: Path, *, date_header: bool = False, long_poll_timeout: float = 20.0
+    tmp_path: Path,
+    *,
+    date_header: bool = False,
+    long_poll_timeout: float = 20.0,
+    direct: bool = False,
+    **settings: object,
 ) -> AsyncIterator[tuple[DurastreamApp, int]]:
-    config = ServerConfig(data_dir=tmp_path / "data", long_poll_timeout=long_poll_timeout)
+    """A real uvicorn server in-process; ``direct``: with the direct append path (as the server runs)."""
+    config = ServerConfig(
+        data_dir=tmp_path / "data",
+        long_poll_timeout=long_poll_timeout,
+        **settings,  # type: ignore[arg-type]
+    )
     app = server_module.build_app(config)
     uv_config = uvicorn.Config(
         app,
-        http=fastpath.with_fast_path(protocol_class(config)),
+        http=fastpath.with_fast_path(protocol_class(config), app if direct else None),
         ws="none",
         lifespan="on",
         log_config=None,
