@@ -26,8 +26,7 @@ whether it wants it (``direct_candidate``: a small append); if so, uvicorn start
 once its body is complete the application gets the scope, the body, a ``RawResponder`` and uvicorn's
 ``send`` (``direct``). It may still decline (then the request takes the ordinary ASGI path, with its body,
 as if nothing had happened). This saves, per request, the task, the ASGI receive/send round trips,
-uvicorn's header validation and a second write: on the appends of many small streams that was about a
-third of the server's time (docs/decisions/0007). It needs uvicorn's ``_start_asgi_task`` (0.50 and
+uvicorn's header validation and a second write (docs/decisions/0007). It needs uvicorn's ``_start_asgi_task`` (0.50 and
 later); without it every request takes the ordinary path.
 
 If uvicorn's internals ever change shape (the attributes below are missing), no responder is offered and
