@@ -245,8 +245,8 @@ class FastPathMixin:
         direct = self.direct_app
         if (
             direct is not None
-            and app
-            is self.app  # not uvicorn's 503 for --limit-concurrency, or anything else it swapped in
+            # not uvicorn's 503 for --limit-concurrency, or anything else it swapped in
+            and app is self.app
             and cycle.keep_alive
             and not cycle.access_log
             and _cycle_supported(cycle)

@@ -161,6 +161,33 @@ def test_http_1_0_and_connection_close_are_answered_the_ordinary_way(tmp_path: P
     asyncio.run(scenario())
 
 
+def test_uvicorns_own_503_over_the_concurrency_limit_is_not_bypassed(tmp_path: Path) -> None:
+    """Over ``limit_concurrency`` uvicorn swaps the app for its 503 answer: the direct path must not serve
+    the request anyway."""
+
+    async def scenario() -> None:
+        async with running(tmp_path, direct=True, limit_concurrency=2) as (app, port):
+            first = await Conn.open(port)
+            first.send(
+                b"PUT /v1/stream/l HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n"
+                + JSON
+                + b"\r\n"
+            )
+            assert status(await first.response()) == 201
+            second = await Conn.open(port)  # with the first still open: over the limit of 2
+            second.send(
+                b"POST /v1/stream/l HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n"
+                + JSON
+                + b"\r\n{}"
+            )
+            assert status(await second.response()) == 503
+            assert app.direct_answers == 0
+            second.close()
+            first.close()
+
+    asyncio.run(scenario())
+
+
 def test_pipelined_appends_are_answered_in_order(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path, direct=True) as (app, port):

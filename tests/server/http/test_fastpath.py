@@ -36,9 +36,11 @@ async def running(
     date_header: bool = False,
     long_poll_timeout: float = 20.0,
     direct: bool = False,
+    limit_concurrency: int | None = None,
     **settings: object,
 ) -> AsyncIterator[tuple[DurastreamApp, int]]:
-    """A real uvicorn server in-process; ``direct``: with the direct append path (as the server runs)."""
+    """A real uvicorn server in-process; ``direct``: with the direct append path (as the server runs);
+    ``limit_concurrency``: uvicorn's setting of that name."""
     config = ServerConfig(
         data_dir=tmp_path / "data",
         long_poll_timeout=long_poll_timeout,
@@ -54,6 +56,7 @@ async def running(
         access_log=False,
         server_header=False,
         date_header=date_header,
+        limit_concurrency=limit_concurrency,
     )
     server = uvicorn.Server(uv_config)
     sock = server_module.bind_socket("127.0.0.1", 0)
