@@ -229,15 +229,15 @@ class DurastreamApp:
             if done.cancelled():  # only when the loop is torn down: the outcome is unknown
                 raise RuntimeError("the append was cancelled before its commit was known")
             status, headers = self._streams.append_answer(append, done.result())
+            encoded = responses.response_headers(status, headers, b"")
+            prepared = fastpath.prepare(status, [*encoded, *request.responder.extra_headers], b"")
         except ProtocolError as exc:
             self._spawn(self._send_error(request, tracked, *responses.protocol_error_parts(exc)))
             return
-        except Exception:
+        except Exception:  # never leave the request unanswered (no task of uvicorn's would notice)
             logger.exception("internal error on %s %r", request.method, request.raw_path)
             self._spawn(self._send_error(request, tracked, *responses.internal_error_parts()))
             return
-        encoded = responses.response_headers(status, headers, b"")
-        prepared = fastpath.prepare(status, [*encoded, *request.responder.extra_headers], b"")
         if prepared is not None and request.responder.send(prepared):
             tracked.status = status
             self.direct_answers += 1
