@@ -106,6 +106,48 @@ def test_a_process_crash_leaves_nothing_to_write_back(tmp_path: Path) -> None:
     run(reopen)
 
 
+def test_blocks_a_power_loss_left_zeroed_are_written_back_between_intact_ones(
+    tmp_path: Path,
+) -> None:
+    """A power loss can keep a file's size but not its data (zero-filled blocks). Here two stretches in
+    the middle of what the WAL covers are zeroed, with intact records around them: the replay must
+    write back exactly the entries that differ, and compare the ones after them against the file as
+    it now is."""
+    root, copy = tmp_path / "live", tmp_path / "crashed"
+    messages = [b'{"n":%d,"pad":"%s"}' % (n, b"x" * (n % 50)) for n in range(200)]
+
+    async def write() -> tuple[str, int]:
+        dd = await open_dd(root)
+        log = await dd.create_stream(header("/s"), None)
+        synced = log._file_end
+        for n, message in enumerate(messages):
+            await append(log, message, producer=("p", 0, n))
+        _crash_copy(root, copy)
+        await dd.close()
+        return log.id, synced
+
+    log_id, synced = run(write)
+    (segment,) = segment_files(copy, log_id)
+    data = bytearray(segment.read_bytes())
+    size = len(data)
+    for start, length in ((synced + 500, 700), (size - 3000, 1200)):
+        data[start : start + length] = bytes(length)
+    segment.write_bytes(bytes(data))
+    report = wal.replay(copy, sync=True)
+    assert 2 <= report.repaired < report.entries == len(messages)
+    assert segment.stat().st_size == size
+
+    async def reopen() -> None:
+        dd = await DataDir.open(config(copy))
+        assert dd.corrupt == {}
+        log = dd.logs[log_id]
+        assert await read_all(log) == messages
+        assert log.state.producers["p"].last_seq == len(messages) - 1
+        await dd.close()
+
+    run(reopen)
+
+
 def test_a_torn_wal_tail_is_a_round_never_acknowledged(tmp_path: Path) -> None:
     root, copy = tmp_path / "live", tmp_path / "crashed"
 
