@@ -163,7 +163,9 @@ class _StreamReaderBase(DataSourceStreamReader):
     def _all_tails(self) -> dict:
         """Spark 4.0/4.1: no start offset given; every stream's tail (streams never seen start at 0)."""
         states = self.driver.snapshot()
-        return SourceOffset.of({path: state.tail for path, state in states.items()}).to_dict()
+        end = SourceOffset.of({path: state.tail for path, state in states.items()})
+        self.driver.remember_lag(end, Lag.of({}))  # the batch ends at the tails seen just now
+        return end.to_dict()
 
     def reportLatestOffset(self) -> dict | None:
         tails = self.driver.latest_tails
