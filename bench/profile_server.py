@@ -61,6 +61,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "durastream-prof")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="sample only the thread holding the GIL (Python CPU time, not threads blocked in fsync)",
+    )
+    parser.add_argument("--ours-args", default="", help="extra arguments for our server, quoted")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(py_spy).exists():
@@ -68,12 +74,13 @@ def main() -> None:
     sizes = sb.QUICK if args.quick else sb.FULL
     args.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="durastream-prof-"))
-    server = sb.Server(sb.OURS, workdir)
+    server = sb.Server(sb.OURS, workdir, tuple(args.ours_args.split()))
     server.start()
     collapsed = args.out / f"{args.bench}.txt"
     spy = subprocess.Popen(
         [py_spy, "record", "--pid", str(server.pid), "--rate", str(args.rate), "--format", "raw"]
-        + ["--threads", "--output", str(collapsed), "--nonblocking"],
+        + ["--threads", "--output", str(collapsed), "--nonblocking"]
+        + (["--gil"] if args.gil else []),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

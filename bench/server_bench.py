@@ -14,12 +14,18 @@ Benchmarks (see docs/benchmarks.md for the method and the recorded figures):
                 from the writer sending an append to each reader receiving it (p50/p99/max).
 - ``rss``:      write 2 GiB across 1,000 byte streams (64 KiB appends, 16 writers), then measure the
                 server's RSS.
+- ``small``:    issue 17's common write: 64 idempotent producers, each on its own JSON stream with one
+                request in flight, one 200 B message per request. Figure: appends/s. Also run on the
+                floor, a trivial uvicorn app answering the same requests with no disk and no protocol
+                (``bench/uvicorn_floor.py``), in the same rounds with the same client.
+- ``small8``, ``small8-shared``: the same with 8 messages per request, on 64 streams and on one shared
+                stream: group commit across streams against group commit within one.
 
 The client is a small HTTP/1.1 keep-alive client on asyncio streams (uvloop when installed), shared by
 both servers, with request bodies built before the clock starts. Everything goes to 127.0.0.1 only, and
 every benchmark is bounded in size and time. ``--quick`` shrinks the sizes for a smoke run.
 
-Run: ``python bench/server_bench.py [--quick] [--only append,read,longpoll,rss] [--json FILE]``
+Run: ``python bench/server_bench.py [--quick] [--only append,read,longpoll,rss,small,...] [--json FILE]``
 (``make bench-server`` runs the full mode). The first run installs the reference server with ``npm ci``
 into ``bench/node_modules``.
 """
@@ -49,6 +55,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 OURS = "ours"
 REF = "reference"
+FLOOR = "floor"  # a trivial uvicorn app (bench/uvicorn_floor.py): no disk, no protocol
 KINDS = (OURS, REF)
 
 
@@ -71,6 +78,7 @@ class Sizes:
     rss_bytes_per_stream: int
     rss_append_bytes: int
     rss_writers: int
+    small_seconds: float
 
 
 FULL = Sizes(
@@ -86,6 +94,7 @@ FULL = Sizes(
     rss_bytes_per_stream=(2 << 30) // 1000,
     rss_append_bytes=64 << 10,
     rss_writers=16,
+    small_seconds=10.0,
 )
 QUICK = Sizes(
     rounds=1,
@@ -100,6 +109,7 @@ QUICK = Sizes(
     rss_bytes_per_stream=128 << 10,
     rss_append_bytes=64 << 10,
     rss_writers=16,
+    small_seconds=3.0,
 )
 
 PRODUCERS = 8
@@ -347,6 +357,25 @@ class Server:
                 *self.extra_args,
             ]
             cwd = REPO
+        elif self.kind == FLOOR:
+            cmd = [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--app-dir",
+                str(BENCH_DIR),
+                "uvicorn_floor:app",
+                "--port",
+                str(self.port),
+                "--loop",
+                "uvloop",
+                "--http",
+                "httptools",
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ]
+            cwd = BENCH_DIR
         else:
             cmd = [
                 "node",
@@ -681,7 +710,19 @@ def parse_response(buf: bytes) -> tuple[int, bytes, int] | None:
     return (status, next_offset, at) if len(buf) >= at else None
 
 
-class LongPollClient(asyncio.Protocol):
+class NoDelayProtocol(asyncio.Protocol):
+    """A client protocol that sends each request at once (TCP_NODELAY) and keeps its transport."""
+
+    transport: asyncio.Transport | None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class LongPollClient(NoDelayProtocol):
     """One long-poll connection as a bare protocol: the arrival time of a response is taken in
     ``data_received``, in the loop iteration its first bytes arrive, and the complete answer is handed
     to ``on_answer`` right there, without waking a task per reader. With 100 readers answered in a
@@ -695,12 +736,6 @@ class LongPollClient(asyncio.Protocol):
         self.offset = ""  # the offset of the reader's next (or pending) long-poll
         self.pending = False
         self.error: Exception | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         if not self.buf:
@@ -834,6 +869,154 @@ async def bench_longpoll(server: Server, sizes: Sizes) -> dict:
     }
 
 
+SMALL_PRODUCERS = 64
+SMALL_MESSAGE_BYTES = 200
+
+
+def small_messages_body(producer: int, messages: int) -> bytes:
+    """A JSON array of ``messages`` objects of exactly SMALL_MESSAGE_BYTES each (a chat token, an event)."""
+    items = []
+    for i in range(messages):
+        skeleton = json.dumps({"producer": producer, "i": i, "text": ""}, separators=(",", ":"))
+        text = "t" * (SMALL_MESSAGE_BYTES - len(skeleton))
+        item = json.dumps({"producer": producer, "i": i, "text": text}, separators=(",", ":"))
+        assert len(item) == SMALL_MESSAGE_BYTES
+        items.append(item.encode())
+    return b"[" + b",".join(items) + b"]"
+
+
+class SmallProducer(NoDelayProtocol):
+    """One idempotent producer on its own keep-alive connection, one request in flight.
+
+    A bare protocol: the next request is written from ``data_received`` the moment the answer is
+    complete, with the request bytes prepared up to the sequence number. At ten thousand requests a
+    second on two cores the client's own cost per request is part of what is measured, for every
+    server alike; this keeps it to a few microseconds (the floor's figure shows what is left)."""
+
+    def __init__(self, port: int, path: str, producer_id: str, body: bytes, messages: int) -> None:
+        self.head = (
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"Producer-Id: {producer_id}\r\nProducer-Epoch: 0\r\nProducer-Seq: "
+        ).encode()
+        self.tail = b"\r\n\r\n" + body
+        self.messages = messages
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.seq = 0
+        self.sent_at = 0.0
+        self.acked = 0  # messages acknowledged while counting
+        self.latencies: list[float] = []
+        self.counting = False
+        self.stop_at = 0.0
+        self.done: asyncio.Future[None] | None = None
+        self.error: Exception | None = None
+
+    def run_until(self, stop_at: float, *, counting: bool) -> asyncio.Future[None]:
+        self.stop_at = stop_at
+        self.counting = counting
+        self.done = asyncio.get_running_loop().create_future()
+        self._send()
+        return self.done
+
+    def _send(self) -> None:
+        assert self.transport is not None
+        self.sent_at = time.perf_counter()
+        self.transport.write(self.head + str(self.seq).encode() + self.tail)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        parsed = parse_response(self.buf)
+        if parsed is None:
+            return
+        now = time.perf_counter()
+        status, _, used = parsed
+        self.buf = self.buf[used:]
+        assert self.done is not None
+        if status != 200:
+            self.error = HttpError(f"small append: HTTP {status}")
+            self.done.set_result(None)
+            return
+        self.seq += 1
+        if self.counting:
+            self.acked += self.messages
+            self.latencies.append(now - self.sent_at)
+        if now < self.stop_at:
+            self._send()
+        else:
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done is not None and not self.done.done():
+            self.error = HttpError(f"connection lost: {exc}")
+            self.done.set_result(None)
+
+
+async def bench_small_appends(server: Server, sizes: Sizes, *, streams: int, messages: int) -> dict:
+    """SMALL_PRODUCERS idempotent producers, each with one request of ``messages`` x 200 B in flight,
+    spread over ``streams`` JSON streams (producer p writes stream p % streams)."""
+    paths = [f"/v1/stream/bench-small-{i:03d}" for i in range(streams)]
+    for path in paths:
+        await create_stream(server, path, "application/json")
+    loop = asyncio.get_running_loop()
+    producers: list[SmallProducer] = []
+    for p in range(SMALL_PRODUCERS):
+        body = small_messages_body(p, messages)
+        _, protocol = await loop.create_connection(
+            lambda p=p, body=body: SmallProducer(
+                server.port, paths[p % streams], f"small-{p}", body, messages
+            ),
+            "127.0.0.1",
+            server.port,
+        )
+        producers.append(protocol)
+
+    async def phase(seconds: float, *, counting: bool) -> float:
+        start = time.perf_counter()
+        await asyncio.gather(*(p.run_until(start + seconds, counting=counting) for p in producers))
+        for p in producers:
+            if p.error is not None:
+                raise p.error
+        return time.perf_counter() - start
+
+    try:
+        await phase(0.5, counting=False)  # warm-up, not counted
+        cpu0 = server.cpu()
+        elapsed = await phase(sizes.small_seconds, counting=True)
+        cpu = server.cpu() - cpu0
+    finally:
+        for p in producers:
+            if p.transport is not None:
+                p.transport.close()
+    latencies = sorted(x for p in producers for x in p.latencies)
+    total = sum(p.acked for p in producers)
+    requests = len(latencies)
+    return {
+        "messages_per_s": total / elapsed,
+        "requests_per_s": requests / elapsed,
+        "p50_ms": 1000 * latencies[requests // 2],
+        "p99_ms": 1000 * latencies[min(requests - 1, int(requests * 0.99))],
+        # Server CPU per request (all threads): what the server spends, robust to a busy machine.
+        "server_cpu_us_per_request": 1e6 * cpu / max(1, requests),
+        "server_cpu_per_s": cpu / elapsed,
+    }
+
+
+async def bench_small(server: Server, sizes: Sizes) -> dict:
+    """Issue 17: single-message appends, 64 producers on 64 streams."""
+    return await bench_small_appends(server, sizes, streams=SMALL_PRODUCERS, messages=1)
+
+
+async def bench_small8(server: Server, sizes: Sizes) -> dict:
+    """8-message appends, 64 producers on 64 streams (group commit across streams)."""
+    return await bench_small_appends(server, sizes, streams=SMALL_PRODUCERS, messages=8)
+
+
+async def bench_small8_shared(server: Server, sizes: Sizes) -> dict:
+    """8-message appends, 64 producers on one stream (group commit within a stream)."""
+    return await bench_small_appends(server, sizes, streams=1, messages=8)
+
+
 async def bench_rss(server: Server, sizes: Sizes) -> dict:
     paths = [f"/v1/stream/bench-rss-{i:04d}" for i in range(sizes.rss_streams)]
     conn = await server.connect()
@@ -878,7 +1061,15 @@ BENCHMARKS: dict[str, tuple[Callable[[Server, Sizes], Awaitable[dict]], str]] = 
     "read": (bench_read, "heavy_rounds"),
     "longpoll": (bench_longpoll, "rounds"),
     "rss": (bench_rss, "heavy_rounds"),
+    "small": (bench_small, "rounds"),
+    "small8": (bench_small8, "rounds"),
+    "small8-shared": (bench_small8_shared, "rounds"),
 }
+# Benchmarks that also run the floor (bench/uvicorn_floor.py) in every round: small requests, where what
+# uvicorn and the client cost on this machine is most of what can be measured.
+WITH_FLOOR = frozenset({"small"})
+# Run by default (``--only`` names the others): the small-append benchmarks are issue 17's.
+DEFAULT_BENCHMARKS = ("append", "read", "longpoll", "rss", "small", "small8", "small8-shared")
 
 
 # -------------------------------------------------------------------------------------- reporting
@@ -889,7 +1080,7 @@ class Results:
     runs: dict[str, dict[str, list[dict]]] = field(default_factory=dict)
 
     def add(self, bench: str, kind: str, result: dict) -> None:
-        self.runs.setdefault(bench, {OURS: [], REF: []})[kind].append(result)
+        self.runs.setdefault(bench, {OURS: [], REF: []}).setdefault(kind, []).append(result)
 
     def median(self, bench: str, kind: str, key: str) -> float:
         return statistics.median(r[key] for r in self.runs[bench][kind])
@@ -912,6 +1103,17 @@ FIGURES = [
     ("rss", "rss_after_mib", "RSS after writing (MiB)", False, "{:.0f}"),
     ("rss", "rss_peak_mib", "RSS peak while writing (MiB)", False, "{:.0f}"),
     ("rss", "write_mib_per_s", "write MiB/s across streams (16 writers)", True, "{:,.0f}"),
+    (
+        "small",
+        "requests_per_s",
+        "small: appends/s (64 producers, 64 streams, 1 msg)",
+        True,
+        "{:,.0f}",
+    ),
+    ("small", "p99_ms", "small: request latency p99 (ms)", False, "{:.1f}"),
+    ("small", "server_cpu_us_per_request", "small: server CPU per request (us)", False, "{:.0f}"),
+    ("small8", "messages_per_s", "small8: messages/s (64 streams, 8 x 200 B)", True, "{:,.0f}"),
+    ("small8-shared", "messages_per_s", "small8-shared: messages/s (1 stream)", True, "{:,.0f}"),
 ]
 
 
@@ -932,6 +1134,13 @@ def report(results: Results, sizes: Sizes) -> str:
             ratio_text = "-"
         lines.append(f"{label:<50} {fmt.format(ours):>12} {fmt.format(ref):>12} {ratio_text:>8}")
     lines.append("(ratio: how many times better ours is; medians over the rounds)")
+    if results.runs.get("small", {}).get(FLOOR):
+        floor = results.median("small", FLOOR, "requests_per_s")
+        ours = results.median("small", OURS, "requests_per_s")
+        lines.append(
+            f"small: the floor (trivial uvicorn app, same client) answered {floor:,.0f} requests/s; "
+            f"ours is {ours / floor:.0%} of it"
+        )
     lines.append("")
     lines.append("targets:")
     targets = []
@@ -964,6 +1173,14 @@ def report(results: Results, sizes: Sizes) -> str:
                 rss * MiB <= 250e6,
             )
         )
+    if "small" in results.runs:
+        ours = results.median("small", OURS, "requests_per_s")
+        r = ours / results.median("small", REF, "requests_per_s")
+        targets.append(("small appends >= 10,000/s", f"{ours:,.0f}/s", ours >= 10_000))
+        targets.append(("small appends >= 5x reference", f"{r:.2f}x", r >= 5))
+        if results.runs["small"].get(FLOOR):
+            f = ours / results.median("small", FLOOR, "requests_per_s")
+            targets.append(("small appends >= 50% of the floor", f"{f:.0%}", f >= 0.5))
     for label, value, ok in targets:
         lines.append(f"  {label:<48} {value:>12}  {'met' if ok else 'NOT met'}")
     return "\n".join(lines)
@@ -996,7 +1213,7 @@ def machine() -> dict:
 
 async def run(args: argparse.Namespace) -> Results:
     sizes = QUICK if args.quick else FULL
-    names = args.only.split(",") if args.only else list(BENCHMARKS)
+    names = args.only.split(",") if args.only else list(DEFAULT_BENCHMARKS)
     results = Results()
     workdir = Path(tempfile.mkdtemp(prefix="durastream-bench-", dir=args.workdir))
     try:
@@ -1005,7 +1222,9 @@ async def run(args: argparse.Namespace) -> Results:
             rounds = args.rounds or getattr(sizes, rounds_attr)
             for round_no in range(rounds):
                 # Alternate who goes first, so neither always runs on the warmer (or busier) machine.
-                order = KINDS if round_no % 2 == 0 else KINDS[::-1]
+                kinds = (*KINDS, FLOOR) if name in WITH_FLOOR and not args.no_floor else KINDS
+                shift = round_no % len(kinds)
+                order = kinds[shift:] + kinds[:shift]
                 for kind in order:
                     busy = (
                         wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait else None
@@ -1054,6 +1273,9 @@ def main() -> None:
         help="'idle' for --quiet-wait: at most this fraction of all cores busy (default 0.15)",
     )
     parser.add_argument("--workdir", help="where the data directories go (default: system tmp)")
+    parser.add_argument(
+        "--no-floor", action="store_true", help="skip the uvicorn floor in the small-append rounds"
+    )
     args = parser.parse_args()
     if args.only and not set(args.only.split(",")) <= set(BENCHMARKS):
         parser.error(f"--only takes a subset of {','.join(BENCHMARKS)}")

@@ -1,9 +1,13 @@
-"""The long-poll wake latency of a trivial uvicorn app: the floor under our server's figure.
+"""A trivial uvicorn app: the floor under our server's figures for long-poll wake-ups and small appends.
 
 The app has the long-poll shape and nothing else: a GET at the tail parks on a future, a POST wakes every
 parked GET, and each answers with headers like our server's. No disk, no fsync, no protocol logic. The
 client is ``server_bench.bench_longpoll``, so the figures compare directly with ``server_bench.py --only
 longpoll``: what this app reaches on a machine is what uvicorn, the event loop and the client cost there.
+
+A POST with producer headers is answered as our server answers an idempotent producer's append (200,
+``Producer-Epoch``/``Producer-Seq``, ``Stream-Next-Offset`` and headers of the same size). ``server_bench.py
+--only small`` starts this app itself, as a third server in the same rounds as ours and the reference.
 
 Run: ``.venv/bin/python bench/uvicorn_floor.py [--events N] [--rounds N]``
 """
@@ -38,6 +42,21 @@ _HEADERS = [
 ]
 
 
+# What our server puts on an append's answer besides the offset and producer headers.
+_APPEND_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"content-security-policy", b"sandbox"),
+    (b"cross-origin-resource-policy", b"cross-origin"),
+    (
+        b"access-control-expose-headers",
+        b"Stream-Next-Offset, Stream-Cursor, Stream-Up-To-Date, Stream-Closed, ETag, Location",
+    ),
+    (b"durastream-extensions", b"bounded-read=1, message-frames=1, listing=1"),
+    (b"vary", b"Origin"),
+    (b"cache-control", b"no-store"),
+]
+
+
 def _offset(position: int) -> bytes:
     return f"0000000000000000_{position:016d}".encode()
 
@@ -58,6 +77,9 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             break
     method = scope["method"]
     headers = _HEADERS + [(b"stream-next-offset", _offset(_tail[0]))]
+    if method == "POST" and any(name == b"producer-id" for name, _ in scope["headers"]):
+        await _producer_append(scope, send, len(body))
+        return
     if method == "POST":
         _tail[0] += len(body)
         woken, _parked[:] = list(_parked), []
@@ -86,6 +108,24 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
+
+
+async def _producer_append(scope: dict[str, Any], send: Any, size: int) -> None:
+    """An idempotent producer's append (``server_bench.bench_small``), answered as our server does:
+    200 with the producer's epoch and seq and the stream's next offset, and nothing written."""
+    wanted = {b"producer-epoch": b"0", b"producer-seq": b"0"}
+    for name, value in scope["headers"]:
+        if name in wanted:
+            wanted[name] = value
+    _tail[0] += size
+    headers = _APPEND_HEADERS + [
+        (b"stream-next-offset", _offset(_tail[0])),
+        (b"producer-epoch", wanted[b"producer-epoch"]),
+        (b"producer-seq", wanted[b"producer-seq"]),
+        (b"content-length", b"0"),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def main() -> None:

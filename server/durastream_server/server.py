@@ -243,8 +243,9 @@ def run(
     uv_config = uvicorn.Config(
         app,
         loop=_loop_setting(),
-        # httptools plus header-size and slow-sender limits, plus the long-poll wake fast path
-        http=fastpath.with_fast_path(protocol_class(config)),
+        # httptools plus header-size and slow-sender limits, plus the long-poll wake fast path and
+        # small appends served without the ASGI round trips (http/fastpath.py)
+        http=fastpath.with_fast_path(protocol_class(config), app),
         ws="none",
         lifespan="on",
         log_config=None,  # the CLI configures logging; uvicorn's loggers propagate to it

@@ -46,6 +46,16 @@ def produce(
     )
 
 
+def kill_when_synced(server) -> None:  # type: ignore[no-untyped-def]
+    """SIGKILL ``server`` once its write-ahead log is checkpointed (it does that when idle): every
+    acknowledged byte is then synced in its segment file, and damage done to a segment below is damage
+    to synced data, which recovery must detect. Acknowledged bytes the WAL still held would be put back
+    by the start-up replay (storage/wal.py; tests/server/storage/test_wal.py)."""
+    wal = Path(server.data_dir) / "wal"
+    poll_until(lambda: not any(wal.glob("*.wal")), "the WAL checkpoint", timeout=30)
+    server.kill()
+
+
 def read_all(url: str) -> requests.Response:
     response = requests.get(url, params={"offset": "-1"})
     assert response.status_code == 200, response.text
@@ -192,7 +202,7 @@ def test_hazard_18_torn_tail_is_truncated_before_new_appends(server_factory) -> 
     create(url, TEXT)
     for record in (b"one", b"two", b"three"):
         assert requests.post(url, data=record, headers={"Content-Type": TEXT}).status_code == 204
-    server.kill()
+    kill_when_synced(server)
     segments = sorted(Path(server.data_dir, "streams").glob("*/*.seg"))
     assert len(segments) == 1
     with open(segments[0], "r+b") as handle:
@@ -209,7 +219,7 @@ def test_hazard_18_mid_file_corruption_is_never_served(server_factory) -> None:
     create(url, TEXT)
     for record in (b"A" * 100, b"B" * 100, b"C" * 100):
         requests.post(url, data=record, headers={"Content-Type": TEXT})
-    server.kill()
+    kill_when_synced(server)
     segment = next(Path(server.data_dir, "streams").glob("*/*.seg"))
     data = bytearray(segment.read_bytes())
     middle = data.index(b"B" * 100) + 50
@@ -409,7 +419,7 @@ def test_hazard_32_corrupt_stream_is_quarantined_never_reset(server_factory) -> 
     for n in range(5):
         requests.post(url, data=b"%d" % n * 50, headers={"Content-Type": TEXT})
     tail = requests.head(url).headers["Stream-Next-Offset"]
-    server.kill()
+    kill_when_synced(server)
     segment = next(Path(server.data_dir, "streams").glob("*/*.seg"))
     data = bytearray(segment.read_bytes())
     data[len(data) // 2] ^= 0xFF

@@ -50,7 +50,10 @@ def _stream_dirs(data_dir: Path) -> dict[str, Path]:
     """Stream path -> its directory under ``streams/`` (read from each header record)."""
     found = {}
     for directory in (data_dir / "streams").iterdir():
-        raw = (directory / segment_name(0)).read_bytes()
+        try:
+            raw = (directory / segment_name(0)).read_bytes()
+        except FileNotFoundError:  # deleted meanwhile (an expired stream, by the sweeper)
+            continue
         frame = codec.parse_frame(raw[: codec.FRAME_SIZE])
         body = raw[codec.FRAME_SIZE : codec.FRAME_SIZE + frame.body_len]
         found[codec.decode_header(body).path] = directory

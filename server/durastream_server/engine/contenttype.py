@@ -15,6 +15,7 @@ The stored form keeps the parameters as sent, behind the lower-cased essence, so
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -47,6 +48,13 @@ def parse(raw: str | None) -> ContentType | None:
     """Parse a Content-Type header value; None when absent, empty or not ``type/subtype``."""
     if raw is None:
         return None
+    return _parse(raw)
+
+
+@functools.lru_cache(
+    maxsize=256
+)  # every append parses one; clients send a handful of distinct values
+def _parse(raw: str) -> ContentType | None:
     head, _, rest = raw.partition(";")
     media_type, slash, subtype = head.strip().partition("/")
     if not slash or not _TOKEN.match(media_type) or not _TOKEN.match(subtype):

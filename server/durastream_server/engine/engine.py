@@ -108,6 +108,9 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 DEFAULT_SWEEP_INTERVAL = 0.25  # seconds between expiry sweeps
+# Append bodies below this are hashed and validated on the loop without a coroutine (``append_nowait``);
+# larger ones are hashed in a worker thread while they are validated.
+INLINE_BODY_BYTES = 16 * 1024
 READ_MEMO_BYTES = 4096  # largest read result kept per stream for the next identical read
 
 
@@ -441,9 +444,42 @@ class Engine:
 
     async def append(self, request: AppendRequest) -> AppendResult:
         """Append and/or close. See the module docstring for the error precedence."""
+        return await self.append_nowait(request)
+
+    def append_nowait(self, request: AppendRequest) -> asyncio.Future[AppendResult]:
+        """``append`` as a future, without a coroutine on the common path.
+
+        A body below ``INLINE_BODY_BYTES`` (the one-event, one-token appends of many small streams) is
+        hashed and split on the loop and staged at once; the future resolves when the entry is durable
+        (a thing the caller cannot cancel by going away: the entry is committed either way). A larger
+        body (hashed and parsed off the loop meanwhile), a closed stream and a duplicate take the
+        coroutine path in a task. Errors are set on the future, never raised.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            inc, request_type = self._append_target(request)
+            body = request.body
+            if len(body) >= INLINE_BODY_BYTES:
+                return loop.create_task(self._append_offloaded(request, inc, request_type))
+            producer = request.producer
+            digest = b""
+            if producer is not None:
+                producers.check_tuple_syntax(producer)
+                digest = producers.request_digest(
+                    request_type.essence if request_type else None, body, request.close
+                )
+            return self._append_staged(inc, request, request_type, None, digest)
+        except Exception as exc:
+            failed: asyncio.Future[AppendResult] = loop.create_future()
+            failed.set_exception(exc)
+            return failed
+
+    def _append_target(
+        self, request: AppendRequest
+    ) -> tuple[Incarnation, contenttype.ContentType | None]:
+        """Precedence steps 1 and 2: the stream, and a well-formed request."""
         inc = self._lookup(request.path)
         self._touch(inc)
-        log = inc.log
         body = request.body
         if not body and not request.close:
             raise BadRequest("an empty POST body requires Stream-Closed: true")
@@ -456,6 +492,17 @@ class Engine:
                     if request.content_type is None
                     else f"invalid Content-Type {request.content_type!r}"
                 )
+        return inc, request_type
+
+    async def _append_offloaded(
+        self,
+        request: AppendRequest,
+        inc: Incarnation,
+        request_type: contenttype.ContentType | None,
+    ) -> AppendResult:
+        """A large body: its digest is computed in a worker thread while the loop (or another worker,
+        for a very large one) validates the JSON, before the validation section."""
+        body = request.body
         producer = request.producer
         digest = b""
         pending_digest: Awaitable[bytes] | None = None
@@ -464,11 +511,9 @@ class Engine:
             pending_digest = producers.request_digest_soon(
                 request_type.essence if request_type else None, body, request.close
             )
-
         parsed: tuple[bytes, ...] | BadRequest | None = None
         if inc.json and body:
-            # Parse the JSON body (a large one off the loop) *before* the validation section, while
-            # the digest is computed; a parse error is reported at its place in the precedence below.
+            # A parse error is reported at its place in the precedence (request_messages).
             parsed = await jsonmode.split_messages_offloaded(
                 body, allow_empty_array=False, max_messages=self.max_messages
             )
@@ -476,19 +521,33 @@ class Engine:
             digest = await pending_digest
         current = self._lookup(request.path)  # the stream may have changed during the awaits
         if current is not inc:
-            inc, log, parsed = current, current.log, None
+            inc, parsed = current, None
+        return await self._append_staged(inc, request, request_type, parsed, digest)
 
-        # From here to log.stage(): no await (hazard 17).
+    def _append_staged(
+        self,
+        inc: Incarnation,
+        request: AppendRequest,
+        request_type: contenttype.ContentType | None,
+        parsed: tuple[bytes, ...] | BadRequest | None,
+        digest: bytes,
+    ) -> asyncio.Future[AppendResult]:
+        """Precedence steps 3 to 7, then ``log.stage()``, with no await in between (hazard 17).
+        Returns the future of the result: resolved when the entry is durable, or the task answering a
+        closed stream or a duplicate once what it answers is durable."""
+        loop = asyncio.get_running_loop()
+        log = inc.log
         state = log.state
         if state.closed:
-            return await self._append_to_closed(inc, request, digest)
-        messages = request_messages(inc, request_type, parsed, body, self.max_messages)
+            return loop.create_task(self._append_to_closed(inc, request, digest))
+        messages = request_messages(inc, request_type, parsed, request.body, self.max_messages)
+        producer = request.producer
         if producer is not None:
             decision = producers.validate(
                 state, producer, digest, refuse_forgotten=request.refuse_forgotten
             )
             if isinstance(decision, producers.Duplicate):
-                return await self._duplicate(inc, decision)
+                return loop.create_task(self._duplicate(inc, decision))
         if (
             request.stream_seq is not None
             and state.last_stream_seq is not None
@@ -510,19 +569,33 @@ class Engine:
         )
         durable = log.stage(entry)
         next_offset = format_offset(entry.end)
-        if entry.size:
-            # Observers hear of the append once it is durable, even if this request is cancelled
-            # (client gone) while waiting: the data is committed either way.
-            path = inc.path
-            durable.add_done_callback(lambda fut: self._notify_appended(fut, path, next_offset))
-        await asyncio.shield(durable)
-        return AppendResult(
+        answer = AppendResult(
             next_offset=next_offset,
             closed=request.close,
             duplicate=False,
             producer_epoch=producer.epoch if producer else None,
             producer_seq=producer.seq if producer else None,
         )
+        result: asyncio.Future[AppendResult] = loop.create_future()
+        path = inc.path if entry.size else None
+
+        def durable_done(fut: asyncio.Future[None]) -> None:
+            failure = None if fut.cancelled() else fut.exception()
+            if failure is None and path is not None:
+                # Observers hear of the append once it is durable, even if the request went away
+                # meanwhile: the data is committed either way.
+                self._emit("on_appended", path, next_offset)
+            if result.done():
+                return  # the caller went away
+            if failure is not None:
+                result.set_exception(failure)
+            elif fut.cancelled():
+                result.cancel()
+            else:
+                result.set_result(answer)
+
+        durable.add_done_callback(durable_done)
+        return result
 
     async def _append_to_closed(
         self, inc: Incarnation, request: AppendRequest, digest: bytes

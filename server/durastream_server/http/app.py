@@ -8,13 +8,15 @@ a file and tests can start the app on any backend.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from durastream_server.config import ServerConfig
+from durastream_server.engine.api import AppendRequest, AppendResult
 from durastream_server.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
 from durastream_server.http import (
     access,
@@ -25,6 +27,7 @@ from durastream_server.http import (
     requestid,
     responses,
     subscriptions,
+    txn,
 )
 from durastream_server.http.auth import Authorizer
 from durastream_server.http.body import ClientDisconnected, check_declared_length
@@ -48,6 +51,15 @@ logger = logging.getLogger("durastream_server.http")
 HEALTH_QUARANTINE_LIST = 100
 # The status recorded for a request whose client left before any answer (nginx's convention).
 CLIENT_CLOSED = 499
+
+# Appends with a declared body up to this size may be served without the ASGI round trips (``direct``).
+DIRECT_MAX_BODY = 16 * 1024
+_STREAM_PREFIX = paths.STREAM_PREFIX.encode()
+# Request headers that make a POST something other than a plain small append.
+_NOT_DIRECT = frozenset(
+    name.encode()
+    for name in ("transfer-encoding", "expect", txn.TXN, txn.COMMIT, txn.ABORT, txn.TTL)
+)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -115,6 +127,10 @@ class DurastreamApp:
         self.metrics = metrics if metrics is not None else ServerMetrics()
         self._request_ids = requestid.RequestIds()
         self._access_log = config.access_log
+        self._direct_max = min(DIRECT_MAX_BODY, config.max_body_bytes)
+        # Answers of direct requests sent the ordinary way (a task each, referenced until done).
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.direct_answers = 0  # answered by ``direct`` in one write (observability, tests)
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -172,22 +188,9 @@ class DurastreamApp:
         encoded_id = request_id.encode("ascii")
         extra_headers = self._cors.headers_for(headers.get("origin"))
         tracked = _TrackedSend(send, extra_headers, encoded_id)
-        responder = fastpath.responder(
-            scope, extra_headers, b"x-request-id: " + encoded_id + b"\r\n"
-        )
-        request = Request(
-            method=scope["method"].upper(),
-            raw_path=scope.get("raw_path") or scope["path"].encode("utf-8"),
-            query_string=scope.get("query_string", b""),
-            headers=headers,
-            scheme=scope.get("scheme", "http"),
-            server=scope.get("server"),
-            receive=receive,
-            send=tracked,
-            # The long-poll fast path writes whole answers itself: it appends the same extra headers.
-            responder=responder,
-            request_id=request_id,
-        )
+        # The long-poll fast path writes whole answers itself: it appends the same extra headers.
+        responder = fastpath.responder(scope, extra_headers, _request_id_line(encoded_id))
+        request = _request(scope, headers, receive, tracked, responder, request_id)
         try:
             await self._dispatch(request)
         except ProtocolError as exc:
@@ -229,6 +232,120 @@ class DurastreamApp:
                 bytes_in=request.body_bytes,
                 bytes_out=sent,
             )
+
+    # -- direct requests (http/fastpath.py): small appends without the ASGI round trips -----------------
+
+    def direct_candidate(self, scope: Scope) -> bool:
+        """A plain append to a stream, keep-alive, with a declared body of at most ``DIRECT_MAX_BODY``
+        bytes (so that the body checks of ``read_body`` cannot fail), nothing that asks for more
+        (``Expect``, chunked framing, staged-append headers)."""
+        if scope["method"] != "POST" or self._streams is None:
+            return False
+        if not scope["raw_path"].startswith(_STREAM_PREFIX):
+            return False
+        length = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if length is not None:
+                    return False
+                length = value
+            elif name in _NOT_DIRECT:
+                return False
+        return (
+            length is not None
+            and length.isdigit()
+            and len(length) <= 9
+            and int(length) <= self._direct_max
+        )
+
+    def direct(
+        self, scope: Scope, body: bytes, responder: fastpath.RawResponder, send: Send
+    ) -> bool:
+        """Serve a ``direct_candidate`` whose body is complete: the same parsing, checks, engine call
+        and answer as ``__call__`` would make, answered through ``responder`` in one write. Anything
+        refused before the engine staged it is declined (False) and so answered by the ordinary path,
+        which refuses it the same way; errors after that are answered here, through ``send``."""
+        started = time.perf_counter()
+        headers = header_map(scope["headers"])
+        raw_path = scope["raw_path"]
+        try:
+            target = paths.route(raw_path)
+        except paths.InvalidPath:
+            return False
+        if target.kind is not paths.RouteKind.STREAM:
+            return False
+        extra_headers = self._cors.headers_for(headers.get("origin"))
+        request_id = self._request_ids.take(headers.get(requestid.HEADER))
+        encoded_id = request_id.encode("ascii")
+        tracked = _TrackedSend(send, extra_headers, encoded_id)
+        responder.extra_headers = extra_headers
+        responder.request_id_line = _request_id_line(encoded_id)
+        request = _request(scope, headers, _consumed, tracked, responder, request_id)
+        request.route = txn.route_class(headers)  # "append": _NOT_DIRECT keeps staged requests out
+        request.body_bytes = len(body)
+        assert self._streams is not None
+        context = REQUEST_ID.set(request_id)  # the engine's log lines, and the answer's (a copy)
+        try:
+            if self._auth is not None:
+                self._auth.authorize(request, target)
+            append, future = self._streams.append_now(request, target.target, body)
+        except ProtocolError:
+            return False
+        finally:
+            REQUEST_ID.reset(context)
+        future.add_done_callback(
+            lambda done: self._direct_answer(request, tracked, append, done, started)
+        )
+        return True
+
+    def _direct_answer(
+        self,
+        request: Request,
+        tracked: _TrackedSend,
+        append: AppendRequest,
+        done: asyncio.Future[AppendResult],
+        started: float,
+    ) -> None:
+        assert self._streams is not None and request.responder is not None
+        try:
+            if done.cancelled():  # only when the loop is torn down: the outcome is unknown
+                raise RuntimeError("the append was cancelled before its commit was known")
+            status, headers = self._streams.append_answer(append, done.result())
+            encoded = responses.response_headers(status, headers, b"")
+            prepared = fastpath.prepare(status, [*encoded, *request.responder.extra_headers], b"")
+        except ProtocolError as exc:
+            error = self._send_error(request, tracked, *responses.protocol_error_parts(exc))
+            self._spawn(self._then_finished(error, request, tracked, started))
+            return
+        except Exception:  # never leave the request unanswered (no task of uvicorn's would notice)
+            logger.exception("internal error on %s %r", request.method, request.raw_path)
+            error = self._send_error(request, tracked, *responses.internal_error_parts())
+            self._spawn(self._then_finished(error, request, tracked, started))
+            return
+        if prepared is not None and request.responder.send(prepared):
+            self.direct_answers += 1
+            self._finished(request, tracked, time.perf_counter() - started)
+        else:  # the connection needs more than these bytes (closing, paused): the ordinary send
+            answer = responses.send_response(tracked, status, headers)
+            self._spawn(self._then_finished(answer, request, tracked, started))
+
+    async def _then_finished(
+        self,
+        answer: Coroutine[Any, Any, None],
+        request: Request,
+        tracked: _TrackedSend,
+        started: float,
+    ) -> None:
+        """Send a direct request's answer the ordinary way, then count and log it like any other."""
+        try:
+            await answer
+        finally:
+            self._finished(request, tracked, time.perf_counter() - started)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _send_error(
         self,
@@ -339,3 +456,35 @@ class DurastreamApp:
         await responses.send_response(
             request.send, 503 if draining else 200, headers, body, head=request.method == "HEAD"
         )
+
+
+def _request(
+    scope: Scope,
+    headers: dict[str, str],
+    receive: Receive,
+    send: Send,
+    responder: fastpath.RawResponder | None,
+    request_id: str,
+) -> Request:
+    return Request(
+        method=scope["method"].upper(),
+        raw_path=scope.get("raw_path") or scope["path"].encode("utf-8"),
+        query_string=scope.get("query_string", b""),
+        headers=headers,
+        scheme=scope.get("scheme", "http"),
+        server=scope.get("server"),
+        receive=receive,
+        send=send,
+        responder=responder,
+        request_id=request_id,
+    )
+
+
+def _request_id_line(encoded_id: bytes) -> bytes:
+    """The ``x-request-id`` header as a wire line (what the fast paths write after the head)."""
+    return b"x-request-id: " + encoded_id + b"\r\n"
+
+
+async def _consumed() -> MutableMapping[str, Any]:
+    """The ``receive`` of a direct request: its body was handed over whole."""
+    return {"type": "http.disconnect"}

@@ -20,6 +20,15 @@ HEAD. The bytes are what uvicorn writes for the same ASGI messages: its status l
 headers (``date``), the response's headers lower-cased as ``name: value``, a blank line, the body
 (``tests/server/http/test_fastpath.py`` compares them byte for byte).
 
+Direct requests. The same mixin can also take a request away from ASGI altogether: an application that
+offers ``DirectApp`` (``with_fast_path(base, app)``) is asked, when a request's headers are complete,
+whether it wants it (``direct_candidate``: a small append); if so, uvicorn starts no task for it, and
+once its body is complete the application gets the scope, the body, a ``RawResponder`` and uvicorn's
+``send`` (``direct``). It may still decline (then the request takes the ordinary ASGI path, with its body,
+as if nothing had happened). This saves, per request, the task, the ASGI receive/send round trips,
+uvicorn's header validation and a second write (docs/decisions/0007). It needs uvicorn's ``_start_asgi_task`` (0.50 and
+later); without it every request takes the ordinary path.
+
 If uvicorn's internals ever change shape (the attributes below are missing), no responder is offered and
 every answer takes the ordinary path.
 """
@@ -28,7 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, ClassVar, Final, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +68,9 @@ _CYCLE_ATTRIBUTES: Final = (
     "response_complete",
     "message_event",
     "on_response",
+    "body",
+    "more_body",
+    "send",
 )
 _supported: bool | None = None
 
@@ -73,13 +86,26 @@ def _cycle_supported(cycle: Any) -> bool:
     return _supported
 
 
+# Header lines already checked, mostly the headers every answer carries (security, CORS, extensions):
+# bounded, so the per-answer values (offsets) that fill it up cannot grow it.
+_CHECKED: dict[tuple[bytes, bytes], bytes] = {}
+_CHECKED_MAX: Final = 512
+
+
 def _header_lines(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     """``name: value\\r\\n`` lines as uvicorn writes them, or None where uvicorn would refuse a header."""
     lines = []
-    for name, value in headers:
-        if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
-            return None
-        lines += (name.lower(), b": ", value, b"\r\n")
+    checked = _CHECKED
+    for pair in headers:
+        line = checked.get(pair)
+        if line is None:
+            name, value = pair
+            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
+                return None
+            line = b"".join((name.lower(), b": ", value, b"\r\n"))
+            if len(checked) < _CHECKED_MAX:
+                checked[pair] = line
+        lines.append(line)
     return b"".join(lines)
 
 
@@ -205,12 +231,74 @@ def responder(
     return found
 
 
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+
+class DirectApp(Protocol):
+    """An application that serves some requests without ASGI (the module docstring)."""
+
+    def direct_candidate(self, scope: Any) -> bool:
+        """Cheap, from the request line and headers: might ``direct`` take this request?"""
+        ...
+
+    def direct(self, scope: Any, body: bytes, responder: RawResponder, send: Send) -> bool:
+        """Serve the request whose body is complete, answering through ``responder`` (or ``send``, the
+        ordinary way, for what it refuses). False: declined, nothing done; the ASGI path takes it."""
+        ...
+
+
 class FastPathMixin:
     """Mixed in before uvicorn's httptools protocol (or a subclass of it): every HTTP request's scope also
-    offers a ``RawResponder``."""
+    offers a ``RawResponder``, and ``direct_app`` (if set) may serve requests without ASGI."""
 
     cycle: Any
     scope: Any
+    app: Any
+    loop: asyncio.AbstractEventLoop
+    direct_app: ClassVar[DirectApp | None] = None
+    _direct_waiting: tuple[Any, Any] | None = None  # (cycle, app) whose body is still arriving
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        # uvicorn calls this for every request that is to run now (at the end of its headers, or when
+        # the request before it on a keep-alive connection is answered).
+        direct = self.direct_app
+        if (
+            direct is not None
+            # not uvicorn's 503 for --limit-concurrency, or anything else it swapped in
+            and app is self.app
+            and cycle.keep_alive
+            and not cycle.access_log
+            and _cycle_supported(cycle)
+            and direct.direct_candidate(cycle.scope)
+        ):
+            if cycle.more_body:
+                self._direct_waiting = (cycle, app)  # served in on_message_complete
+            else:
+                self.loop.call_soon(self._direct_serve, cycle, app)
+            return
+        super()._start_asgi_task(cycle, app)  # type: ignore[misc]
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()  # type: ignore[misc]
+        waiting = self._direct_waiting
+        if waiting is not None and waiting[0] is self.cycle and not self.cycle.more_body:
+            self._direct_waiting = None
+            # Not from inside the parser's callback: the answer may complete the cycle at once.
+            self.loop.call_soon(self._direct_serve, *waiting)
+
+    def _direct_serve(self, cycle: Any, app: Any) -> None:
+        if cycle.disconnected or cycle.response_started:
+            return  # gone (or refused by the connection guard, which answered it)
+        direct = self.direct_app
+        assert direct is not None
+        body = cycle.body
+        try:
+            taken = direct.direct(cycle.scope, bytes(body), RawResponder(cycle), cycle.send)
+        except Exception:  # a bug: the ordinary path answers, and reports its own failure
+            logger.exception("direct request failed; answering it the ordinary way")
+            taken = False
+        if not taken:
+            super()._start_asgi_task(cycle, app)  # type: ignore[misc]  # its receive gets the body
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()  # type: ignore[misc]
@@ -226,13 +314,19 @@ class FastPathMixin:
             self.scope.setdefault("extensions", {})[EXTENSION] = RawResponder(cycle)
 
 
-def with_fast_path(base: type[asyncio.Protocol] | str) -> type[asyncio.Protocol] | str:
+def with_fast_path(
+    base: type[asyncio.Protocol] | str, app: DirectApp | None = None
+) -> type[asyncio.Protocol] | str:
     """uvicorn's ``http`` setting with the fast path added: ``base`` must be uvicorn's httptools protocol
-    or a subclass of it; anything else is returned unchanged (no fast path)."""
+    or a subclass of it; anything else is returned unchanged (no fast path). ``app``: serve its direct
+    requests (needs uvicorn's ``_start_asgi_task``; without it, none)."""
     if (
         HttpToolsProtocol is None
         or not isinstance(base, type)
         or not issubclass(base, HttpToolsProtocol)
     ):
         return base
-    return type(base.__name__, (FastPathMixin, base), {"__doc__": base.__doc__})
+    direct = app if hasattr(HttpToolsProtocol, "_start_asgi_task") else None
+    return type(
+        base.__name__, (FastPathMixin, base), {"__doc__": base.__doc__, "direct_app": direct}
+    )

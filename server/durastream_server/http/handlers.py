@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from durastream_server.config import ServerConfig
-from durastream_server.engine.api import ReadRequest, ReadResult
+from durastream_server.engine.api import AppendRequest, AppendResult, ReadRequest, ReadResult
 from durastream_server.errors import MethodNotAllowed, ProtocolError
 from durastream_server.http import parse, read_extensions, responses, sse, txn
 from durastream_server.http.body import Receive, read_body
@@ -131,6 +131,26 @@ class StreamHandlers:
             return
         append = parse.append_request(path, request.headers, body)
         result = await self._engine.append(append)
+        await responses.send_response(request.send, *self.append_answer(append, result))
+
+    def append_now(
+        self, request: Request, path: str, body: bytes
+    ) -> tuple[AppendRequest, asyncio.Future[AppendResult]]:
+        """``_post`` of a plain append whose body is already here, without a coroutine (the app's
+        direct path, ``fastpath.py``): the request and the engine's future of its result. Raises the
+        ``ProtocolError`` the ordinary path would answer when it is refused before anything was done
+        (the caller then leaves the request to that path)."""
+        append = parse.append_request(path, request.headers, body)
+        future = self._engine.append_nowait(append)
+        if future.done() and not future.cancelled():
+            exc = future.exception()  # refused before anything was staged
+            if isinstance(exc, ProtocolError):
+                raise exc
+        return append, future
+
+    @staticmethod
+    def append_answer(append: AppendRequest, result: AppendResult) -> tuple[int, Headers]:
+        """Status and headers of an append's answer (it has no body)."""
         headers: Headers = [
             ("Stream-Next-Offset", result.next_offset),
             ("Cache-Control", responses.CACHE_NO_STORE),
@@ -150,8 +170,10 @@ class StreamHandlers:
                 headers.append(parse.digest_header(result.verified))
         # Section 5.2.1: new data from a producer is 200; plain appends, close-only requests and
         # duplicates are 204.
-        status = 200 if append.producer is not None and body and not result.duplicate else 204
-        await responses.send_response(request.send, status, headers)
+        status = (
+            200 if append.producer is not None and append.body and not result.duplicate else 204
+        )
+        return status, headers
 
     async def _delete(self, request: Request, path: str) -> None:
         request.route = "delete"

@@ -30,7 +30,6 @@ MAX_QUERY_FIELDS: Final = 64
 _CANONICAL_UINT: Final = re.compile(
     r"\A(?:0|[1-9][0-9]*)\Z"
 )  # no sign, no leading zeros, no '.', no 'e'
-_DIGITS: Final = re.compile(r"\A[0-9]+\Z")
 _RFC3339: Final = re.compile(
     r"\A([0-9]{4}-[0-9]{2}-[0-9]{2})[Tt]([0-9]{2}:[0-9]{2}:[0-9]{2})(?:\.([0-9]+))?"
     r"([Zz]|[+-][0-9]{2}:[0-9]{2})\Z"
@@ -104,7 +103,7 @@ def expires_at(value: str | None) -> datetime | None:
 
 def _safe_int(name: str, value: str) -> int:
     text = value.strip()
-    if not _DIGITS.match(text) or len(text) > 16 or int(text) > MAX_SAFE_INTEGER:
+    if not (text.isascii() and text.isdigit()) or len(text) > 16 or int(text) > MAX_SAFE_INTEGER:
         raise BadRequest(f"{name} must be a non-negative integer <= 2^53-1, got {value!r}")
     return int(text)
 

@@ -13,6 +13,7 @@ classic path-traversal and aliasing shapes (section 12.2), and no client needs t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -47,6 +48,7 @@ class Route:
     target: str = ""
 
 
+@functools.lru_cache(maxsize=4096)  # a request per append: the hot streams' paths, decoded once
 def route(raw_path: bytes) -> Route:
     """Classify a raw request path (no query). Raises ``InvalidPath`` for a malformed stream path."""
     if raw_path == HEALTH_PATH.encode():

@@ -36,12 +36,21 @@ def base_headers() -> Headers:
     return [*_SECURITY, *cors.response_headers(), extensions.advertisement()]
 
 
+_NAMES: dict[str, bytes] = {}  # header name -> its encoded, lower-cased form (a few dozen names)
+
+
 def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     # Latin-1 round-trips every byte a request header could have carried (values echo request data).
-    return [
-        (name.lower().encode("latin-1"), value.encode("latin-1", "replace"))
-        for name, value in headers
-    ]
+    names = _NAMES
+    encoded = []
+    for name, value in headers:
+        raw = names.get(name)
+        if raw is None:
+            raw = name.lower().encode("latin-1")
+            if len(names) < 256:
+                names[name] = raw
+        encoded.append((raw, value.encode("latin-1", "replace")))
+    return encoded
 
 
 _BASE_ENCODED: Final = tuple(_encode(base_headers()))  # the same on every response: encode once

@@ -10,6 +10,8 @@
   ``trash/``       delete renames a stream directory here (atomic), then removes it in the background.
   ``meta/``        other components' durable files (e.g. subscriptions), via ``meta_path()``.
   ``quarantine/``  streams set aside because they cannot be served (``quarantine.py``), never deleted.
+  ``wal/``         the write-ahead log of the shared commit rounds (``wal.py``, ``committer.py``); empty
+                   after a clean shutdown, replayed into the segment files at start-up otherwise.
 
 Recovery (``open``): truncate a torn tail to the last valid record before anything is appended (hazard 18);
 a checksum failure *followed by valid data* is mid-file corruption: the stream is quarantined
@@ -35,6 +37,7 @@ from pathlib import Path
 
 from durastream_server import errors
 from durastream_server.storage import codec
+from durastream_server.storage.committer import Committer
 from durastream_server.storage.files import FdCache, fsync_dir, is_out_of_space, write_file
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.log import LogContext, StreamLog
@@ -45,6 +48,8 @@ from durastream_server.storage.records import AppendEntry, StreamHeader
 from durastream_server.storage.recovery import Quarantine, Recovered, recover_batch
 from durastream_server.storage.segments import SegmentTable, segment_name
 from durastream_server.storage.state import StreamState, apply_entry
+from durastream_server.storage.wal import WAL_DIR
+from durastream_server.storage.wal import replay as replay_wal
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +121,19 @@ class DataDir:
         self._read_executor = ThreadPoolExecutor(
             max_workers=max(1, config.read_threads), thread_name_prefix="durastream-read"
         )
+        cache = FdCache(config.max_open_files)
+        sync = config.durability == Durability.FSYNC
+        self._committer = Committer(
+            cache, self._executor, self._dir(WAL_DIR) if sync else None, metrics
+        )
         self._ctx = LogContext(
             executor=self._executor,
             read_executor=self._read_executor,
-            cache=FdCache(config.max_open_files),
+            cache=cache,
             segment_bytes=max(1, config.segment_bytes),
             snapshot_interval_entries=max(1, config.snapshot_interval_entries),
-            sync=config.durability == Durability.FSYNC,
+            sync=sync,
+            committer=self._committer,
             metrics=metrics,
         )
         self._background: set[asyncio.Future[None]] = set()
@@ -157,6 +168,17 @@ class DataDir:
             raise
         try:
             await self._run(self._prepare_dirs)
+            # Before any stream is read: put back what the write-ahead log holds (wal.py).
+            report = await self._run(replay_wal, root, sync=self._ctx.sync)
+            self._committer.generation = report.next_generation
+            if report.files:
+                log.info(
+                    "data dir %s: write-ahead log replayed (%d files, %d entries, %d written back)",
+                    root,
+                    report.files,
+                    report.entries,
+                    report.repaired,
+                )
             await self._recover_all()
         except BaseException:
             self._executor.shutdown(wait=True)
@@ -406,6 +428,10 @@ class DataDir:
         for stream, result in zip(logs, results, strict=True):
             if isinstance(result, BaseException):
                 log.error("stream %s: close failed: %r", stream.id, result)
+        try:
+            await self._committer.close()  # syncs what the WAL still covers, removes it
+        except Exception as exc:
+            log.error("closing the write-ahead log failed (the next start-up replays it): %r", exc)
         if self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         self._executor.shutdown(wait=True)

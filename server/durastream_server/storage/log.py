@@ -43,6 +43,7 @@ from typing import TypeVar
 
 from durastream_server import errors
 from durastream_server.storage import codec
+from durastream_server.storage.committer import ROUND_BATCH_BYTES, Committer, RoundJob
 from durastream_server.storage.files import FdCache, is_out_of_space
 from durastream_server.storage.group import GroupResult, is_group_batch, split_batch, write_group
 from durastream_server.storage.index import LogIndex
@@ -109,11 +110,17 @@ class LogContext:
     segment_bytes: int
     snapshot_interval_entries: int
     sync: bool  # Durability.FSYNC
+    committer: Committer  # shared commit rounds and the write-ahead log (committer.py)
     metrics: WriteMetrics = NO_METRICS  # what the group commit reports (storage/metrics.py)
 
 
 _Item = AppendEntry | SoftDelete | GroupCommit
 _Queued = tuple[_Item, "asyncio.Future[None]"]
+
+
+def _batch_bytes(batch: list[_Queued]) -> int:
+    """About how many bytes a batch's records take (payload plus per-message overhead)."""
+    return sum(item.cost if type(item) is AppendEntry else 64 for item, _ in batch)  # type: ignore[union-attr]
 
 
 class StreamLog:
@@ -143,6 +150,9 @@ class StreamLog:
         "_queue",
         "_inflight",
         "_writer",
+        "_busy",
+        "_idle_waiters",
+        "_round_snapshot",
         "_failure",
         "_closed",
         "_deleted",
@@ -191,7 +201,10 @@ class StreamLog:
         )
         self._queue: list[_Queued] = []
         self._inflight: list[_Queued] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._writer: asyncio.Task[None] | None = None  # a batch written alone, or a snapshot
+        self._busy = False  # something is queued or in flight (see round_job)
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._round_snapshot: StateImage | None = None  # to write after the batch in the round
         self._failure: BaseException | None = None
         self._closed = False  # closed by DataDir (delete or shutdown): no more stages or reads
         self._deleted = False
@@ -223,6 +236,13 @@ class StreamLog:
     def poisoned(self) -> bool:
         return self._failure is not None
 
+    def _writable(self) -> bool:
+        """Not poisoned, not closed, and the data directory's WAL has not failed (``committer.py``)."""
+        failure = self._ctx.committer.failure
+        if failure is not None and self._failure is None:
+            self._poison(failure)
+        return self._failure is None and not self._closed
+
     def stage(self, entry: AppendEntry) -> asyncio.Future[None]:
         """Apply ``entry`` to ``state`` now and queue it for the group commit.
 
@@ -231,7 +251,7 @@ class StreamLog:
         entry does not start at ``state.tail`` (an engine bug; nothing is staged then).
         """
         fut = asyncio.get_running_loop().create_future()
-        if self._failure is not None or self._closed:
+        if not self._writable():
             fut.set_exception(self._error())
             return fut
         apply_entry(self.state, entry)
@@ -242,7 +262,7 @@ class StreamLog:
         """``stage()`` for a staged-append commit: the group is folded into ``state`` now (as one
         entry) and written alone, as one record group, by the writer task (``group.py``)."""
         fut = asyncio.get_running_loop().create_future()
-        if self._failure is not None or self._closed:
+        if not self._writable():
             fut.set_exception(self._error())
             return fut
         apply_entry(self.state, group)
@@ -252,7 +272,7 @@ class StreamLog:
     def stage_soft_delete(self) -> asyncio.Future[None]:
         """Durably mark the stream soft-deleted (it keeps serving fork reads)."""
         fut = asyncio.get_running_loop().create_future()
-        if self._failure is not None or self._closed:
+        if not self._writable():
             fut.set_exception(self._error())
             return fut
         self.state.soft_deleted = True
@@ -283,47 +303,117 @@ class StreamLog:
     def _enqueue(self, item: _Item, fut: asyncio.Future[None]) -> None:
         self._queue.append((item, fut))
         self._staged_count += 1
-        if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._drain())
+        if not self._busy:
+            self._busy = True
+            self._ctx.committer.schedule(self)
 
-    async def _drain(self) -> None:
-        """The log's writer task: commit batches until the queue is empty, then exit."""
-        loop = asyncio.get_running_loop()
+    # The write path: a log with something queued is *busy* until its queue is empty again. It has at
+    # most one batch in flight, either in the committer's shared round (``round_job``/``round_done``)
+    # or written by itself (``_write_alone``: record groups and large batches), so its records reach
+    # its files in order.
+
+    def round_job(self) -> RoundJob | None:
+        """Called by the committer when this log's turn comes: the next batch, if it goes into the shared
+        round; None if there is nothing to write or the log writes it itself."""
+        failure = self._ctx.committer.failure
+        if failure is not None and self._failure is None:
+            self._poison(failure)
+        if self._failure is not None or not self._queue:
+            self._set_idle()
+            return None
+        # A record group (staged-append commit) is written alone; a snapshot is taken only when the
+        # batch leaves nothing queued (the state then matches the disk).
+        batch, rest = split_batch(self._queue)
+        self._queue = rest
+        self._inflight = batch
+        snapshot_state = capture(self.state) if not rest and self._snapshot_due() else None
+        if is_group_batch(batch) or _batch_bytes(batch) > ROUND_BATCH_BYTES:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write_alone(batch, snapshot_state)
+            )
+            return None
+        self._round_snapshot = snapshot_state
+        return RoundJob(
+            self._target, [item for item, _ in batch], self._segments.last, self._file_end
+        )
+
+    def round_done(self, result: BatchResult | BaseException) -> None:
+        """The committer wrote (or failed to write) the batch ``round_job`` gave it."""
+        snapshot_state, self._round_snapshot = self._round_snapshot, None
+        if self._finish_batch(result) and snapshot_state is not None:
+            self._writer = asyncio.get_running_loop().create_task(
+                self._snapshot_then_continue(snapshot_state, result.end)  # type: ignore[union-attr]
+            )
+            return
+        self._continue()
+
+    async def _write_alone(self, batch: list[_Queued], snapshot_state: StateImage | None) -> None:
+        """Write a batch the shared round does not carry: synced in the log's own segment file."""
         try:
-            while self._queue and self._failure is None:
-                # A record group (staged-append commit) is written alone; a snapshot is taken
-                # only when the batch leaves nothing queued (the state then matches the disk).
-                batch, self._queue = split_batch(self._queue)
-                self._inflight = batch
-                snapshot_state = (
-                    capture(self.state) if not self._queue and self._snapshot_due() else None
-                )
-                try:
-                    result = await loop.run_in_executor(
-                        self._ctx.executor,
-                        write_group if is_group_batch(batch) else write_batch,
-                        self._target,
-                        [item for item, _ in batch],
-                        self._segments.last,
-                        self._file_end,
-                    )
-                except asyncio.CancelledError:
-                    self._poison(errors.StorageFailure("log writer was cancelled mid-commit"))
-                    raise
-                except Exception as exc:  # OSError, or a bug: either way nothing may be acked
-                    self._poison(exc)
-                    return
-                self._inflight = []
-                try:
-                    self._commit(batch, result)
-                except Exception as exc:  # a bug; never leave stagers waiting forever
-                    self._inflight = batch
-                    self._poison(exc)
-                    return
-                if snapshot_state is not None:
-                    await self._write_snapshot(snapshot_state, result.end, self._last_record)
+            result: BatchResult | BaseException = await asyncio.get_running_loop().run_in_executor(
+                self._ctx.executor,
+                write_group if is_group_batch(batch) else write_batch,
+                self._target,
+                [item for item, _ in batch],
+                self._segments.last,
+                self._file_end,
+            )
+        except asyncio.CancelledError:
+            self._finish_batch(errors.StorageFailure("log writer was cancelled mid-commit"))
+            self._writer = None
+            self._continue()
+            raise
+        except Exception as exc:  # OSError, or a bug: either way nothing may be acked
+            result = exc
+        self._writer = None
+        if self._finish_batch(result) and snapshot_state is not None:
+            await self._snapshot_then_continue(snapshot_state, result.end)  # type: ignore[union-attr]
+            return
+        self._continue()
+
+    def _finish_batch(self, result: BatchResult | BaseException) -> bool:
+        """Commit the batch in flight, or poison the log with the error that failed it. True if
+        committed."""
+        batch = self._inflight
+        if isinstance(result, BaseException):
+            self._poison(result)
+            return False
+        self._inflight = []
+        try:
+            self._commit(batch, result)
+        except Exception as exc:  # a bug; never leave stagers waiting forever
+            self._inflight = batch
+            self._poison(exc)
+            return False
+        return True
+
+    async def _snapshot_then_continue(self, snapshot_state: StateImage, covered_end: int) -> None:
+        try:
+            await self._write_snapshot(snapshot_state, covered_end, self._last_record)
         finally:
             self._writer = None
+            self._continue()
+
+    def _continue(self) -> None:
+        """After a batch: the next turn if more is queued, else idle."""
+        if self._queue and self._failure is None:
+            self._ctx.committer.schedule(self)
+        else:
+            self._set_idle()
+
+    def _set_idle(self) -> None:
+        self._busy = False
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _wait_idle(self) -> None:
+        """Until no batch of this log is queued or in flight (nor the snapshot after one)."""
+        while self._busy:
+            waiter = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(waiter)
+            await waiter
 
     def _commit(self, batch: list[_Queued], result: BatchResult) -> None:
         index = self._index
@@ -435,6 +525,7 @@ class StreamLog:
         pending = self._inflight + self._queue
         self._inflight = []
         self._queue = []
+        self._round_snapshot = None
         for _, fut in pending:
             if not fut.done():
                 fut.set_exception(self._error())
@@ -459,10 +550,11 @@ class StreamLog:
         """
         try:
             await asyncio.sleep(delay)
-            while self._writer is not None:  # the writer task that poisoned the log is ending
-                await asyncio.sleep(0.01)
+            await self._wait_idle()  # the batch that poisoned the log has ended
             if self._closed or self._deleted or self._failure is None:
                 return
+            if self._ctx.committer.failure is not None:
+                return  # the WAL itself failed: nothing writes until a restart
             interval = self._index.sparse.interval
             try:
                 recovered = await asyncio.get_running_loop().run_in_executor(
@@ -867,9 +959,7 @@ class StreamLog:
             self._healing.cancel()
         with contextlib.suppress(errors.StorageFailure):
             await self.flush()
-        writer = self._writer
-        if writer is not None:
-            await asyncio.shield(writer)
+        await asyncio.shield(self._wait_idle())
         if (
             snapshot
             and self._failure is None

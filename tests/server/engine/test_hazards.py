@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,6 @@ from durastream_server.engine.engine import Engine
 from durastream_server.engine.producer_sweep import ProducerPolicy
 from durastream_server.errors import BadRequest, ProducerForgotten, StorageFailure, StreamClosed
 from durastream_server.offsets import format_offset
-from durastream_server.storage import log as storage_log
 from tests.server.engine.support import (
     FakeClock,
     append,
@@ -120,7 +120,7 @@ def test_storage_failure_is_never_acknowledged(
 
     async def scenario(engine: Engine) -> None:
         await create(engine, "s", b"ok")
-        monkeypatch.setattr(storage_log, "write_batch", broken_write)
+        monkeypatch.setattr(os, "pwritev", broken_write)  # where a disk would raise it
         with pytest.raises(StorageFailure):
             await append(engine, "s", b"lost", producer=("p", 0, 0))
         with pytest.raises(StorageFailure):

@@ -31,19 +31,32 @@ ORIGIN = b"Origin: http://localhost:3000\r\n"  # an allowed origin: the app adds
 
 @contextlib.asynccontextmanager
 async def running(
-    tmp_path: Path, *, date_header: bool = False, long_poll_timeout: float = 20.0
+    tmp_path: Path,
+    *,
+    date_header: bool = False,
+    long_poll_timeout: float = 20.0,
+    direct: bool = False,
+    limit_concurrency: int | None = None,
+    **settings: object,
 ) -> AsyncIterator[tuple[DurastreamApp, int]]:
-    config = ServerConfig(data_dir=tmp_path / "data", long_poll_timeout=long_poll_timeout)
+    """A real uvicorn server in-process; ``direct``: with the direct append path (as the server runs);
+    ``limit_concurrency``: uvicorn's setting of that name."""
+    config = ServerConfig(
+        data_dir=tmp_path / "data",
+        long_poll_timeout=long_poll_timeout,
+        **settings,  # type: ignore[arg-type]
+    )
     app = server_module.build_app(config)
     uv_config = uvicorn.Config(
         app,
-        http=fastpath.with_fast_path(protocol_class(config)),
+        http=fastpath.with_fast_path(protocol_class(config), app if direct else None),
         ws="none",
         lifespan="on",
         log_config=None,
         access_log=False,
         server_header=False,
         date_header=date_header,
+        limit_concurrency=limit_concurrency,
     )
     server = uvicorn.Server(uv_config)
     sock = server_module.bind_socket("127.0.0.1", 0)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from durastream_server import errors
-from durastream_server.storage import Durability, InvalidPosition, StreamLog
+from durastream_server.storage import Durability, InvalidPosition, StreamLog, committer
 
 from ._util import append, entry, header, open_dd, read_all, run, segment_files
 
@@ -257,62 +257,83 @@ def test_group_commit_shares_fsyncs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_hazard_30_every_acked_append_was_fsynced_on_the_fd_it_was_written_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Hazard 30: with a one-entry fd cache and three streams, fsync the written fd every time."""
-    events: list[tuple[str, int, int, str]] = []  # (op, fd, inode, stream)
-    real_pwritev, real_pwrite, real_sync = os.pwritev, os.pwrite, os.fdatasync
+    """Hazard 30, with the shared write-ahead log (storage/committer.py): with a one-entry fd cache,
+    three streams whose segments roll and WAL files that rotate, (1) every acknowledged append's record
+    was written to a WAL file and that same fd synced before the acknowledgement, and (2) a WAL file is
+    removed only after every segment fd written while it was current has been synced, on that fd."""
+    monkeypatch.setattr(committer, "CHECKPOINT_WAL_BYTES", 3000)  # rotate every few rounds
+    events: list[tuple[str, int, int, bytes]] = []  # (op, fd, inode, bytes written)
+    real_pwritev, real_pwrite, real_sync, real_unlink = (
+        os.pwritev,
+        os.pwrite,
+        os.fdatasync,
+        os.unlink,
+    )
 
     def pwritev(fd: int, buffers, offset: int) -> int:  # type: ignore[no-untyped-def]
-        events.append(("write", fd, os.fstat(fd).st_ino, ""))
+        events.append(("write", fd, os.fstat(fd).st_ino, b"".join(bytes(b) for b in buffers)))
         return real_pwritev(fd, buffers, offset)
 
     def pwrite(fd: int, data, offset: int) -> int:  # type: ignore[no-untyped-def]
-        events.append(("write", fd, os.fstat(fd).st_ino, ""))
+        events.append(("write", fd, os.fstat(fd).st_ino, bytes(data)))
         return real_pwrite(fd, data, offset)
 
     def fdatasync(fd: int) -> None:
-        events.append(("sync", fd, os.fstat(fd).st_ino, ""))
+        events.append(("sync", fd, os.fstat(fd).st_ino, b""))
         real_sync(fd)
+
+    def unlink(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        events.append(("unlink", -1, os.stat(path).st_ino, str(path).encode()))
+        return real_unlink(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "pwritev", pwritev)
     monkeypatch.setattr(os, "pwrite", pwrite)
     monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "unlink", unlink)
+    segment_inodes: set[int] = set()
 
     async def go() -> None:
         dd = await open_dd(tmp_path, max_open_files=1, segment_bytes=1500)
         logs: list[StreamLog] = [await dd.create_stream(header(f"/s{i}"), None) for i in range(3)]
-        inodes = {
-            log.id: {p.stat().st_ino for p in segment_files(tmp_path, log.id)} for log in logs
-        }
-
-        def on_ack(log: StreamLog):  # type: ignore[no-untyped-def]
-            return lambda _f: events.append(("ack", -1, -1, log.id))
-
         for round_ in range(40):
             futs = []
-            for log in logs:
-                fut = log.stage(entry(log, b'"%d"' % round_))
-                fut.add_done_callback(on_ack(log))
+            for n, log in enumerate(logs):
+                payload = b'"s%d-r%02d"' % (n, round_)
+                fut = log.stage(entry(log, payload))
+                fut.add_done_callback(lambda _f, p=payload: events.append(("ack", -1, -1, p)))
                 futs.append(fut)
             await asyncio.gather(*futs)
         for log in logs:
-            inodes[log.id] = {p.stat().st_ino for p in segment_files(tmp_path, log.id)}
-            assert len(inodes[log.id]) > 1  # segments rolled too
-        # Replay the event trace: every write must be followed by a sync of the same fd and inode
-        # before the next ack of the stream that owns that inode.
-        unsynced: dict[int, set[int]] = {}  # inode -> fds written and not yet synced
-        owner = {ino: log_id for log_id, inos in inodes.items() for ino in inos}
-        for op, fd, ino, log_id in events:
-            if op == "write":
-                unsynced.setdefault(ino, set()).add(fd)
-            elif op == "sync":
-                unsynced.get(ino, set()).discard(fd)
-            else:
-                pending = [i for i, fds in unsynced.items() if fds and owner.get(i) == log_id]
-                assert not pending, f"ack of {log_id} before fsync of {pending}"
-        assert sum(1 for e in events if e[0] == "ack") == 120
+            assert len(segment_files(tmp_path, log.id)) > 1  # segments rolled too
+            segment_inodes.update(p.stat().st_ino for p in segment_files(tmp_path, log.id))
         await dd.close()
+        assert not list((tmp_path / "wal").iterdir())  # a clean shutdown leaves nothing to replay
 
     run(go)
+    wal_inodes = {ino for op, _, ino, data in events if op == "unlink" and data.endswith(b".wal")}
+    assert len(wal_inodes) >= 2  # the WAL rotated (the first rotation waits for no checkpoint)
+    acks = 0
+    for at, (op, _, _, payload) in enumerate(events):
+        if op != "ack":
+            continue
+        acks += 1
+        # (1) a write of the record to a WAL fd, then a sync of that fd, before the ack
+        synced = False
+        for i, (op1, fd, ino, data) in enumerate(events[:at]):
+            if op1 == "write" and ino in wal_inodes and payload in data:
+                synced = any(op2 == "sync" and fd2 == fd for op2, fd2, _, _ in events[i + 1 : at])
+        assert synced, f"ack of {payload!r} before its WAL write was synced"
+    assert acks == 120
+    for at, (op, _, wal_ino, name) in enumerate(events):
+        if op != "unlink" or wal_ino not in wal_inodes:
+            continue
+        # (2) every segment write made before the last write to this WAL file was synced on its fd
+        last = max(i for i, e in enumerate(events[:at]) if e[0] == "write" and e[2] == wal_ino)
+        for i, (op1, fd, ino, _) in enumerate(events[:last]):
+            if op1 == "write" and ino in segment_inodes:
+                assert any(
+                    e[0] == "sync" and e[1] == fd and e[2] == ino for e in events[i + 1 : at]
+                ), f"{name!r} removed before a segment written through fd {fd} was synced"
 
 
 def test_enospc_poisons_the_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,349 @@
+"""Commit rounds shared by every log of a data directory: group commit across streams.
+
+Each log used to run its own writer: one executor trip, one ``pwritev`` and one ``fdatasync`` per batch of
+that stream. With many streams each getting one append at a time (64 producers on 64 streams), every append
+paid a thread hand-off and a journal commit of its own, and 64 producers on 64 streams were slower than on
+one shared stream. Now a log with something staged asks the committer for a turn (``schedule``); the
+committer's round takes the next batch of every log that asked, and one worker thread writes them all:
+
+- each log's records into its segment file (``writer.lay_out``/``write_chunks``), as before, not synced;
+- with ``--durability fsync``, the same bytes into the write-ahead log (``wal.py``), synced once for the
+  whole round. Then every append of the round is durable and is acknowledged (``StreamLog.round_done``).
+
+While a round is in flight, new stages queue up; the next round starts as soon as it ends, with everything
+that arrived meanwhile, so rounds grow with the load (as a single log's batches always did).
+
+Batches the round does not carry: a record group (a staged-append commit, ``group.py``) and a batch of more
+than ``ROUND_BATCH_BYTES`` are written by the log itself, synced in its segment file, as before (large data
+gains nothing from being written twice, and must not hold up the small appends of every other stream). A
+log has at most one batch in flight either way, so its records reach its file in order.
+
+Checkpoints keep the WAL short: once the current WAL file holds ``CHECKPOINT_WAL_BYTES``, or
+``CHECKPOINT_FILES`` segment files were written since it started, or the committer has been idle for
+``CHECKPOINT_IDLE_SECONDS``, the next round starts a new WAL file and the old one is retired: every segment
+file written during it is ``fdatasync``-ed through the fd it was written with (those fds stay open until
+then: hazard 30), then the old file is removed. So what a restart replays is bounded, and so are the fds
+held open.
+
+Failures. A segment write that fails fails only its log (poisoned as before; out of space heals). A failed
+WAL write or sync fails the whole round; out of space is undone (the WAL is cut back and synced) and the
+logs heal as before; anything else, or an undo that fails, leaves the WAL's content unknown, and then no
+log of the data directory may write again until a restart replays it (``failure``): a later write could
+land where a restart would put back bytes of the failed round. The same holds if a checkpoint's sync
+fails (the segment may have lost acknowledged bytes; the WAL file that has them is kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from durastream_server.storage.files import FdCache, Handle, is_out_of_space
+from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
+from durastream_server.storage.records import AppendEntry, SoftDelete
+from durastream_server.storage.wal import WalEntry, WalFile
+from durastream_server.storage.writer import (
+    BatchResult,
+    WriteTarget,
+    lay_out,
+    payload,
+    undo_chunks,
+    write_chunks,
+)
+
+log = logging.getLogger(__name__)
+
+# A log's batch goes into a shared round when its records take at most this many bytes; a larger one is
+# written and synced by the log itself.
+ROUND_BATCH_BYTES = 256 * 1024
+# Checkpoint triggers (see the module docstring).
+CHECKPOINT_WAL_BYTES = 64 * 1024 * 1024
+CHECKPOINT_FILES = 256
+CHECKPOINT_IDLE_SECONDS = 1.0
+# Segment files synced per executor job in a checkpoint: concurrent syncs share journal commits.
+_SYNCS_PER_JOB = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RoundJob:
+    """One log's batch in a round: its records and where they go."""
+
+    target: WriteTarget
+    items: list[AppendEntry | SoftDelete]
+    seg_base: int  # the log's last segment
+    end: int  # the log's file end
+
+
+class Member(Protocol):
+    """What the committer needs of a log (``StreamLog``)."""
+
+    def round_job(self) -> RoundJob | None: ...
+
+    def round_done(self, result: BatchResult | BaseException) -> None: ...
+
+
+@dataclass(slots=True)
+class _Retired:
+    """A WAL file that the next checkpoint syncs the segments of, then removes."""
+
+    wal: WalFile | None  # None if no round of it got as far as creating the file
+    pins: dict[int, Handle] = field(default_factory=dict)
+
+
+class Committer:
+    """Runs the commit rounds of every log of one data directory (module docstring).
+
+    ``wal_dir`` is None with ``--durability none``: rounds then only write (nothing is synced, nothing
+    is pinned, there is no WAL). Everything but the worker half runs on the event loop.
+    """
+
+    def __init__(
+        self,
+        cache: FdCache,
+        io_executor: Executor,
+        wal_dir: Path | None,
+        metrics: WriteMetrics = NO_METRICS,
+    ) -> None:
+        self._cache = cache
+        self._metrics = metrics  # one batch per round, one fsync per WAL sync (storage/metrics.py)
+        self._io = io_executor
+        self._wal_dir = wal_dir
+        self.generation = 0  # of the next WAL file (set after the start-up replay)
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durastream-commit")
+        self._ready: dict[Member, None] = {}  # logs waiting for a turn, in order (a set)
+        self._task: asyncio.Task[None] | None = None
+        self._rotate = False  # the next round starts a new WAL file
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._checkpoint: asyncio.Task[None] | None = None
+        # Worker-thread state (touched only by the round in flight, one at a time):
+        self._wal: WalFile | None = None
+        self._pins: dict[int, Handle] = {}  # handles written through in the current WAL file
+        self._failure: BaseException | None = None
+        self._closed = False
+        self.rounds = 0  # rounds written (observability, tests)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Set once the WAL's state is unknown: no log may write until a restart (module docstring)."""
+        return self._failure
+
+    # ------------------------------------------------------------------------------------ the loop
+
+    def schedule(self, member: Member) -> None:
+        """``member`` has a batch to write: it gets a turn in the next round (or the one starting)."""
+        self._ready[member] = None
+        if self._task is None:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._ready or self._rotate:
+                members = list(self._ready)
+                self._ready.clear()
+                jobs: list[tuple[Member, RoundJob]] = []
+                budget = 0
+                for member in members:
+                    if budget > CHECKPOINT_WAL_BYTES // 8:  # a round's size is bounded too
+                        self._ready[member] = None
+                        continue
+                    job = member.round_job()
+                    if job is not None:
+                        jobs.append((member, job))
+                        budget += sum(getattr(item, "cost", 64) for item in job.items)
+                rotate = self._rotate or self._checkpoint_due()
+                self._rotate = False
+                if not jobs and not rotate:
+                    continue
+                try:
+                    results, retired = await loop.run_in_executor(
+                        self._thread, self._write_round, [job for _, job in jobs], rotate
+                    )
+                except BaseException as exc:  # a bug (or cancellation): never leave a log waiting
+                    failure = exc if isinstance(exc, Exception) else RuntimeError("round cancelled")
+                    for member, _ in jobs:
+                        member.round_done(failure)
+                    raise
+                self.rounds += 1
+                if retired is not None:
+                    self._checkpoint = loop.create_task(self._run_checkpoint(retired))
+                for (member, _), result in zip(jobs, results, strict=True):
+                    member.round_done(result)
+        finally:
+            self._task = None
+            self._arm_idle_timer()
+
+    def _checkpoint_due(self) -> bool:
+        wal = self._wal
+        if wal is None or self._checkpoint is not None:
+            return False
+        return wal.end >= CHECKPOINT_WAL_BYTES or len(self._pins) >= CHECKPOINT_FILES
+
+    def _arm_idle_timer(self) -> None:
+        if self._closed or self._wal is None or self._idle_timer is not None:
+            return
+        self._idle_timer = asyncio.get_running_loop().call_later(
+            CHECKPOINT_IDLE_SECONDS, self._idle_checkpoint
+        )
+
+    def _idle_checkpoint(self) -> None:
+        self._idle_timer = None
+        if self._task is not None or self._closed:
+            return
+        if self._checkpoint is not None:  # still syncing the previous one: look again later
+            self._arm_idle_timer()
+            return
+        self._rotate = True
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run_checkpoint(self, retired: _Retired) -> None:
+        """Sync every segment file written during ``retired`` through its own fd, then remove it."""
+        loop = asyncio.get_running_loop()
+        handles = list(retired.pins.values())
+        try:
+            groups = [
+                handles[i : i + _SYNCS_PER_JOB] for i in range(0, len(handles), _SYNCS_PER_JOB)
+            ]
+            await asyncio.gather(*(loop.run_in_executor(self._io, _sync, g) for g in groups))
+            if retired.wal is not None:
+                await loop.run_in_executor(self._io, retired.wal.remove)
+        except OSError as exc:
+            self._fail(exc, "a checkpoint (syncing segment files before removing their WAL) failed")
+            if retired.wal is not None:
+                with contextlib.suppress(OSError):
+                    retired.wal.close()
+        finally:
+            for handle in handles:
+                self._cache.release(handle)
+            self._checkpoint = None
+        if self._wal is None or not self._wal.end:
+            return
+        self._arm_idle_timer()
+
+    def _fail(self, exc: BaseException, what: str) -> None:
+        if self._failure is None:
+            self._failure = exc
+            log.error(
+                "%s: %r; no stream of this data directory accepts writes until the server is "
+                "restarted (the restart replays the write-ahead log)",
+                what,
+                exc,
+            )
+
+    async def close(self) -> None:
+        """After every log has flushed: finish the round in flight, sync every segment written since
+        the last checkpoint and remove the WAL (a clean shutdown leaves nothing to replay)."""
+        self._closed = True
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        while self._task is not None:
+            await asyncio.shield(self._task)
+        if self._checkpoint is not None:
+            await asyncio.shield(self._checkpoint)
+        if (self._wal is not None or self._pins) and self._failure is None:
+            _, retired = await asyncio.get_running_loop().run_in_executor(
+                self._thread, self._write_round, [], True
+            )
+            if retired is not None:
+                await self._run_checkpoint(retired)
+        if self._wal is not None:
+            self._wal.close()
+        self._thread.shutdown(wait=True)
+
+    # ------------------------------------------------------------------------- the worker thread
+
+    def _write_round(
+        self, jobs: list[RoundJob], rotate: bool
+    ) -> tuple[list[BatchResult | BaseException], _Retired | None]:
+        """Write every job's records into its segment file, then (fsync durability) into the WAL, synced
+        once. Returns one result per job (a ``BatchResult``, or the OSError that failed it) and the WAL
+        file this round retired, if it started a new one."""
+        retired = None
+        if rotate and (self._wal is not None or self._pins):
+            retired = _Retired(self._wal, self._pins)
+            self._wal = None
+            self._pins = {}
+        if self._failure is not None:
+            return [self._failure] * len(jobs), retired
+        wal = self._wal_dir is not None
+        results: list[BatchResult | BaseException] = []
+        entries: list[WalEntry] = []
+        written = []
+        keep = self._pin if wal else None
+        records = round_messages = round_bytes = 0
+        for i, job in enumerate(jobs):
+            try:
+                chunks, result = lay_out(job.target, job.items, job.seg_base, job.end)
+                write_chunks(job.target, chunks, sync=False, keep=keep)
+            except OSError as exc:
+                results.append(exc)
+                continue
+            results.append(result)
+            records += len(job.items)
+            messages, size = payload(job.items)
+            round_messages += messages
+            round_bytes += size
+            if wal:
+                written.append((i, job.target, chunks))
+                entries += [WalEntry(job.target.log_id, c.base, c.start, c.frames) for c in chunks]
+        if entries:
+            try:
+                self._wal_append(entries)
+            except OSError as exc:
+                for i, target, chunks in written:
+                    undo_chunks(target, chunks)
+                    results[i] = exc
+                return results, retired
+        if records:
+            self._metrics.batch(records, round_messages, round_bytes)
+        return results, retired
+
+    def _wal_append(self, entries: list[WalEntry]) -> None:
+        assert self._wal_dir is not None
+        if self._wal is None:
+            self._wal = WalFile.create(self._wal_dir, self.generation)
+            self.generation += 1
+        wal = self._wal
+        synced_at = time.perf_counter()
+        try:
+            wal.append(entries)
+            self._metrics.fsync(time.perf_counter() - synced_at)
+        except OSError as exc:
+            # Cut the round off, so that a restart does not put it back (it was not acknowledged).
+            # Out of space: that cut is synced, and the WAL goes on (the logs heal). Anything else
+            # (or a cut that fails): the WAL's state is unknown, and nothing writes until a restart.
+            try:
+                wal.undo()
+                if is_out_of_space(exc):
+                    os.fdatasync(wal.fd)
+            except OSError as undo_exc:
+                self._fail(undo_exc, f"undoing a failed round in {wal.path}")
+            else:
+                if not is_out_of_space(exc):
+                    self._fail(exc, f"write-ahead log {wal.path}")
+            raise
+
+    def _pin(self, handle: Handle) -> bool:
+        """Keep the cache reference of a segment handle written through until the checkpoint that
+        syncs it (one reference per handle)."""
+        key = id(handle)
+        if key in self._pins:
+            return False
+        self._pins[key] = handle
+        return True
+
+
+def _sync(handles: list[Handle]) -> None:
+    for handle in handles:
+        os.fdatasync(handle.fd)  # the fd the round wrote through (hazard 30)

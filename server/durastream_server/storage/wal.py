@@ -1,0 +1,316 @@
+"""The shared write-ahead log: one ``fdatasync`` makes a commit round of many streams durable.
+
+Without it every stream's writer synced its own segment file, so 64 producers on 64 streams paid 64
+``fdatasync`` calls (each a journal commit on ext4) where 64 producers on one stream paid one. A commit
+round (``committer.py``) writes each stream's records into its segment file as before, but without syncing
+it, and appends a copy of the same bytes to the current WAL file, which is synced once for the round. An
+append is acknowledged after that sync: its records (data and producer state in one record, as always)
+are then durable in the WAL, and in the segment's page cache.
+
+Segment files are synced later, by a checkpoint (``committer.py``): the WAL moves on to a new file (a new
+*generation*), every segment file written during the old generation is ``fdatasync``-ed through the very
+fd it was written with (hazard 30), and only then is the old WAL file removed. So at any moment every
+acknowledged byte not yet synced in its segment is in a WAL file that still exists.
+
+Start-up (``replay``), before any stream is recovered: every WAL file left behind is read in generation
+order and each entry's bytes are put back at their place in their segment file, where they differ (after
+a power loss the segment may have lost them; after a process crash they are all there and nothing is
+written). The segments written are synced, then the WAL files are removed. A WAL file ends at its first
+entry that does not check out: a round's entries are written together and acknowledged only after the
+sync, so a torn end is a round that was never acknowledged. Entries of streams no longer in ``streams/``
+(deleted, or quarantined) are skipped.
+
+Entry (little-endian)::
+
+    magic        2 bytes  b"\\xd5\\x77"
+    version      u8       1
+    reserved     u8       0
+    length       u32      body length
+    crc          u32      crc32(body)
+    body:
+      generation u64      the WAL file's generation (a stale entry of a reused file cannot pass)
+      segment    u64      base of the segment file (its global file offset)
+      offset     u64      where in that segment file the records start
+      id_len     u16
+      log id     ascii    the stream incarnation's storage id (its directory name)
+      records    whole log records (codec.py), exactly the bytes written to the segment
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from durastream_server.storage.crc import crc32
+from durastream_server.storage.files import fsync_dir, pread_exact, pwrite_all
+from durastream_server.storage.segments import segment_name
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"\xd5\x77"
+VERSION = 1
+HEAD = struct.Struct("<2sBBII")
+HEAD_SIZE = HEAD.size  # 12
+FIXED = struct.Struct("<QQQH")
+FIXED_SIZE = FIXED.size  # 26
+WAL_DIR = "wal"
+_WAL_RE = re.compile(r"\A(\d{20})\.wal\Z")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_WINDOW = 64 * 1024  # read-ahead of a segment file's content during a replay
+_SYNC_THREADS = 8  # segment files synced at once at the end of a replay
+# An entry larger than this cannot have been written (rounds carry small batches): a length beyond it
+# is damage, and reading it would only allocate.
+MAX_ENTRY_BYTES = 1 << 30
+
+
+def wal_name(generation: int) -> str:
+    return f"{generation:020d}.wal"
+
+
+@dataclass(frozen=True, slots=True)
+class WalEntry:
+    """Records bound for one segment file: where they go, and the bytes."""
+
+    log_id: str
+    segment: int
+    offset: int
+    records: Sequence[bytes | bytearray | memoryview]
+
+
+def encode_entry(generation: int, entry: WalEntry) -> list[bytes | bytearray | memoryview]:
+    """One WAL entry as buffers for ``pwritev`` (the records are checksummed, not copied)."""
+    name = entry.log_id.encode("ascii")
+    fixed = FIXED.pack(generation, entry.segment, entry.offset, len(name))
+    crc = crc32(name, crc32(fixed))
+    size = FIXED_SIZE + len(name)
+    for record in entry.records:
+        crc = crc32(record, crc)
+        size += len(record)
+    return [HEAD.pack(MAGIC, VERSION, 0, size, crc), fixed, name, *entry.records]
+
+
+class WalFile:
+    """The WAL file of one generation, appended to by commit rounds (one at a time, in the committer's
+    thread) and removed by the checkpoint that follows it."""
+
+    def __init__(self, directory: Path, generation: int, fd: int) -> None:
+        self.directory = directory
+        self.generation = generation
+        self.fd = fd
+        self.end = 0  # bytes of whole, synced rounds
+
+    @classmethod
+    def create(cls, directory: Path, generation: int) -> WalFile:
+        """A new, empty WAL file whose directory entry is durable before anything is written to it
+        (an fdatasync of the file does not make its name durable)."""
+        path = directory / wal_name(generation)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+        try:
+            fsync_dir(directory)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(directory, generation, fd)
+
+    @property
+    def path(self) -> Path:
+        return self.directory / wal_name(self.generation)
+
+    def append(self, entries: list[WalEntry]) -> None:
+        """Write ``entries`` after the last round and ``fdatasync``: when this returns, they are durable.
+        On an OSError nothing of this round counts: ``undo`` cuts it off."""
+        buffers: list[bytes | bytearray | memoryview] = []
+        for entry in entries:
+            buffers += encode_entry(self.generation, entry)
+        written = pwrite_all(self.fd, buffers, self.end)
+        os.fdatasync(self.fd)
+        self.end += written
+
+    def undo(self) -> None:
+        """Cut off a failed round (raises OSError if even that fails)."""
+        os.ftruncate(self.fd, self.end)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def remove(self) -> None:
+        """Close and delete (after a checkpoint: every byte in it is synced in its segment)."""
+        self.close()
+        os.unlink(self.path)
+        fsync_dir(self.directory)
+
+
+# ------------------------------------------------------------------------------------------- replay
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    files: int  # WAL files found
+    entries: int  # entries that checked out
+    repaired: int  # entries whose bytes the segment did not hold, and that were written back
+    skipped: int  # entries of streams that are gone (deleted or quarantined)
+    next_generation: int
+
+
+def generations(directory: Path) -> list[int]:
+    """Generations of the WAL files in ``directory``, oldest first."""
+    found = []
+    for name in os.listdir(directory):
+        match = _WAL_RE.match(name)
+        if match:
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def read_entries(path: Path, generation: int) -> list[tuple[str, int, int, bytes]]:
+    """The entries of one WAL file up to its first damaged one, as ``(log id, segment base, offset,
+    records)``."""
+    with open(path, "rb", buffering=0) as fh:
+        data = fh.read()
+    found = []
+    at = 0
+    while at + HEAD_SIZE <= len(data):
+        magic, version, _, length, crc = HEAD.unpack_from(data, at)
+        body_at = at + HEAD_SIZE
+        if (
+            magic != MAGIC
+            or version != VERSION
+            or length < FIXED_SIZE
+            or length > MAX_ENTRY_BYTES
+            or body_at + length > len(data)
+        ):
+            break
+        body = memoryview(data)[body_at : body_at + length]
+        if crc32(body) != crc:
+            break
+        gen, segment, offset, id_len = FIXED.unpack_from(body, 0)
+        if gen != generation or FIXED_SIZE + id_len > length:
+            break
+        log_id = bytes(body[FIXED_SIZE : FIXED_SIZE + id_len]).decode("ascii", "replace")
+        found.append((log_id, segment, offset, bytes(body[FIXED_SIZE + id_len :])))
+        at = body_at + length
+    if at < len(data):
+        log.warning(
+            "WAL %s: %d bytes after its last whole entry (a round that was never acknowledged)",
+            path,
+            len(data) - at,
+        )
+    return found
+
+
+def replay(root: Path, *, sync: bool) -> ReplayReport:
+    """Put every WAL entry's bytes back into its segment file, sync what was written, remove the WAL
+    files (see the module docstring). Blocking; runs before any stream is recovered.
+
+    A WAL that reached its checkpoint size holds a few hundred thousand small entries, and the server
+    does not listen until this returns: so a stream directory is looked up once, a segment file is
+    opened and measured once, and what it holds is read in windows (``_SegmentFile``), not once per
+    entry."""
+    directory = root / WAL_DIR
+    directory.mkdir(exist_ok=True)
+    streams = str(root / "streams")
+    found = generations(directory)
+    entries = repaired = skipped = 0
+    stream_dirs: dict[str, str | None] = {}  # log id -> its directory, None if it is gone
+    segments: dict[tuple[str, int], _SegmentFile] = {}
+    created_dirs: set[str] = set()
+    try:
+        for generation in found:
+            for log_id, segment, offset, records in read_entries(
+                directory / wal_name(generation), generation
+            ):
+                entries += 1
+                target = segments.get((log_id, segment))
+                if target is None:
+                    if log_id not in stream_dirs:
+                        stream_dir = os.path.join(streams, log_id)
+                        usable = log_id and "/" not in log_id and os.path.isdir(stream_dir)
+                        stream_dirs[log_id] = stream_dir if usable else None
+                    stream_dir = stream_dirs[log_id]
+                    if stream_dir is None:
+                        skipped += 1
+                        continue
+                    target = _SegmentFile.open(os.path.join(stream_dir, segment_name(segment)))
+                    segments[(log_id, segment)] = target
+                    if target.created:
+                        created_dirs.add(stream_dir)
+                if not target.holds(offset, records):
+                    target.write(offset, records)
+                    repaired += 1
+        if sync:
+            # Concurrent syncs share journal commits (as the checkpoints' do, committer.py).
+            with ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="durastream-replay") as pool:
+                list(pool.map(os.fdatasync, [target.fd for target in segments.values()]))
+            for stream_dir in created_dirs:
+                fsync_dir(stream_dir)
+    finally:
+        for target in segments.values():
+            os.close(target.fd)
+    for generation in found:
+        os.unlink(directory / wal_name(generation))
+    if found and sync:
+        fsync_dir(directory)
+    if repaired:
+        log.warning(
+            "WAL replay: %d of %d entries were missing from their segment files and were written back",
+            repaired,
+            entries,
+        )
+    return ReplayReport(
+        files=len(found),
+        entries=entries,
+        repaired=repaired,
+        skipped=skipped,
+        next_generation=(found[-1] + 1) if found else 0,
+    )
+
+
+class _SegmentFile:
+    """One segment file during a replay: its fd (synced through at the end), its size, and a window of
+    its content, read ahead ``_WINDOW`` bytes at a time (a segment's entries come in ascending offsets;
+    a WAL covers at most a few hundred segment files, so the windows held stay in the tens of MiB)."""
+
+    __slots__ = ("fd", "size", "created", "_window", "_window_at")
+
+    def __init__(self, fd: int, size: int, created: bool) -> None:
+        self.fd = fd
+        self.size = size
+        self.created = created  # its name must be made durable too
+        self._window = b""
+        self._window_at = 0
+
+    @classmethod
+    def open(cls, path: str) -> _SegmentFile:
+        created = not os.path.exists(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o644)
+        try:
+            return cls(fd, os.fstat(fd).st_size, created)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def holds(self, offset: int, records: bytes) -> bool:
+        """True if the file already holds ``records`` at ``offset``."""
+        end = offset + len(records)
+        if self.size < end:
+            return False
+        if len(records) > _WINDOW:
+            return pread_exact(self.fd, len(records), offset) == records
+        at = self._window_at
+        if offset < at or end > at + len(self._window):
+            self._window = pread_exact(self.fd, min(_WINDOW, self.size - offset), offset)
+            self._window_at = at = offset
+        return self._window[offset - at : end - at] == records
+
+    def write(self, offset: int, records: bytes) -> None:
+        pwrite_all(self.fd, [records], offset)
+        self.size = max(self.size, offset + len(records))
+        self._window = b""  # it may hold what was just overwritten
