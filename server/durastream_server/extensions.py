@@ -23,6 +23,7 @@ EXTENSIONS: Final = MappingProxyType(
         "staged-append": 1,
         "payload-digest": 1,
         "time-lookup": 1,
+        "changes": 1,
     }
 )
 

@@ -74,6 +74,7 @@ class DurastreamApp:
         self._backend: Backend | None = None
         self._live: LiveReaders | None = None
         self._streams: StreamHandlers | None = None
+        self._extensions: discovery.ExtensionResources | None = None
         self.startup_error: BaseException | None = None
         self._cors = cors.CorsPolicy(config.cors_origins)
         self._auth = Authorizer(config.auth_tokens) if config.auth_tokens else None
@@ -103,6 +104,9 @@ class DurastreamApp:
                 self._backend = backend
                 self._live = LiveReaders(backend.engine)
                 self._streams = StreamHandlers(backend.engine, self._live, self.config)
+                self._extensions = discovery.ExtensionResources(
+                    backend.engine, self._live, self.config.max_body_bytes
+                )
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.begin_drain()
@@ -194,9 +198,9 @@ class DurastreamApp:
             assert self._streams is not None
             await self._streams.handle(request, target.target)
         elif target.kind is paths.RouteKind.SUBSCRIPTIONS and discovery.owns(target.target):
-            # Extension discovery and listing: their own __ds namespace, before subscriptions.
-            assert self._backend is not None
-            await discovery.handle(self._backend.engine, request, target.target)
+            # Extension discovery, listing, changes: their own __ds namespace, before subscriptions.
+            assert self._extensions is not None
+            await self._extensions.handle(request, target.target)
         elif target.kind is paths.RouteKind.SUBSCRIPTIONS:
             service = self._backend.subscriptions if self._backend is not None else None
             await subscriptions.handle(service, request, target.target, self.config.max_body_bytes)

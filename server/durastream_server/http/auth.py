@@ -12,8 +12,10 @@ request                                                    needs
                                                            fork (``Stream-Forked-From``) also needs the
                                                            source covered
 ``GET __ds/x-durastream/extensions``                       any valid token
-``GET __ds/x-durastream/streams`` (listing)                any token; a prefixed token only with a
-                                                           ``prefix=`` or ``pattern=`` inside its prefix
+``GET __ds/x-durastream/streams`` (listing) and           any token; a prefixed token only with a
+``.../changes`` (change feed)                              ``prefix=`` or ``pattern=`` inside its prefix
+``POST __ds/x-durastream/selections``                      any valid token (it stores a path list, and
+                                                           reveals nothing)
 ``GET __ds/jwks.json``                                     nothing (public keys, for webhook receivers)
 ``POST __ds/subscriptions/{id}/callback|ack|release``      no server token: these carry the callback or
                                                            claim token the server minted (section 7)
@@ -73,7 +75,8 @@ def requirement(request: Request, target: paths.Route | None) -> Need | None:
         return Need(write=write, streams=tuple(streams))
     subpath = target.target
     if discovery.owns(subpath):
-        return Need(listing=subpath == f"{discovery.NAMESPACE}/streams")
+        resource = subpath[len(discovery.NAMESPACE) + 1 :]
+        return Need(listing=resource in discovery.SCOPED_BY_QUERY)
     parts = subpath.split("/")
     if parts == ["jwks.json"]:
         return None

@@ -20,6 +20,7 @@ EXPECTED = {
     "staged-append": 1,
     "payload-digest": 1,
     "time-lookup": 1,
+    "changes": 1,
 }
 
 
