@@ -24,6 +24,7 @@ EXTENSIONS: Final = MappingProxyType(
         "payload-digest": 1,
         "time-lookup": 1,
         "changes": 1,
+        "multi-range": 1,
     }
 )
 

@@ -105,7 +105,7 @@ class DurastreamApp:
                 self._live = LiveReaders(backend.engine)
                 self._streams = StreamHandlers(backend.engine, self._live, self.config)
                 self._extensions = discovery.ExtensionResources(
-                    backend.engine, self._live, self.config.max_body_bytes
+                    backend.engine, self._live, self.config.max_body_bytes, self.config.chunk_bytes
                 )
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -191,7 +191,7 @@ class DurastreamApp:
             await responses.send_response(request.send, 204, cors.preflight_headers())
             return
         if self._auth is not None:
-            self._auth.authorize(request, target)  # 401 / 403; see http/auth.py for the rules
+            request.token = self._auth.authorize(request, target)  # 401 / 403: http/auth.py
         if target.kind is paths.RouteKind.HEALTH:
             await self._health(request)
         elif target.kind is paths.RouteKind.STREAM:

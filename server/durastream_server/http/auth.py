@@ -16,6 +16,9 @@ request                                                    needs
 ``.../changes`` (change feed)                              ``prefix=`` or ``pattern=`` inside its prefix
 ``POST __ds/x-durastream/selections``                      any valid token (it stores a path list, and
                                                            reveals nothing)
+``POST __ds/x-durastream/lookups`` and ``.../reads``       any valid token; each listed range whose stream
+(multi-range)                                              the token does not cover is answered 403 on its
+                                                           own
 ``GET __ds/jwks.json``                                     nothing (public keys, for webhook receivers)
 ``POST __ds/subscriptions/{id}/callback|ack|release``      no server token: these carry the callback or
                                                            claim token the server minted (section 7)
@@ -91,11 +94,13 @@ class Authorizer:
             raise ValueError("an Authorizer needs at least one token")
         self._tokens = tokens
 
-    def authorize(self, request: Request, target: paths.Route | None) -> None:
-        """Return if ``request`` may proceed; raise ``Unauthorized`` (401) or ``Forbidden`` (403)."""
+    def authorize(self, request: Request, target: paths.Route | None) -> AuthToken | None:
+        """Return the request's token (None for an open endpoint) if ``request`` may proceed; raise
+        ``Unauthorized`` (401) or ``Forbidden`` (403). Handlers that learn stream paths from a body
+        (multi-range requests) check each against the returned token."""
         need = requirement(request, target)
         if need is None:
-            return
+            return None
         token = self.identify(request.headers.get("authorization"))
         if need.write and not token.writable:
             raise _forbidden(f"this token is read-only; {request.method} needs a read-write token")
@@ -115,6 +120,7 @@ class Authorizer:
                 f"this token is limited to streams under '{token.prefix}/'; list them with "
                 f"prefix={token.prefix}/ or a pattern starting with {token.prefix}/"
             )
+        return token
 
     def identify(self, header: str | None) -> AuthToken:
         """The configured token an ``Authorization`` header value carries, or ``Unauthorized``."""

@@ -9,14 +9,12 @@ that later questions name it by id instead of sending the list (``engine/selecti
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any, Final
 
 from durastream_server.errors import BadRequest, MethodNotAllowed
-from durastream_server.http.body import read_body
+from durastream_server.http.body import read_json_body
 from durastream_server.http.live import Disconnect, LiveReaders
 from durastream_server.http.query import bounded_int, glob_parameter
-from durastream_server.subscriptions import jsonbody
 
 if TYPE_CHECKING:
     from durastream_server.engine.changes import Match
@@ -31,8 +29,8 @@ EXAMINE_ALLOWANCE: Final = 10_000
 MAX_WAIT_MS: Final = 60_000
 MAX_SELECTION_PATHS: Final = 1_000_000
 MAX_PATH_BYTES: Final = 4096
-INLINE_JSON_BYTES: Final = 64 * 1024  # larger selection bodies are parsed off the event loop
 PARAMETERS: Final = ("since", "prefix", "pattern", "selection", "limit", "wait")
+_SHAPE: Final = 'a JSON object {"streams": ["path", ...]} with 1 to 1,000,000 stream paths'
 
 
 async def serve_changes(
@@ -84,27 +82,14 @@ async def serve_selections(engine: Engine, request: Request, max_body_bytes: int
     """Register ``{"streams": [path, ...]}``; answers its id and how many distinct paths it holds."""
     if request.method != "POST":
         raise MethodNotAllowed("register a selection with POST", headers={"Allow": "POST"})
-    body = await read_body(request.receive, request.headers, max_body_bytes)
-    if len(body) > INLINE_JSON_BYTES:
-        document = await asyncio.get_running_loop().run_in_executor(None, _parse, body)
-    else:
-        document = _parse(body)
-    paths = _paths(document)
-    selection = await engine.register_selection(paths)
+    document = await read_json_body(request.receive, request.headers, max_body_bytes, _SHAPE)
+    selection = await engine.register_selection(_paths(document))
     return {"selection": selection.id, "streams": len(selection.paths)}
 
 
-def _parse(body: bytes) -> Any:
-    try:
-        return jsonbody.loads(body)
-    except ValueError as exc:
-        raise BadRequest(f'the body must be JSON {{"streams": [path, ...]}}: {exc}') from None
-
-
 def _paths(document: Any) -> list[str]:
-    expected = 'a JSON object {"streams": ["path", ...]} with 1 to 1,000,000 stream paths'
     if not isinstance(document, dict) or set(document) != {"streams"}:
-        raise BadRequest(f"the body must be {expected}")
+        raise BadRequest(f"the body must be {_SHAPE}")
     paths = document["streams"]
     if not isinstance(paths, list) or not 1 <= len(paths) <= MAX_SELECTION_PATHS:
         raise BadRequest(f"'streams' must be a list of 1 to {MAX_SELECTION_PATHS} paths")

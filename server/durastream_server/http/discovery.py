@@ -1,5 +1,6 @@
-"""``{root}/__ds/x-durastream/...``: extension discovery, stream listing and the change feed
-(``docs/extensions.md``, "Advertisement", sections 4 and 7; the change feed itself is ``changes.py``).
+"""``{root}/__ds/x-durastream/...``: extension discovery, stream listing, the change feed and
+multi-range requests (``docs/extensions.md``, "Advertisement", sections 4, 8 and 9; the last two are
+``changes.py`` and ``multirange.py``).
 
 These live under the reserved ``__ds`` segment (so no stream path can shadow them) in an ``x-durastream``
 namespace that the subscription APIs never use; the app routes them here before the subscription
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from durastream_server import extensions
 from durastream_server.errors import MethodNotAllowed, NotFound
-from durastream_server.http import changes, responses
+from durastream_server.http import changes, multirange, responses
 from durastream_server.http.query import bounded_int, glob_parameter, query_values
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ MAX_LIMIT: Final = 10000
 # Paths a page may examine beyond its limit before it answers with what it found and a ``next``:
 # bounds the cost of a pattern that matches few streams (docs/extensions.md section 4).
 EXAMINE_ALLOWANCE: Final = 1000
-RESOURCES: Final = ("extensions", "streams", "changes", "selections")
+RESOURCES: Final = ("extensions", "streams", "changes", "selections", "lookups", "reads")
 # Resources that answer stream paths and tails: a token limited to a prefix must stay inside it with
 # ``prefix=`` or ``pattern=`` (http/auth.py).
 SCOPED_BY_QUERY: Final = frozenset({"streams", "changes"})
@@ -41,16 +42,26 @@ def owns(subpath: str) -> bool:
 class ExtensionResources:
     """The resources under ``{root}/__ds/x-durastream/``; built once per server, like the handlers."""
 
-    def __init__(self, engine: Engine, live: LiveReaders, max_body_bytes: int) -> None:
+    def __init__(
+        self, engine: Engine, live: LiveReaders, max_body_bytes: int, chunk_bytes: int
+    ) -> None:
         self._engine = engine
         self._live = live
         self._max_body_bytes = max_body_bytes
+        self._chunk_bytes = chunk_bytes
 
     async def handle(self, request: Request, subpath: str) -> None:
         name = subpath[len(NAMESPACE) + 1 :]
         document: dict[str, Any]
+        if name == "reads":
+            await multirange.serve_reads(
+                self._engine, request, self._max_body_bytes, self._chunk_bytes
+            )
+            return
         if name == "selections":
             document = await changes.serve_selections(self._engine, request, self._max_body_bytes)
+        elif name == "lookups":
+            document = await multirange.serve_lookups(self._engine, request, self._max_body_bytes)
         elif name not in ("extensions", "streams", "changes"):
             raise NotFound(
                 f"no extension resource {subpath!r}; known: "

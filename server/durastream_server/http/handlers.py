@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from durastream_server.auth import AuthToken
 from durastream_server.config import ServerConfig
 from durastream_server.engine.api import ReadRequest, ReadResult
 from durastream_server.errors import MethodNotAllowed, ProtocolError
@@ -49,6 +50,8 @@ class Request:
     send: Send
     # Writes a prepared answer straight to the connection (long-poll wake-ups, http/fastpath.py).
     responder: RawResponder | None = None
+    # The bearer token that authorized the request (None without --auth-token or on open endpoints).
+    token: AuthToken | None = None
 
     @property
     def authority(self) -> str:

@@ -21,6 +21,7 @@ EXPECTED = {
     "payload-digest": 1,
     "time-lookup": 1,
     "changes": 1,
+    "multi-range": 1,
 }
 
 

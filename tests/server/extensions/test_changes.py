@@ -1,5 +1,5 @@
 """The change feed over HTTP: ``GET {root}/__ds/x-durastream/changes`` and ``POST .../selections``
-(docs/extensions.md, 7)."""
+(docs/extensions.md, 8)."""
 
 from __future__ import annotations
 
