@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -203,6 +203,14 @@ class SourceOffset:
         """The same positions, recording when the batch ending here was planned."""
         return SourceOffset._stored(self._raw, self.default, batch_ms)
 
+    @property
+    def positions_key(self) -> Hashable:
+        """Identifies the positions (not the batch time); cheap to hash for many streams (the compact
+        text, computed once per offset)."""
+        if len(self._raw) > COMPACT_ABOVE:
+            return (self.default, self.to_dict()["z"])
+        return (self.default, self.positions)
+
     def same_positions(self, other: SourceOffset) -> bool:
         """Whether both name the same starts, whatever their batch times."""
         return self.default == other.default and self._raw == other._raw
@@ -261,7 +269,9 @@ class SourceOffset:
     def __repr__(self) -> str:
         shown = ", ".join(f"{p!r}: {v!r}" for p, v in self.positions[:5])
         more = f", ... {len(self) - 5} more" if len(self) > 5 else ""
-        return f"SourceOffset({{{shown}{more}}}, default={self.default!r}, batch_ms={self.batch_ms})"
+        return (
+            f"SourceOffset({{{shown}{more}}}, default={self.default!r}, batch_ms={self.batch_ms})"
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (SourceOffset._stored, (self._raw, self.default, self.batch_ms))

@@ -115,7 +115,8 @@ class ChangeFeedTracker(Tracker):
             if not page.more:
                 break
             page = self._ask(page.cursor, 0)
-            if page.reset and not reset:  # the server lost the cursor between pages: start over
+            if page.reset:  # the server lost the cursor between pages (a restart): start over
+                self.cursor = None
                 return self.refresh()
         if reset:
             log.info("change feed: a snapshot of %d stream(s)", len(states))
@@ -138,7 +139,7 @@ class ChangeFeedTracker(Tracker):
             self._selection = self.client.register_selection(list(self._to_client))
         try:
             return self.client.changes(
-                since, selection=self._selection, prefix=self._prefix, wait_ms=wait_ms
+                since, selection=self._selection, prefix=self._prefix or None, wait_ms=wait_ms
             )
         except StreamNotFound as error:
             if getattr(error, "code", None) != _SELECTION_NOT_FOUND:
@@ -149,7 +150,7 @@ class ChangeFeedTracker(Tracker):
             )
             self._selection = self.client.register_selection(list(self._to_client))
             return self.client.changes(
-                since, selection=self._selection, prefix=self._prefix, wait_ms=wait_ms
+                since, selection=self._selection, prefix=self._prefix or None, wait_ms=wait_ms
             )
 
 
