@@ -97,7 +97,8 @@ def commit_batch(
         raise CommitError(
             f"Committing batch {_batch_text(batch_id, chosen)} failed for {len(failures)} of "
             f"{len(jobs)} (stream, partition) parts; the others are committed. Replaying the batch "
-            f"(restart the query from its checkpoint) completes it without duplicates. {listed}"
+            f"(restart the query from its checkpoint) completes it without duplicates. {listed}",
+            failures=tuple(error for _, _, error in failures),
         ) from failures[0][2]
     summaries = summarize(results)
     _log_summary(batch_id, chosen, summaries)

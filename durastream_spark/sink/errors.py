@@ -75,7 +75,16 @@ class ReorderedRetryError(SinkError):
 
 
 class CommitError(SinkError):
-    """The driver could not commit a batch; the message lists every (stream, partition) that failed."""
+    """The driver could not commit a batch; the message lists every (stream, partition) that failed.
+
+    ``failures`` holds each failed part's own error, first failure first: the Spark boundary drops the
+    exception chain (``boundary.py``), so code that must tell a fenced commit (``StaleEpochError``) from an
+    unreachable server looks here rather than at ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, failures: tuple[BaseException, ...] = ()) -> None:
+        super().__init__(message)
+        self.failures = failures
 
 
 class ProducerStateLost(SinkError):

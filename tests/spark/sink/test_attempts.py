@@ -145,7 +145,7 @@ def test_zombie_of_an_older_batch_never_becomes_visible_in_transactional_mode(
     # Even a commit of the zombie's output (a stale driver) is fenced by the newer epoch.
     with pytest.raises(CommitError) as raised:
         harness.commit([late], 0)
-    assert isinstance(raised.value.__cause__, StaleEpochError)
+    assert [type(error) for error in raised.value.failures] == [StaleEpochError]
     assert_exactly_once(read_stream(root, stream), range(2000))
 
 
