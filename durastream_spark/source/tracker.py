@@ -178,16 +178,45 @@ class PollingTracker(Tracker):
         return self._changed(Refresh(frozenset(changed)))
 
 
+class FeedOrPolling(Tracker):
+    """The change feed, falling back for good to polling when the feed's own endpoint is not there
+    (its 404 is not ``SELECTION_NOT_FOUND``): a ``url`` that is not the stream root, or a proxy that
+    forwards only stream paths. Polling then reads each stream as before, and its 404s say what is
+    wrong with the ``url`` (``errors.stream_root_hint``)."""
+
+    def __init__(self, feed: ChangeFeedTracker, catalog: StreamCatalog) -> None:
+        super().__init__()
+        self._feed = feed
+        self._catalog = catalog
+        self.active: Tracker = feed
+
+    def refresh(self, wait_s: float = 0.0) -> Refresh:
+        try:
+            refresh = self.active.refresh(wait_s)
+        except StreamNotFound as error:
+            if (
+                self.active is not self._feed
+                or getattr(error, "code", None) == _SELECTION_NOT_FOUND
+            ):
+                raise
+            log.info("the change feed is not reachable (%s): polling every stream instead", error)
+            self.active = PollingTracker(self._catalog)
+            refresh = self.active.refresh()
+        self.states = self.active.states
+        return self._changed(refresh)
+
+
 def tracker_for(catalog: StreamCatalog) -> Tracker:
     """The cheapest tracker the server allows for the catalog's selection."""
     client = catalog.client
     if client.extensions().changes:
-        return ChangeFeedTracker(
+        feed = ChangeFeedTracker(
             client,
             streams=catalog.streams,
             pattern=catalog.pattern,
             exclude_prefix=catalog.exclude_prefix,
         )
+        return FeedOrPolling(feed, catalog)
     return PollingTracker(catalog)
 
 
