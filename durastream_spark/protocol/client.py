@@ -178,7 +178,7 @@ def _int_header(reply: Reply, name: str) -> int | None:
         return None
 
 
-MAX_RANGES = 10_000  # ranges per multi-range request (docs/extensions.md section 8)
+MAX_RANGES = 10_000  # ranges per multi-range request (docs/extensions.md section 9)
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ def _multi_read(
     ranges: Sequence[tuple[str, str, str]],
     stream_url: Callable[[str], str],
 ) -> MultiReadChunk:
-    """Check and split a multi-range read answer (layout in docs/extensions.md section 8)."""
+    """Check and split a multi-range read answer (layout in docs/extensions.md section 9)."""
     body = reply.body
     if normalize_content_type(reply.header("Content-Type")) != MULTI_FRAMES_CONTENT_TYPE:
         raise MalformedResponse(f"{context.describe()}: not a multi-frames answer")

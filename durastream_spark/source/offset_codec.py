@@ -65,10 +65,14 @@ def is_compact(document: Mapping[str, Any]) -> bool:
     return type(document.get(VERSION_KEY)) is int
 
 
-def compact_document(raw: Mapping[str, Value], extra: Mapping[str, str]) -> dict[str, Any]:
-    """``raw`` (path -> stored value) in the compact form; ``extra`` keys are kept readable."""
-    text = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    packed = base64.b64encode(zlib.compress(text.encode("utf-8"), _LEVEL)).decode("ascii")
+def compact_document(
+    raw: Mapping[str, Value], extra: Mapping[str, str], packed: str | None = None
+) -> dict[str, Any]:
+    """``raw`` (path -> stored value) in the compact form; ``extra`` keys are kept readable.
+    ``packed``: the ``z`` text of the same ``raw``, if already known (it is most of the cost)."""
+    if packed is None:
+        text = json.dumps(raw, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        packed = base64.b64encode(zlib.compress(text.encode("utf-8"), _LEVEL)).decode("ascii")
     return {VERSION_KEY: COMPACT_VERSION, "n": len(raw), "z": packed, **extra}
 
 

@@ -151,7 +151,7 @@ class SourceOffset:
     streams cost no per-entry work on the way in or out, whatever their number.
     """
 
-    __slots__ = ("_raw", "default", "batch_ms", "_document", "_hash")
+    __slots__ = ("_raw", "default", "batch_ms", "_document", "_hash", "_packed")
 
     def __init__(
         self,
@@ -172,6 +172,7 @@ class SourceOffset:
         self.batch_ms = batch_ms
         self._document: dict[str, Any] | None = None
         self._hash: int | None = None
+        self._packed: str | None = None  # the compact ``z`` text of ``_raw``, once computed
 
     @classmethod
     def of(
@@ -200,8 +201,11 @@ class SourceOffset:
         return SourceOffset._stored(raw, self.default)
 
     def with_batch_ms(self, batch_ms: int | None) -> SourceOffset:
-        """The same positions, recording when the batch ending here was planned."""
-        return SourceOffset._stored(self._raw, self.default, batch_ms)
+        """The same positions, recording when the batch ending here was planned (sharing the
+        compact text, if computed: it depends on the positions only)."""
+        offset = SourceOffset._stored(self._raw, self.default, batch_ms)
+        offset._packed = self._packed
+        return offset
 
     @property
     def positions_key(self) -> Hashable:
@@ -213,7 +217,10 @@ class SourceOffset:
 
     def same_positions(self, other: SourceOffset) -> bool:
         """Whether both name the same starts, whatever their batch times."""
-        return self.default == other.default and self._raw == other._raw
+        # Identity first: an offset and its copies with a batch time share their positions.
+        return self.default == other.default and (
+            self._raw is other._raw or self._raw == other._raw
+        )
 
     # ---- access ------------------------------------------------------------------------------------------
 
@@ -286,8 +293,9 @@ class SourceOffset:
             if self.batch_ms is not None:
                 extra[BATCH_TIME_KEY] = str(self.batch_ms)
             if len(self._raw) > COMPACT_ABOVE:
-                self._document = compact_document(self._raw, extra)
-                _DECODED.put(self._document["z"], self)
+                self._document = compact_document(self._raw, extra, self._packed)
+                self._packed = self._document["z"]
+                _DECODED.put(self._packed, self)
             else:
                 document = {**self.as_dict(), **extra}
                 self._document = {key: document[key] for key in sorted(document)}
@@ -333,9 +341,11 @@ class SourceOffset:
         batch_ms = None if batch is None else _batch_ms(batch)
         packed = document.get("z")
         known = _DECODED.get(packed) if isinstance(packed, str) else None
-        if known is not None and known.default == default and known.batch_ms == batch_ms:
-            return known
+        if known is not None and known.default == default:
+            # The same positions (the end this process planned last): shared, not decoded again.
+            return known if known.batch_ms == batch_ms else known.with_batch_ms(batch_ms)
         offset = cls._stored(read_compact(document), default, batch_ms)
+        offset._packed = packed
         for path, value in offset._raw.items():
             if (
                 type(value) is str

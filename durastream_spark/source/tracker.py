@@ -4,7 +4,7 @@ A ``Tracker`` holds every selected stream's ``StreamState`` (tail, closure, cont
 it once per trigger, saying which paths changed (``Refresh.changed``), so the planner looks at those and
 leaves the other 99% of a 100,000-stream query alone.
 
-- ``ChangeFeedTracker`` (durastream-server's ``changes`` extension, docs/extensions.md section 7): one
+- ``ChangeFeedTracker`` (durastream-server's ``changes`` extension, docs/extensions.md section 8): one
   request per refresh answers the selected streams that changed since the tracker's cursor (a few pages
   when many did). The first refresh, and any after the server lost the cursor (a restart), is a full
   snapshot. An explicit ``streams`` list is registered once as a selection and named by id. With

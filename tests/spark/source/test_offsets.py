@@ -177,3 +177,15 @@ def test_a_copied_compact_offset_works_as_starting_offsets() -> None:
     offset = SourceOffset.of(many(120))
     spec = parse_offset_spec("startingOffsets", offset.json(), ending=False)
     assert isinstance(spec, SpecificSpec) and dict(spec.offsets) == many(120)
+
+
+def test_the_compact_text_is_computed_once_per_positions() -> None:
+    """Spark sees each end twice (without and with its batch time) and hands it back as start: the
+    compressed text of 100,000 streams is the costly part, so copies share it instead of redoing it."""
+    offset = SourceOffset.of(many(300))
+    packed = offset.to_dict()["z"]
+    timed = offset.with_batch_ms(1700000000000)
+    assert timed.to_dict()["z"] is packed and timed.to_dict()["/batchTimeMs"] == "1700000000000"
+    parsed = SourceOffset.from_json(timed.json())
+    assert parsed == timed and parsed.raw is offset.raw  # not decoded again
+    assert parsed.same_positions(offset)
