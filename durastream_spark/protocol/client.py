@@ -62,11 +62,15 @@ from durastream_spark.protocol.models import (
     RAW,
     READ_FORMATS,
     AppendResult,
+    ChangePage,
     CreateResult,
     LimitLookup,
+    MultiReadChunk,
     Producer,
+    RangeAnswer,
     ReadChunk,
     StageResult,
+    StreamChange,
     StreamInfo,
     StreamMeta,
     TimeLookup,
@@ -78,6 +82,7 @@ from durastream_spark.protocol.session import get_session
 log = logging.getLogger(__name__)
 
 FRAMES_CONTENT_TYPE = "application/vnd.durastream.frames"
+MULTI_FRAMES_CONTENT_TYPE = "application/vnd.durastream.multi-frames"
 MAX_PRODUCER_INT = 2**53 - 1
 _HANDLE = re.compile(r"^[A-Za-z0-9._:-]{1,200}$")
 _NO_BODY_STATUSES = frozenset({204, 304})
@@ -209,6 +214,118 @@ class RequestCounts:
     def snapshot(self) -> tuple[int, int]:
         with self._lock:
             return self.requests, self.retries
+
+
+MAX_RANGES = 10_000  # ranges per multi-range request (docs/extensions.md section 10)
+
+
+@dataclass(frozen=True)
+class RangeLookup:
+    """One range of a multi-range limit lookup (``None``: no limit / up to the tail)."""
+
+    path: str
+    offset: str
+    end: str | None = None
+    max_messages: int | None = None
+    max_bytes: int | None = None
+
+    def as_json(self) -> dict[str, object]:
+        fields = {
+            "path": self.path,
+            "offset": self.offset,
+            "end": self.end,
+            "max_messages": self.max_messages,
+            "max_bytes": self.max_bytes,
+        }
+        return {key: value for key, value in fields.items() if value is not None}
+
+
+def _stream_info(entry: Mapping[str, Any]) -> StreamInfo:
+    return StreamInfo(
+        path=str(entry["path"]),
+        content_type=str(entry["content_type"]),
+        next_offset=str(entry["next_offset"]),
+        closed=bool(entry["closed"]),
+    )
+
+
+def _range_error(context: RequestContext, entry: Any) -> Exception | None:
+    """The typed error a single request would have raised, for a failed entry of a multi-range answer."""
+    if not isinstance(entry, Mapping):
+        return MalformedResponse(f"{context.describe()}: a multi-range entry is not an object")
+    error = entry.get("error")
+    if error is None:
+        return None
+    if not isinstance(error, Mapping) or not isinstance(error.get("status"), int):
+        return MalformedResponse(f"{context.describe()}: malformed error entry {error!r}")
+    headers = {"Content-Type": "application/json"}
+    if isinstance(error.get("tail"), str):
+        headers["Stream-Next-Offset"] = error["tail"]
+    body = json.dumps({"error": {"code": error.get("code"), "message": error.get("message")}})
+    return error_from_response(context, int(error["status"]), headers, body.encode())
+
+
+def _limit_lookup(document: Mapping[str, Any], context: RequestContext) -> LimitLookup:
+    try:
+        return LimitLookup(
+            start=str(document["start"]),
+            end=str(document["end"]),
+            messages=int(document["messages"]),
+            bytes=int(document["bytes"]),
+            tail=str(document["tail"]),
+            closed=bool(document["closed"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise MalformedResponse(
+            f"{context.describe()}: malformed limit lookup answer: missing or bad field {exc}"
+        ) from None
+
+
+def _multi_read(
+    reply: Reply,
+    context: RequestContext,
+    ranges: Sequence[tuple[str, str, str]],
+    stream_url: Callable[[str], str],
+) -> MultiReadChunk:
+    """Check and split a multi-range read answer (layout in docs/extensions.md section 10)."""
+    body = reply.body
+    if normalize_content_type(reply.header("Content-Type")) != MULTI_FRAMES_CONTENT_TYPE:
+        raise MalformedResponse(f"{context.describe()}: not a multi-frames answer")
+    if len(body) < 8 or body[:4] != b"DSM1":
+        raise MalformedResponse(f"{context.describe()}: multi-frames body without its header")
+    length = int.from_bytes(body[4:8], "little")
+    frames_at = 8 + length
+    if frames_at > len(body) or frames_at % 8:
+        raise MalformedResponse(f"{context.describe()}: bad multi-frames header length {length}")
+    try:
+        entries = json.loads(body[8:frames_at])["ranges"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MalformedResponse(f"{context.describe()}: bad multi-frames header: {exc}") from None
+    if not isinstance(entries, list) or not 1 <= len(entries) <= len(ranges):
+        raise MalformedResponse(f"{context.describe()}: the answer covers no range, or too many")
+    answers: list[RangeAnswer] = []
+    for index, ((path, start, end), entry) in enumerate(zip(ranges, entries, strict=False)):
+        where = RequestContext("GET", stream_url(path), stream=path, offset=start, end=end)
+        error = _range_error(where, entry)
+        if error is not None:
+            if isinstance(error, MalformedResponse):
+                raise error
+            answers.append(RangeAnswer(0, None, False, error))
+            continue
+        try:
+            messages, next_offset = int(entry["messages"]), str(entry["next_offset"])
+            reached = bool(entry["end_reached"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedResponse(f"{where.describe()}: bad multi-frames entry: {exc}") from None
+        if next_offset > end or reached != (next_offset == end):
+            raise MalformedResponse(
+                f"{where.describe()}: a read bounded by end {end} stopped at {next_offset} "
+                f"(end reached: {reached}). Refusing the data."
+            )
+        if not reached and index != len(entries) - 1:
+            raise MalformedResponse(f"{where.describe()}: only the last range may be cut short")
+        answers.append(RangeAnswer(messages, next_offset, reached))
+    return MultiReadChunk(tuple(answers), body, frames_at)
 
 
 class StreamClient:
@@ -695,19 +812,7 @@ class StreamClient:
                 "end": end,
             },
         )
-        try:
-            return LimitLookup(
-                start=str(document["start"]),
-                end=str(document["end"]),
-                messages=int(document["messages"]),
-                bytes=int(document["bytes"]),
-                tail=str(document["tail"]),
-                closed=bool(document["closed"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise MalformedResponse(
-                f"{context.describe()}: malformed limit lookup answer: missing or bad field {exc}"
-            ) from None
+        return _limit_lookup(document, context)
 
     def lookup_time(
         self, path: str, timestamp_ms: int, *, start: str = "-1", end: str | None = None
@@ -768,15 +873,7 @@ class StreamClient:
             try:
                 entries = document["streams"]
                 following = document.get("next")
-                infos = [
-                    StreamInfo(
-                        path=str(entry["path"]),
-                        content_type=str(entry["content_type"]),
-                        next_offset=str(entry["next_offset"]),
-                        closed=bool(entry["closed"]),
-                    )
-                    for entry in entries
-                ]
+                infos = [_stream_info(entry) for entry in entries]
             except (KeyError, TypeError, AttributeError) as exc:
                 raise MalformedResponse(f"malformed stream listing: {exc!r}") from None
             yield from infos
@@ -827,10 +924,140 @@ class StreamClient:
         except (KeyError, TypeError) as exc:
             raise MalformedResponse(f"malformed subscription document: {exc!r}") from None
 
+    # ---- many streams at once (extensions changes and multi-range) --------------------------------------
+
+    def changes(
+        self,
+        since: str | None = None,
+        *,
+        pattern: str | None = None,
+        prefix: str | None = None,
+        selection: str | None = None,
+        limit: int = 10_000,
+        wait_ms: int = 0,
+    ) -> ChangePage:
+        """One page of the change feed: the selected streams that changed after cursor ``since`` (a
+        snapshot without it), each with its state now; ``wait_ms`` lets the server hold an empty answer
+        until one changes. A 404 ``SELECTION_NOT_FOUND`` means: register the selection again."""
+        self._require(ext.CHANGES, "ask which streams changed")
+        base = self.connection.url + ext.CHANGES_PATH
+        params = {
+            "since": since,
+            "pattern": pattern,
+            "prefix": prefix,
+            "selection": selection,
+            "limit": limit,
+            "wait": wait_ms or None,
+        }
+        context = RequestContext("GET", base)
+        reply = self._checked(
+            "GET", base + query_string(params), context, {}, ok=(200,), server_wait_s=wait_ms / 1000
+        )
+        document = self._json(reply, context)
+        try:
+            changes = tuple(
+                StreamChange(str(entry["path"]), None)
+                if entry.get("deleted")
+                else StreamChange(str(entry["path"]), _stream_info(entry))
+                for entry in document["changes"]
+            )
+            return ChangePage(
+                changes, str(document["cursor"]), bool(document["more"]), bool(document["reset"])
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise MalformedResponse(
+                f"{context.describe()}: malformed change page: {exc!r}"
+            ) from None
+
+    def register_selection(self, paths: Sequence[str]) -> str:
+        """Register an explicit list of streams for change queries; returns its id."""
+        self._require(ext.CHANGES, "register the streams to watch")
+        url = self.connection.url + ext.SELECTIONS_PATH
+        context = RequestContext("POST", url)
+        body = json.dumps({"streams": list(paths)}, separators=(",", ":")).encode()
+        headers = {"Content-Type": "application/json"}
+        # Registering the same set again returns the same id: safe to repeat.
+        reply = self._checked("POST", url, context, headers, body=body, ok=(200,), read_only=True)
+        try:
+            return str(self._json(reply, context)["selection"])
+        except (KeyError, TypeError) as exc:
+            raise MalformedResponse(f"{context.describe()}: malformed answer: {exc!r}") from None
+
+    def lookup_ranges(self, lookups: Sequence[RangeLookup]) -> list[LimitLookup | Exception]:
+        """Limit lookups of many ranges, ``MAX_RANGES`` per request: per range its answer, or the typed
+        error its single lookup would have raised (``StreamNotFound``, ``EndBeyondTail``, ...)."""
+        self._require(ext.MULTI_RANGE, "look up many ranges at once")
+        url = self.connection.url + ext.LOOKUPS_PATH
+        out: list[LimitLookup | Exception] = []
+        for first in range(0, len(lookups), MAX_RANGES):
+            part = lookups[first : first + MAX_RANGES]
+            body = json.dumps(
+                {"lookups": [lookup.as_json() for lookup in part]}, separators=(",", ":")
+            ).encode()
+            context = RequestContext("POST", url)
+            reply = self._checked(
+                "POST",
+                url,
+                context,
+                {"Content-Type": "application/json"},
+                body=body,
+                ok=(200,),
+                read_only=True,
+            )
+            document = self._json(reply, context)
+            results = document.get("results") if isinstance(document, dict) else None
+            if not isinstance(results, list) or len(results) != len(part):
+                raise MalformedResponse(f"{context.describe()}: expected {len(part)} results")
+            for lookup, result in zip(part, results, strict=True):
+                where = RequestContext(
+                    "GET",
+                    self.stream_url(lookup.path),
+                    stream=lookup.path,
+                    offset=lookup.offset,
+                    end=lookup.end,
+                )
+                out.append(_range_error(where, result) or _limit_lookup(result, where))
+        return out
+
+    def read_ranges(
+        self, ranges: Sequence[tuple[str, str, str]], format: str = FRAMES
+    ) -> MultiReadChunk:
+        """Bounded frames reads of ``(path, start, end)`` ranges in one request. The answer covers a
+        prefix of them (the last possibly cut short): see ``MultiReadChunk``; ask again for the rest."""
+        self._require(ext.MULTI_RANGE, "read many ranges at once")
+        if format not in (FRAMES, FRAMES_LINES):
+            raise ValueError(f"format must be {FRAMES} or {FRAMES_LINES}, got {format!r}")
+        if not 1 <= len(ranges) <= MAX_RANGES:
+            raise ValueError(f"1 to {MAX_RANGES} ranges per request, got {len(ranges)}")
+        url = self.connection.url + ext.READS_PATH
+        body = json.dumps(
+            {
+                "ranges": [{"path": p, "offset": start, "end": end} for p, start, end in ranges],
+                "format": format,
+            },
+            separators=(",", ":"),
+        ).encode()
+        context = RequestContext("POST", url)
+        reply = self._checked(
+            "POST",
+            url,
+            context,
+            {"Content-Type": "application/json"},
+            body=body,
+            ok=(200,),
+            read_only=True,
+        )
+        return _multi_read(reply, context, ranges, self.stream_url)
+
     # ---- plumbing ---------------------------------------------------------------------------------------
 
     def _exchange(
-        self, method: str, url: str, headers: dict[str, str], body: bytes | RequestBody | None
+        self,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        body: bytes | RequestBody | None,
+        server_wait_s: float = 0.0,
     ) -> Reply:
         session = get_session(self.connection)
         timeout = self.connection.request_timeout_s
@@ -839,7 +1066,8 @@ class StreamClient:
             url,
             data=body,
             headers=headers,
-            timeout=(timeout, timeout),
+            # A request the server may hold (a change-feed wait) gets that long on top of the timeout.
+            timeout=(timeout, timeout + server_wait_s),
             # Per request, not only on the session: requests lets REQUESTS_CA_BUNDLE override a session's
             # verify setting, which would silently replace the tls.caBundle option.
             verify=self.connection.verify,
@@ -867,16 +1095,19 @@ class StreamClient:
         context: RequestContext,
         headers: dict[str, str],
         body: bytes | RequestBody | None = None,
+        server_wait_s: float = 0.0,
+        read_only: bool = False,
     ) -> tuple[Reply, int, bool]:
         """One logical request under the retry policy: ``(reply, attempts, idempotent)``, any status."""
         all_headers = request_headers(self.connection)
         all_headers.update(headers)
         # Decided from the protocol headers of this request alone: the user's headers cannot make a plain
         # append look idempotent (options refuse Producer-* and Stream-* headers).
-        idempotent = request_is_idempotent(method, headers, len(body or b""))
+        # ``read_only``: a POST that only asks (multi-range, selections), safe to repeat like a GET.
+        idempotent = read_only or request_is_idempotent(method, headers, len(body or b""))
 
         def send() -> Reply:
-            return self._exchange(method, url, all_headers, body)
+            return self._exchange(method, url, all_headers, body, server_wait_s)
 
         reply, attempts = self._retrier.call(send, idempotent=idempotent, context=context)
         self.counts.add(attempts)
@@ -894,9 +1125,13 @@ class StreamClient:
         *,
         ok: tuple[int, ...],
         body: bytes | RequestBody | None = None,
+        server_wait_s: float = 0.0,
+        read_only: bool = False,
     ) -> Reply:
         """``_send``, raising the typed error unless the status is one of ``ok``."""
-        reply, attempts, idempotent = self._send(method, url, context, headers, body)
+        reply, attempts, idempotent = self._send(
+            method, url, context, headers, body, server_wait_s, read_only
+        )
         if reply.status not in ok:
             raise self._error(context, reply, attempts, idempotent)
         return reply

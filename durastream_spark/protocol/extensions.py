@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 HEADER = "Durastream-Extensions"
 DISCOVERY_PATH = "/__ds/x-durastream/extensions"
 LISTING_PATH = "/__ds/x-durastream/streams"
+CHANGES_PATH = "/__ds/x-durastream/changes"
+SELECTIONS_PATH = "/__ds/x-durastream/selections"
+LOOKUPS_PATH = "/__ds/x-durastream/lookups"
+READS_PATH = "/__ds/x-durastream/reads"
 
 BOUNDED_READ = "bounded-read"
 MESSAGE_FRAMES = "message-frames"
@@ -25,6 +29,8 @@ LISTING = "listing"
 STAGED_APPEND = "staged-append"
 PAYLOAD_DIGEST = "payload-digest"
 TIME_LOOKUP = "time-lookup"
+CHANGES = "changes"
+MULTI_RANGE = "multi-range"
 
 # Versions that add to an extension (a server advertising a version has every earlier one too).
 # staged-append 2: handle lists in the request body (``Durastream-Commit: @body``) and commit keys.
@@ -112,6 +118,14 @@ class Extensions:
     @property
     def time_lookup(self) -> bool:
         return self.supports(TIME_LOOKUP)
+
+    @property
+    def changes(self) -> bool:
+        return self.supports(CHANGES)
+
+    @property
+    def multi_range(self) -> bool:
+        return self.supports(MULTI_RANGE)
 
     def __bool__(self) -> bool:
         return bool(self.versions)

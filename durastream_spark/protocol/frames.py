@@ -45,6 +45,7 @@ POSITION_DIGITS = 16
 TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
 
 _HEADER = struct.Struct("<4sIII")
+_BOUNDS = struct.Struct("<q")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,26 @@ class Frames:
         """The values section as one buffer (zero-copy): NDJSON in ``frames-lines`` mode, the values back
         to back in ``frames`` mode; ``pyarrow.json.read_json(pa.BufferReader(frames.ndjson), ...)`` parses
         either (it is whitespace-insensitive between values)."""
-        return self.values.buffers()[2] or pa.py_buffer(b"")
+        _, boundaries, data = self.values.buffers()
+        if data is None or not self.count:
+            return pa.py_buffer(b"")
+        at = self.values.offset  # a slice (one range of a multi-range answer) starts here
+        first, last = (
+            _BOUNDS.unpack_from(boundaries, 8 * at)[0],
+            _BOUNDS.unpack_from(boundaries, 8 * (at + self.count))[0],
+        )
+        return data if first == 0 and last == data.size else data.slice(first, last - first)
+
+    def slice(self, start: int, count: int) -> Frames:
+        """Messages ``start`` to ``start + count`` (zero-copy): one range of a multi-range answer."""
+        return Frames(
+            count=count,
+            lines=self.lines,
+            positions=self.positions.slice(start, count),
+            timestamps=self.timestamps.slice(start, count),
+            values=self.values.slice(start, count),
+            buffer=self.buffer,
+        )
 
     def offsets(self) -> pa.StringArray:
         """Offset token of each message (its own position, not the next one)."""

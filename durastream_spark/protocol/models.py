@@ -159,3 +159,44 @@ class StageResult:
     bytes: int | None
     duplicate: bool
     expires_at: str | None = None  # RFC 3339: when the server reclaims the handle unless committed
+
+
+@dataclass(frozen=True)
+class StreamChange:
+    """One entry of the change feed: the stream's state now, or ``info=None`` when it is gone."""
+
+    path: str
+    info: StreamInfo | None
+
+
+@dataclass(frozen=True)
+class ChangePage:
+    """One page of the change feed (extension ``changes``). ``cursor`` is the next page's ``since``;
+    ``more``: ask again at once; ``reset``: this page and those up to ``more=False`` are a full
+    snapshot of the selection (forget what you knew)."""
+
+    changes: tuple[StreamChange, ...]
+    cursor: str
+    more: bool
+    reset: bool
+
+
+@dataclass(frozen=True)
+class RangeAnswer:
+    """How one range of a multi-range read was answered: ``messages`` of it are in the frames body
+    (after those of the ranges before it), and it stopped at ``next_offset``; or it failed (``error``)."""
+
+    messages: int
+    next_offset: str | None
+    end_reached: bool
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class MultiReadChunk:
+    """A multi-range read answer: per answered range (a prefix of those asked), and the one frames body
+    holding their messages (``body[frames_at:]``, 8-byte aligned within ``body``)."""
+
+    ranges: tuple[RangeAnswer, ...]
+    body: bytes = field(repr=False)
+    frames_at: int

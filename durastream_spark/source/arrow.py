@@ -339,13 +339,21 @@ class OutputLayout:
         """Whether any column is parsed from the message's JSON (the stream must be JSON, read as lines)."""
         return any(c.meta is None for c in self.columns)
 
-    def batch(self, stream: str, block: MessageBlock) -> pa.RecordBatch:
-        """One ``RecordBatch`` of ``block``'s messages with exactly ``arrow_schema``."""
+    def batch(
+        self, stream: str, block: MessageBlock, streams: pa.Array | None = None
+    ) -> pa.RecordBatch:
+        """One ``RecordBatch`` of ``block``'s messages with exactly ``arrow_schema``. ``streams``: each
+        message's stream, for a block of several streams (a packed task); ``stream`` then only names
+        them in errors."""
         parsed = self._parse_json(stream, block) if self.needs_json else None
         arrays: list[pa.Array] = []
         for column, target in zip(self.columns, self.arrow_schema, strict=True):
             if column.meta == STREAM:
-                array = pa.repeat(pa.scalar(stream, pa.string()), block.count)
+                array = (
+                    pa.repeat(pa.scalar(stream, pa.string()), block.count)
+                    if streams is None
+                    else streams
+                )
             elif column.meta == OFFSET:
                 array = block.offsets()
             elif column.meta == VALUE:

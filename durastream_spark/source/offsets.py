@@ -13,6 +13,9 @@ A readable JSON object mapping each stream path to the offset where the next mic
   text: a batch is "new data" exactly when the text changed.
 - A stream absent from the object starts at the beginning (``-1``). This is how streams that appear while a
   ``pattern`` query runs are read from their first message, like Kafka's new partitions.
+- Above 100 streams the object is written in a compact form instead, ``{"v": 2, "n": <streams>, "z":
+  "..."}`` (``offset_codec.py``: the same map, compressed; per-batch cost and size no longer grow with a
+  token per stream). Both forms are read, also as ``startingOffsets``.
 
 Some values exist only in *initial* offsets (what ``initialOffset()`` returns), never in the checkpoint:
 
@@ -53,11 +56,21 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from durastream_spark.errors import OptionError
+from durastream_spark.source.offset_codec import (
+    COMPACT_ABOVE,
+    DecodedCache,
+    Value,
+    compact_document,
+    decode_value,
+    encode_value,
+    is_compact,
+    read_compact,
+)
 from durastream_spark.source.timestamps import at_timestamp, parse_instant, timestamp_of
 
 EARLIEST = "-1"
@@ -130,79 +143,177 @@ def offset_after(a: str, b: str) -> bool:
 # --------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class SourceOffset:
-    """Where each stream's next batch starts. Frozen, hashable, picklable; see the module docstring."""
+    """Where each stream's next batch starts. Immutable, hashable, picklable; see the module docstring.
 
-    positions: tuple[tuple[str, str], ...] = ()
-    default: str = EARLIEST  # where streams absent from ``positions`` start: EARLIEST or symbolic
-    batch_ms: int | None = None  # when the batch ending here was planned (per-trigger minimum only)
+    Values are kept in their stored form (``offset_codec``: positions as integers), so that the next
+    batch's end is a copy of its start with the changed streams replaced (``updated``), and unchanged
+    streams cost no per-entry work on the way in or out, whatever their number.
+    """
 
-    def __post_init__(self) -> None:
-        if self.default != EARLIEST and not is_symbolic(self.default):
+    __slots__ = ("_raw", "default", "batch_ms", "_document", "_hash", "_packed")
+
+    def __init__(
+        self,
+        positions: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+        default: str = EARLIEST,  # where streams absent from ``positions`` start: EARLIEST or symbolic
+        batch_ms: int | None = None,  # when the batch ending here was planned (per-trigger minimum)
+    ) -> None:
+        items = positions.items() if isinstance(positions, Mapping) else positions
+        self._init({path: encode_value(value) for path, value in items}, default, batch_ms)
+
+    def _init(self, raw: dict[str, Value], default: str, batch_ms: int | None) -> None:
+        if default != EARLIEST and not is_symbolic(default):
             raise ValueError(
-                f"default must be {EARLIEST!r}, {LATEST!r} or a timestamp, got {self.default!r}"
+                f"default must be {EARLIEST!r}, {LATEST!r} or a timestamp, got {default!r}"
             )
-        paths = [path for path, _ in self.positions]
-        if paths != sorted(set(paths)):
-            raise ValueError("positions must be sorted by path without duplicates")
+        self._raw = raw
+        self.default = default
+        self.batch_ms = batch_ms
+        self._document: dict[str, Any] | None = None
+        self._hash: int | None = None
+        self._packed: str | None = None  # the compact ``z`` text of ``_raw``, once computed
 
     @classmethod
     def of(
         cls, mapping: Mapping[str, str], default: str = EARLIEST, batch_ms: int | None = None
     ) -> SourceOffset:
-        return cls(tuple(sorted(mapping.items())), default, batch_ms)
+        return cls(mapping, default, batch_ms)
+
+    @classmethod
+    def _stored(
+        cls, raw: dict[str, Value], default: str = EARLIEST, batch_ms: int | None = None
+    ) -> SourceOffset:
+        """From values already in stored form (``raw`` is taken over, not copied)."""
+        offset = cls.__new__(cls)
+        offset._init(raw, default, batch_ms)
+        return offset
+
+    def updated(self, changes: Mapping[str, str | None]) -> SourceOffset:
+        """A copy with ``changes`` applied (a new offset for a path, or ``None`` to drop it) and no batch
+        time. Costs a C-level copy plus the changes, not a pass over every stream in Python."""
+        raw = dict(self._raw)
+        for path, value in changes.items():
+            if value is None:
+                raw.pop(path, None)
+            else:
+                raw[path] = encode_value(value)
+        return SourceOffset._stored(raw, self.default)
+
+    def with_batch_ms(self, batch_ms: int | None) -> SourceOffset:
+        """The same positions, recording when the batch ending here was planned (sharing the
+        compact text, if computed: it depends on the positions only)."""
+        offset = SourceOffset._stored(self._raw, self.default, batch_ms)
+        offset._packed = self._packed
+        return offset
+
+    @property
+    def positions_key(self) -> Hashable:
+        """Identifies the positions (not the batch time); cheap to hash for many streams (the compact
+        text, computed once per offset)."""
+        if len(self._raw) > COMPACT_ABOVE:
+            return (self.default, self.to_dict()["z"])
+        return (self.default, self.positions)
 
     def same_positions(self, other: SourceOffset) -> bool:
         """Whether both name the same starts, whatever their batch times."""
-        return self.positions == other.positions and self.default == other.default
+        # Identity first: an offset and its copies with a batch time share their positions.
+        return self.default == other.default and (
+            self._raw is other._raw or self._raw == other._raw
+        )
 
     # ---- access ------------------------------------------------------------------------------------------
 
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._raw
+
+    @property
+    def raw(self) -> Mapping[str, Value]:
+        """path -> stored value (``offset_codec``): for comparisons of many entries at C speed."""
+        return self._raw
+
     def as_dict(self) -> dict[str, str]:
-        return dict(self.positions)
+        return {path: decode_value(value) for path, value in self._raw.items()}
 
     def get(self, path: str) -> str | None:
-        for candidate, value in self.positions:
-            if candidate == path:
-                return value
-        return None
+        value = self._raw.get(path)
+        return None if value is None else decode_value(value)
 
     def start_of(self, path: str) -> str:
         """Where ``path`` starts: its own value, or the default for streams absent from the offset."""
-        value = self.get(path)
-        return self.default if value is None else value
+        value = self._raw.get(path)
+        return self.default if value is None else decode_value(value)
+
+    @property
+    def positions(self) -> tuple[tuple[str, str], ...]:
+        """``(path, offset)`` pairs sorted by path (a full pass: for small offsets and tests)."""
+        return tuple(sorted(self.as_dict().items()))
 
     @property
     def paths(self) -> tuple[str, ...]:
-        return tuple(path for path, _ in self.positions)
+        return tuple(sorted(self._raw))
 
     @property
     def concrete(self) -> bool:
         """No symbolic value: what an end offset (and so the checkpoint) always is."""
-        return self.default == EARLIEST and not any(is_symbolic(v) for _, v in self.positions)
+        return self.default == EARLIEST and not any(
+            type(v) is str and is_symbolic(v) for v in self._raw.values()
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, SourceOffset):
+            return NotImplemented
+        return self is other or (self.batch_ms == other.batch_ms and self.same_positions(other))
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((self.default, self.batch_ms, frozenset(self._raw.items())))
+        return self._hash
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{p!r}: {v!r}" for p, v in self.positions[:5])
+        more = f", ... {len(self) - 5} more" if len(self) > 5 else ""
+        return (
+            f"SourceOffset({{{shown}{more}}}, default={self.default!r}, batch_ms={self.batch_ms})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (SourceOffset._stored, (self._raw, self.default, self.batch_ms))
 
     # ---- JSON --------------------------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, str]:
-        """The dict handed to Spark: keys sorted, so that equal offsets have equal JSON text."""
-        document = dict(self.positions)
-        if self.default != EARLIEST:
-            document[DEFAULT_KEY] = self.default
-        if self.batch_ms is not None:
-            document[BATCH_TIME_KEY] = str(self.batch_ms)
-        return {key: document[key] for key in sorted(document)}
+    def to_dict(self) -> dict[str, Any]:
+        """The dict handed to Spark: the readable form ``{"path": "<offset>"}`` (keys sorted, so that
+        equal offsets have equal JSON text), or the compact form above ``COMPACT_ABOVE`` streams."""
+        if self._document is None:
+            extra = {DEFAULT_KEY: self.default} if self.default != EARLIEST else {}
+            if self.batch_ms is not None:
+                extra[BATCH_TIME_KEY] = str(self.batch_ms)
+            if len(self._raw) > COMPACT_ABOVE:
+                self._document = compact_document(self._raw, extra, self._packed)
+                self._packed = self._document["z"]
+                _DECODED.put(self._packed, self)
+            else:
+                document = {**self.as_dict(), **extra}
+                self._document = {key: document[key] for key in sorted(document)}
+        return dict(self._document)
 
     def json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, document: Any) -> SourceOffset:
-        """Parse an offset Spark hands back (or a user copied). Raises ``ValueError`` saying what is wrong."""
+        """Parse an offset Spark hands back (or a user copied), in either form. Raises ``ValueError``
+        saying what is wrong."""
         if not isinstance(document, Mapping):
             raise ValueError(
                 f'a durastream offset is a JSON object {{"path": "<offset>"}}, got {document!r}'
             )
+        if is_compact(document):
+            return cls._from_compact(document)
         default = EARLIEST
         batch_ms: int | None = None
         positions: dict[str, str] = {}
@@ -213,21 +324,37 @@ class SourceOffset:
                     f"{key!r}: {value!r}"
                 )
             if key == DEFAULT_KEY:
-                if value != EARLIEST and not is_symbolic(value):
-                    raise ValueError(
-                        f"{DEFAULT_KEY} must be {LATEST!r} or a timestamp, got {value!r}"
-                    )
-                default = value
+                default = _default_value(value)
                 continue
             if key == BATCH_TIME_KEY:
-                if not value.isdigit():
-                    raise ValueError(f"{BATCH_TIME_KEY} must be milliseconds, got {value!r}")
-                batch_ms = int(value)
+                batch_ms = _batch_ms(value)
                 continue
             if value != EARLIEST and not is_symbolic(value) and not is_token(value):
                 raise ValueError(f"stream {key!r} has an invalid offset {value!r}")
             positions[key] = value
         return cls.of(positions, default, batch_ms)
+
+    @classmethod
+    def _from_compact(cls, document: Mapping[str, Any]) -> SourceOffset:
+        default = _default_value(document.get(DEFAULT_KEY, EARLIEST))
+        batch = document.get(BATCH_TIME_KEY)
+        batch_ms = None if batch is None else _batch_ms(batch)
+        packed = document.get("z")
+        known = _DECODED.get(packed) if isinstance(packed, str) else None
+        if known is not None and known.default == default:
+            # The same positions (the end this process planned last): shared, not decoded again.
+            return known if known.batch_ms == batch_ms else known.with_batch_ms(batch_ms)
+        offset = cls._stored(read_compact(document), default, batch_ms)
+        offset._packed = packed
+        for path, value in offset._raw.items():
+            if (
+                type(value) is str
+                and value != EARLIEST
+                and not is_symbolic(value)
+                and not is_token(value)
+            ):
+                raise ValueError(f"stream {path!r} has an invalid offset {value!r}")
+        return _DECODED.put(packed, offset)  # type: ignore[arg-type]
 
     @classmethod
     def from_json(cls, text: str) -> SourceOffset:
@@ -236,6 +363,21 @@ class SourceOffset:
         except ValueError as exc:
             raise ValueError(f"a durastream offset must be JSON: {exc}") from None
         return cls.from_dict(document)
+
+
+_DECODED = DecodedCache()
+
+
+def _default_value(value: object) -> str:
+    if not isinstance(value, str) or (value != EARLIEST and not is_symbolic(value)):
+        raise ValueError(f"{DEFAULT_KEY} must be {LATEST!r} or a timestamp, got {value!r}")
+    return value
+
+
+def _batch_ms(value: object) -> int:
+    if not isinstance(value, str) or not value.isdigit():
+        raise ValueError(f"{BATCH_TIME_KEY} must be milliseconds, got {value!r}")
+    return int(value)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -395,6 +537,11 @@ def _by_stream(
         raise OptionError(option, raw, accepted, reason=f"not valid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise OptionError(option, raw, accepted, reason="not a JSON object")
+    if is_compact(document):  # a checkpoint offset of many streams, copied as it is
+        try:
+            document = SourceOffset.from_dict(document).as_dict()
+        except ValueError as exc:
+            raise OptionError(option, raw, accepted, reason=str(exc)) from None
     values: dict[str, _V] = {}
     for key, value in document.items():
         try:

@@ -1,41 +1,44 @@
 """Driver side: turn a batch's ranges into Spark input partitions (tasks).
 
-Each stream's range is at least one task. With the server's limit lookups, a range larger than
-``maxBytesPerPartition`` / ``maxMessagesPerPartition`` (or a batch with fewer tasks than ``minPartitions``) is
-cut at message boundaries into several tasks (``planner.part_counts`` / ``planner.split_points``), so one
-large stream can use every core. The cuts depend only on the range (its data never changes), so a replayed
-batch gets the same tasks. Without limit lookups each range is one task; without bounded reads each range
-is pinned first (``fallback.py``).
+With the server's limit lookups, every range of the batch is measured (one multi-range request per
+10,000 ranges, ``measure.py``), ranges larger than ``maxBytesPerPartition`` / ``maxMessagesPerPartition``
+are cut at message boundaries (``planner.split_points``), and the pieces are packed into tasks up to those
+caps (``packing.py``; ``minPartitions`` lowers the caps to an even share of the batch): a batch over
+10,000 small streams is a few tasks, each reading many ranges (``scan.PackedPartition``), and one large
+stream can use every core. Sizes and cuts depend only on the ranges (their data never changes), so a
+replayed batch gets the same tasks. Without limit lookups each range is one task; without bounded reads
+each range is pinned first (``fallback.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 
-from durastream_spark.errors import EndBeyondTail, StreamGone, StreamNotFound
+from durastream_spark.errors import StreamGone, StreamNotFound
 from durastream_spark.protocol.client import StreamClient
+from durastream_spark.protocol.extensions import Extensions
 from durastream_spark.protocol.models import is_json_content_type
 from durastream_spark.source.arrow import OutputLayout, SchemaNotSupported
 from durastream_spark.source.data_loss import DataLossReporter
 from durastream_spark.source.fallback import ensure_pin
+from durastream_spark.source.measure import SizeCache, measure
 from durastream_spark.source.options import SourceOptions
-from durastream_spark.source.planner import (
-    RangeSize,
-    SplitRules,
-    StreamRange,
-    part_counts,
-    split_points,
+from durastream_spark.source.packing import Piece, TaskCaps, pack, parts_needed, task_caps
+from durastream_spark.source.planner import RangeSize, SplitRules, StreamRange, split_points
+from durastream_spark.source.scan import (
+    PINNED_ROUTE,
+    PackedPartition,
+    RangePartition,
+    Segment,
+    choose_route,
 )
-from durastream_spark.source.scan import PINNED_ROUTE, RangePartition, choose_route
 
 log = logging.getLogger(__name__)
 
-SizeCache = MutableMapping[tuple[str, str, str], RangeSize]
-
 
 class Partitioner:
-    """Builds ``RangePartition``s for ranges of a batch (driver only)."""
+    """Builds the tasks (``RangePartition``s and ``PackedPartition``s) of a batch (driver only)."""
 
     def __init__(
         self,
@@ -69,28 +72,75 @@ class Partitioner:
         content_types: Mapping[str, str],
         sizes: SizeCache | None = None,
         on_pin: Callable[[str, str, str], None] | None = None,
-    ) -> list[RangePartition]:
+    ) -> list[RangePartition | PackedPartition]:
         extensions = self.client.extensions()
         route = choose_route(extensions)
         sizes = {} if sizes is None else sizes
-        splitting = extensions.limit_lookup and route != PINNED_ROUTE  # pins are per range end
-        measured: dict[str, RangeSize] = {}
-        readable: list[StreamRange] = []
         for item in ranges:
             known = content_types.get(item.stream)
             if known is not None:  # unknown: the stream is gone, and reading it reports data loss
                 self.check_schema(item.stream, known)
-            if splitting:
-                size = self._size(item, sizes)
-                if size is None or size.messages == 0:
-                    continue
-                measured[item.stream] = size
-            readable.append(item)
+        if extensions.limit_lookup and route != PINNED_ROUTE:  # pins are per range end
+            result = self._packed(ranges, content_types, sizes, route, extensions)
+        else:
+            result = self._one_per_range(ranges, content_types, route, extensions, on_pin)
+        if result:
+            log.info("planned %d task(s) over %d stream range(s)", len(result), len(ranges))
+        return result
 
-        counts = part_counts(measured, self.rules) if splitting else {}
-        result: list[RangePartition] = []
+    def _packed(
+        self,
+        ranges: list[StreamRange],
+        content_types: Mapping[str, str],
+        sizes: SizeCache,
+        route: str,
+        extensions: Extensions,
+    ) -> list[RangePartition | PackedPartition]:
+        """Measure every range (one request per 10,000 on durastream-server), cut the large ones, pack
+        the rest into tasks (``packing.py``): a pure function of the ranges, so replays match."""
+        measured = measure(self.client, ranges, sizes, self._lost)
+        readable = [item for item in ranges if measured.get(item.stream, _EMPTY).messages > 0]
+        caps = task_caps((measured[item.stream] for item in readable), self.rules)
+        pieces: list[Piece] = []
         for item in readable:
-            content_type = content_types.get(item.stream) or self._assumed_content_type()
+            pieces.extend(self._pieces(item, measured[item.stream], caps))
+        result: list[RangePartition | PackedPartition] = []
+        for task in pack(pieces, caps):
+            if len(task) == 1:
+                (piece,) = task
+                content_type = self._content_type(content_types, piece.stream)
+                result.append(
+                    RangePartition(
+                        piece.stream, piece.start, piece.end, content_type, route, extensions
+                    )
+                )
+                continue
+            segments = tuple(
+                Segment(
+                    piece.stream,
+                    piece.start,
+                    piece.end,
+                    self._content_type(content_types, piece.stream),
+                    piece.size.messages,
+                    piece.size.bytes,
+                )
+                for piece in task
+            )
+            result.append(PackedPartition(segments, route, extensions))
+        return result
+
+    def _one_per_range(
+        self,
+        ranges: list[StreamRange],
+        content_types: Mapping[str, str],
+        route: str,
+        extensions: Extensions,
+        on_pin: Callable[[str, str, str], None] | None,
+    ) -> list[RangePartition | PackedPartition]:
+        """Servers without limit lookups: one task per range (without bounded reads, pinned first)."""
+        result: list[RangePartition | PackedPartition] = []
+        for item in ranges:
+            content_type = self._content_type(content_types, item.stream)
             if route == PINNED_ROUTE:
                 try:
                     ensure_pin(
@@ -108,59 +158,68 @@ class Partitioner:
                     continue
                 if on_pin is not None:
                     on_pin(item.stream, item.end, self.options.pin_prefix)
-            bounds = [item.start]
-            if splitting and counts.get(item.stream, 1) > 1:
-                bounds += self._cuts(item, measured[item.stream], counts[item.stream])
-            bounds.append(item.end)
-            for begin, finish in zip(bounds, bounds[1:], strict=False):
-                result.append(
-                    RangePartition(
-                        stream=item.stream,
-                        start=begin,
-                        end=finish,
-                        content_type=content_type,
-                        route=route,
-                        extensions=extensions,
-                        pin_prefix=self.options.pin_prefix,
-                        pin_ttl_seconds=self.options.pin_ttl_seconds,
-                    )
+            result.append(
+                RangePartition(
+                    stream=item.stream,
+                    start=item.start,
+                    end=item.end,
+                    content_type=content_type,
+                    route=route,
+                    extensions=extensions,
+                    pin_prefix=self.options.pin_prefix,
+                    pin_ttl_seconds=self.options.pin_ttl_seconds,
                 )
-        if result:
-            log.info("planned %d task(s) over %d stream range(s)", len(result), len(readable))
+            )
         return result
 
-    def _assumed_content_type(self) -> str:
+    def _content_type(self, content_types: Mapping[str, str], stream: str) -> str:
+        known = content_types.get(stream)
+        if known is not None:
+            return known
         return "application/json" if self.layout.needs_json else "application/octet-stream"
 
-    def _size(self, item: StreamRange, sizes: SizeCache) -> RangeSize | None:
-        key = (item.stream, item.start, item.end)
-        cached = sizes.get(key)
-        if cached is not None:
-            return cached
-        try:
-            found = self.client.lookup_limit(item.stream, item.start, end=item.end)
-        except (StreamNotFound, StreamGone, EndBeyondTail) as error:
-            self.data_loss.report(
-                item.stream, item.start, item.end, f"the range is no longer readable: {error}"
-            )
-            return None
-        size = RangeSize(found.messages, found.bytes)
-        sizes[key] = size
-        return size
+    def _lost(self, item: StreamRange, error: Exception) -> None:
+        self.data_loss.report(
+            item.stream, item.start, item.end, f"the range is no longer readable: {error}"
+        )
 
-    def _cuts(self, item: StreamRange, size: RangeSize, parts: int) -> list[str]:
+    def _pieces(self, item: StreamRange, size: RangeSize, caps: TaskCaps) -> list[Piece]:
+        """``item`` whole, or cut at message boundaries into parts within the caps, each with its size
+        (the cuts' limit lookups count them; the last part is what remains)."""
+        parts = parts_needed(size, caps)
+        if parts <= 1:
+            return [Piece(item.stream, item.start, item.end, size)]
+        found: dict[str, tuple[str, int, int]] = {}
+
         def lookup(start: str, max_messages: int, max_bytes: int) -> tuple[str, int, int]:
-            found = self.client.lookup_limit(
+            answer = self.client.lookup_limit(
                 item.stream, start, max_messages=max_messages, max_bytes=max_bytes, end=item.end
             )
-            return found.end, found.messages, found.bytes
+            found[start] = (answer.end, answer.messages, answer.bytes)
+            return found[start]
 
-        return split_points(
+        cuts = split_points(
             item.start,
             item.end,
             size,
             parts,
             lookup,
-            max_messages_per_part=self.options.max_messages_per_partition,
-            max_bytes_per_part=self.options.max_bytes_per_partition,
+            # The options are hard caps; a minPartitions share only sets the number of parts.
+            max_messages_per_part=self.rules.max_messages_per_partition,
+            max_bytes_per_part=self.rules.max_bytes_per_partition,
         )
+        bounds = [item.start, *cuts, item.end]
+        pieces: list[Piece] = []
+        left = size
+        for begin, finish in zip(bounds, bounds[1:], strict=False):
+            if finish == item.end:
+                part = left
+            else:
+                _, messages, size_bytes = found[begin]
+                part = RangeSize(messages, size_bytes)
+            left = RangeSize(left.messages - part.messages, left.bytes - part.bytes)
+            pieces.append(Piece(item.stream, begin, finish, part))
+        return pieces
+
+
+_EMPTY = RangeSize(0, 0)

@@ -1,4 +1,5 @@
-"""One Spark task: read ``[start, end)`` of one stream and yield Arrow ``RecordBatch``es.
+"""One Spark task: read ``[start, end)`` of one stream (``RangePartition``), or the ranges of many small
+streams packed into one task (``PackedPartition``), and yield Arrow ``RecordBatch``es.
 
 Three routes, chosen on the driver from what the server advertises and carried by the partition:
 
@@ -13,6 +14,8 @@ Three routes, chosen on the driver from what the server advertises and carried b
 On the bounded routes a task is a pipeline: one thread follows the responses of the range, a pool of threads
 converts them to Arrow (``pyarrow`` parses JSON without holding the GIL), and the task hands the batches to
 Spark in offset order, so one task keeps the network, the server and both cores of a small machine busy.
+A packed task runs the same pipeline over multi-range reads (docs/extensions.md section 10): one request
+answers as many of its ranges as fit in a server chunk, and becomes one batch.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from durastream_spark.errors import EndBeyondTail, MalformedResponse, StreamGone, StreamNotFound
+from durastream_spark.errors import (
+    DurastreamError,
+    EndBeyondTail,
+    MalformedResponse,
+    StreamGone,
+    StreamNotFound,
+)
 from durastream_spark.options import ConnectionOptions
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.extensions import Extensions
@@ -36,6 +45,7 @@ from durastream_spark.protocol.jsonarray import split_json_array
 from durastream_spark.protocol.models import (
     FRAMES,
     RAW,
+    MultiReadChunk,
     ReadChunk,
     is_json_content_type,
 )
@@ -78,6 +88,41 @@ class RangePartition(InputPartition):
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One range of a packed task, with its size as planned (to decide how many to ask for at once)."""
+
+    stream: str
+    start: str
+    end: str
+    content_type: str
+    messages: int
+    bytes: int
+
+    def alone(self, packed: PackedPartition) -> RangePartition:
+        return RangePartition(
+            stream=self.stream,
+            start=self.start,
+            end=self.end,
+            content_type=self.content_type,
+            route=packed.route,
+            extensions=packed.extensions,
+        )
+
+
+@dataclass(frozen=True)
+class PackedPartition(InputPartition):
+    """A task of many small ranges (``packing.py``), in path order. Frozen and picklable."""
+
+    segments: tuple[Segment, ...]
+    route: str
+    extensions: Extensions
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return tuple(segment.stream for segment in self.segments)
+
+
+@dataclass(frozen=True)
 class RangeScanner:
     """Reads partitions on the executors (frozen and picklable: it travels inside the reader)."""
 
@@ -86,6 +131,11 @@ class RangeScanner:
     data_loss: DataLossReporter
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, PackedPartition):
+            freeze_startup_heap()
+            client = StreamClient(self.connection, extensions=partition.extensions)
+            yield from self._packed_batches(client, partition)
+            return
         if not isinstance(partition, RangePartition):
             return  # Spark's placeholder when a batch read has nothing to read
         freeze_startup_heap()
@@ -159,18 +209,106 @@ class RangeScanner:
                     )
                 offset = chunk.next_offset
 
-        converters = ThreadPoolExecutor(CONVERT_THREADS, thread_name_prefix="durastream-convert")
-        reader = ThreadPoolExecutor(1, thread_name_prefix="durastream-read")
+        return pipeline.drain(follow)
+
+    def _packed_batches(
+        self, client: StreamClient, partition: PackedPartition
+    ) -> Iterator[pa.RecordBatch]:
+        """A packed task: its ranges read together, many per request (multi-range extension), in the
+        same pipeline as one range. Each response becomes one batch whose ``stream`` column names each
+        message's stream. Without the extension the ranges are read one after another."""
+        if not partition.extensions.multi_range:
+            for segment in partition.segments:
+                yield from self._guarded(
+                    segment, self._bounded_batches(client, segment.alone(partition))
+                )
+            return
+        pipeline = _Pipeline(READ_AHEAD)
+        layout = self.layout
+
+        def convert(chunk: MultiReadChunk, runs: list[tuple[str, int]]) -> pa.RecordBatch | None:
+            frames = decode_frames(pa.py_buffer(chunk.body)[chunk.frames_at :])
+            if not frames.count:
+                return None
+            live = [(stream, count) for stream, count in runs if count]
+            if len(live) == 1:
+                return layout.batch(live[0][0], FramesBlock(frames))
+            streams = pa.concat_arrays(
+                [pa.repeat(pa.scalar(stream, pa.string()), count) for stream, count in live]
+            )
+            try:
+                return layout.batch(live[0][0], FramesBlock(frames), streams)
+            except DurastreamError:
+                # Name the stream and message that failed: convert range by range.
+                at = 0
+                for stream, count in live:
+                    layout.batch(stream, FramesBlock(frames.slice(at, count)))
+                    at += count
+                raise
+
+        def follow(converters: ThreadPoolExecutor) -> None:
+            pending = list(partition.segments)
+            offsets = [segment.start for segment in pending]
+            while pending and not pipeline.stopped:
+                window = _window(pending)
+                chunk = client.read_ranges(
+                    [(seg.stream, offsets[i], seg.end) for i, seg in enumerate(window)], FRAMES
+                )
+                runs: list[tuple[str, int]] = []
+                for i, answer in enumerate(chunk.ranges):
+                    segment = window[i]
+                    if answer.error is not None:
+                        self._lost(segment, answer.error)
+                        continue
+                    runs.append((segment.stream, answer.messages))
+                    if not answer.end_reached:
+                        if answer.next_offset == offsets[i]:
+                            raise MalformedResponse(
+                                f"stream '{segment.stream}': a read from {offsets[i]} bounded by "
+                                f"{segment.end} made no progress"
+                            )
+                        offsets[i] = answer.next_offset  # cut short: continued by the next request
+                last = chunk.ranges[-1]
+                done = len(chunk.ranges) - (0 if last.end_reached or last.error else 1)
+                del pending[:done], offsets[:done]
+                if not pipeline.put(converters.submit(convert, chunk, runs)):
+                    return
+
+        yield from pipeline.drain(follow)
+
+    def _guarded(
+        self, segment: RangePartition, batches: Iterator[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
         try:
-            reader.submit(pipeline.run, follow, converters)
-            for pending in pipeline:
-                batch = pending.result()
-                if batch is not None:
-                    yield batch
-        finally:
-            pipeline.stop()
-            reader.shutdown(wait=True, cancel_futures=True)
-            converters.shutdown(wait=True, cancel_futures=True)
+            yield from batches
+        except (StreamNotFound, StreamGone, EndBeyondTail) as error:
+            self._lost(segment, error)
+
+    def _lost(self, segment: Segment | RangePartition, error: Exception) -> None:
+        """A range of the task cannot be read: the data-loss choke point decides (fail, or warn)."""
+        if not isinstance(error, (StreamNotFound, StreamGone, EndBeyondTail)):
+            raise error
+        self.data_loss.report(
+            segment.stream,
+            segment.start,
+            segment.end,
+            f"the data is no longer readable ({type(error).__name__}: {error})",
+        )
+
+
+# Ranges sent in one multi-range request: the server answers a prefix of them within its chunk size, so
+# asking for far more than a chunk holds only makes the request (and its parsing) bigger.
+WINDOW_RANGES = 2000
+WINDOW_BYTES = 8 << 20
+
+
+def _window(pending: list[Segment]) -> list[Segment]:
+    size = 0
+    for count, segment in enumerate(pending[:WINDOW_RANGES], 1):
+        size += segment.bytes + 24 * segment.messages
+        if size >= WINDOW_BYTES:
+            return pending[:count]
+    return pending[:WINDOW_RANGES]
 
 
 # Conversions running at once per task, and responses read ahead of the batch Spark is taking. Two
@@ -225,6 +363,21 @@ class _Pipeline:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def drain(self, follow: Callable[[ThreadPoolExecutor], None]) -> Iterator[pa.RecordBatch]:
+        """Run ``follow(converters)`` on a reading thread and yield the batches it queued, in order."""
+        converters = ThreadPoolExecutor(CONVERT_THREADS, thread_name_prefix="durastream-convert")
+        reader = ThreadPoolExecutor(1, thread_name_prefix="durastream-read")
+        try:
+            reader.submit(self.run, follow, converters)
+            for pending in self:
+                batch = pending.result()
+                if batch is not None:
+                    yield batch
+        finally:
+            self.stop()
+            reader.shutdown(wait=True, cancel_futures=True)
+            converters.shutdown(wait=True, cancel_futures=True)
 
     def __iter__(self) -> Iterator[Future[pa.RecordBatch | None]]:
         while True:

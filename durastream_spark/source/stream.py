@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -42,11 +41,8 @@ from durastream_spark import compat
 from durastream_spark.boundary import spark_entry_points
 from durastream_spark.errors import (
     DurastreamError,
-    EndBeyondTail,
     ExtensionNotSupported,
     OptionError,
-    StreamGone,
-    StreamNotFound,
     stream_root_hint,
 )
 from durastream_spark.protocol.client import StreamClient
@@ -55,6 +51,8 @@ from durastream_spark.source.arrow import OutputLayout
 from durastream_spark.source.data_loss import DataLossReporter
 from durastream_spark.source.discovery import StreamCatalog, StreamState, check_pattern_supported
 from durastream_spark.source.fallback import delete_pin, pin_path
+from durastream_spark.source.measure import lookups, measure
+from durastream_spark.source.offset_codec import Value, encode_value
 from durastream_spark.source.offsets import (
     DEFAULT_KEY,
     EARLIEST,
@@ -85,10 +83,12 @@ from durastream_spark.source.planner import (
 from durastream_spark.source.progress import BatchSummary, Lag
 from durastream_spark.source.scan import RangeScanner
 from durastream_spark.source.time_resolution import TimeResolver
+from durastream_spark.source.tracker import Refresh, Tracker, tracker_for
 
 log = logging.getLogger(__name__)
 
-_SIZE_CACHE_LIMIT = 4096
+_SIZE_CACHE_LIMIT = 200_000  # range sizes kept (a batch over 10,000 streams measures 10,000)
+IDLE_WAIT_SECONDS = 1.0  # see _DriverState.idle_wait: Spark waits this long for latestOffset
 _PLANNED_LAG_KEPT = 16  # Spark plans the next batch before committing the last: a few ends suffice
 _MISSING_NAMED = 10  # missing streams named in the start-up warning; the rest are counted
 
@@ -163,14 +163,13 @@ class _StreamReaderBase(DataSourceStreamReader):
 
     def _all_tails(self) -> dict:
         """Spark 4.0/4.1: no start offset given; every stream's tail (streams never seen start at 0)."""
-        states = self.driver.snapshot()
-        end = SourceOffset.of({path: state.tail for path, state in states.items()})
+        end = self.driver.all_tails()
         self.driver.remember_lag(end, Lag.of({}))  # the batch ends at the tails seen just now
         return end.to_dict()
 
     def reportLatestOffset(self) -> dict | None:
-        tails = self.driver.latest_tails
-        return None if tails is None else SourceOffset.of(tails).to_dict()
+        latest = self.driver.latest_offset()
+        return None if latest is None else latest.to_dict()
 
     # ---- planning and reading ---------------------------------------------------------------------------
 
@@ -209,15 +208,27 @@ class _DriverState:
         self.partitioner = Partitioner(options, self.client, layout, data_loss)
         self.times = TimeResolver(options, self.client)
         self.target: dict[str, str] | None = None
-        self.latest_tails: dict[str, str] | None = None
+        self._tracker: Tracker | None = None
+        # Every selected stream's tail, as offsets and in stored form (for reportLatestOffset), kept
+        # up to date from each refresh's changes; content types of every stream seen (kept after a
+        # deletion, for the batch that reports it).
+        self.tails: dict[str, str] = {}
+        self._tails_stored: dict[str, Value] = {}
+        self._latest: tuple[int, SourceOffset] | None = None
         self.content_types: dict[str, str] = {}
         self.finished: dict[str, str] = {}  # streams seen closed -> final offset
+        # The last end this reader returned, the streams it did not take to their tails (limits), and
+        # whether it found nothing new (then the next trigger waits on the server for a change).
+        self.planned: SourceOffset | None = None
+        self.unsettled: set[str] = set()
+        self.idle = False
+        self._initial: SourceOffset | None = None
         self.sizes: dict[tuple[str, str, str], RangeSize] = {}
         self.reported: set[tuple[str, str | None, str | None]] = set()
         self.pins: set[tuple[str, str, str]] = set()
         self.started_ms = int(time.time() * 1000)
         # batch end (its positions) -> the lag measured when it was planned (progress.py)
-        self.planned_lag: dict[tuple[tuple[str, str], ...], Lag] = {}
+        self.planned_lag: dict[Hashable, Lag] = {}
         self.last_batch: BatchSummary | None = None
         self._checked_extensions = False
         self._checked_missing = False
@@ -236,20 +247,69 @@ class _DriverState:
 
     # ---- snapshots --------------------------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, StreamState]:
+    @property
+    def tracker(self) -> Tracker:
+        if self._tracker is None:
+            self._tracker = tracker_for(self.catalog)
+        return self._tracker
+
+    @property
+    def initial(self) -> SourceOffset:
+        if self._initial is None:
+            self._initial = initial_offset(self.options)
+        return self._initial
+
+    def refresh(self, wait_s: float = 0.0) -> Refresh:
+        """Bring every stream's state up to date (``tracker.py``); only what changed is looked at."""
         self.check_capabilities()
-        states = self.catalog.snapshot()
+        refresh = self.tracker.refresh(wait_s)
+        states = self.tracker.states
         if not self._checked_missing:
             self._checked_missing = True
             self.warn_missing(states)
-        for path, state in states.items():
+        if refresh.changed is None:
+            self.tails = {path: state.tail for path, state in states.items()}
+            self._tails_stored = {path: encode_value(tail) for path, tail in self.tails.items()}
+            changed: Iterable[str] = states
+        else:
+            changed = refresh.changed
+        for path in changed:
+            state = states.get(path)
+            if state is None:
+                self.tails.pop(path, None)
+                self._tails_stored.pop(path, None)
+                continue
+            self.tails[path] = state.tail
+            self._tails_stored[path] = encode_value(state.tail)
             self.content_types[path] = state.content_type
             if state.closed:
                 self.finished[path] = state.tail
             else:
                 self.finished.pop(path, None)
-        self.latest_tails = {path: state.tail for path, state in states.items()}
-        return states
+        return refresh
+
+    def snapshot(self) -> dict[str, StreamState]:
+        self.refresh()
+        return self.tracker.states
+
+    def latest_offset(self) -> SourceOffset | None:
+        """Every stream's tail as last seen (``reportLatestOffset``), rebuilt only after a change."""
+        if self._tracker is None:
+            return None
+        version = self._tracker.version
+        if self._latest is None or self._latest[0] != version:
+            self._latest = (version, SourceOffset._stored(dict(self._tails_stored)))
+        return self._latest[1]
+
+    def all_tails(self) -> SourceOffset:
+        """Spark 4.0/4.1 (``latestOffset()`` without a start): every stream's tail. When the last call
+        found nothing new, the refresh waits on the server for a change first."""
+        before = self._tracker.version if self._tracker is not None else -1
+        self.refresh(IDLE_WAIT_SECONDS if self.idle else 0.0)
+        latest = self.latest_offset()
+        assert latest is not None
+        self.idle = self.tracker.version == before
+        return latest
 
     def warn_missing(self, states: dict[str, StreamState]) -> None:
         """Once per query run: name the listed streams that do not exist (yet). Not an error, as in
@@ -271,11 +331,13 @@ class _DriverState:
         )
 
     def prepare_available_now(self) -> None:
-        states = self.snapshot()
-        self.target = {path: state.tail for path, state in states.items()}
-        log.info(
-            "Trigger.AvailableNow: reading %d stream(s) up to %s", len(self.target), self.target
+        self.refresh()
+        self.target = dict(self.tails)
+        self.planned = None  # the target caps every stream: plan the next batch in full
+        shown = (
+            self.target if len(self.target) <= 20 else f"their tails ({len(self.target)} streams)"
         )
+        log.info("Trigger.AvailableNow: reading %d stream(s) up to %s", len(self.target), shown)
 
     # ---- ends -------------------------------------------------------------------------------------------
 
@@ -287,15 +349,26 @@ class _DriverState:
         minimum: TriggerMinimum | None = None,
     ) -> SourceOffset:
         """The end of the next batch, or ``start`` itself (no new data for Spark) when ``minimum`` says
-        the trigger waits. ``Trigger.AvailableNow`` ignores the minimum: its run must end."""
-        states = self.snapshot()
-        tails = {path: state.tail for path, state in states.items()}
-        resolved, gone = self.times.resolve_starts(
-            start, tails, apply_strategy=True, on_loss=self.report_loss
-        )
-        for path in gone:
-            del tails[path]
-        plan = plan_next_end(resolved, tails, self.target, self.finished)
+        the trigger waits. ``Trigger.AvailableNow`` ignores the minimum: its run must end.
+
+        When ``start`` is the end this reader returned last, only the streams that changed since (and
+        those a limit held back) are planned; the rest keep their start, at no cost per stream. When the
+        last trigger found nothing new, the refresh waits on the server (up to ``IDLE_WAIT_SECONDS``)
+        for a selected stream to change, so an idle query neither polls nor answers late."""
+        continuing = self.planned is not None and start.same_positions(self.planned)
+        refresh = self.refresh(self.idle_wait(start, minimum) if continuing else 0.0)
+        tails: Mapping[str, str] = self.tails
+        resolved = start
+        if self.times.resolves_starts:
+            resolved, gone = self.times.resolve_starts(
+                start, tails, apply_strategy=True, on_loss=self.report_loss
+            )
+            if gone:
+                tails = {path: tail for path, tail in tails.items() if path not in gone}
+        paths: set[str] | None = None
+        if continuing and refresh.changed is not None and resolved is start:
+            paths = set(refresh.changed) | self.unsettled
+        plan = plan_next_end(resolved, tails, self.target, self.finished, paths)
         self.check_starting_offsets(start, plan.losses)
         for loss in plan.losses:
             self.report(loss)
@@ -307,7 +380,8 @@ class _DriverState:
         now_ms = int(time.time() * 1000)
         if waits and not batch_due(lags or {}, minimum, self.last_batch_ms(start), now_ms):
             log.debug("below %s: waiting for more data or maxTriggerDelay", minimum)
-            return start  # unchanged: Spark sees no new data and asks again next trigger
+            self.unsettled = self.unsettled | {item.stream for item in plan.pending}
+            return self.planned_end(start, start)  # Spark sees no new data and asks again
         ends = dict(plan.fixed)
         behind: dict[
             str, RangeSize
@@ -317,13 +391,37 @@ class _DriverState:
             ends.update(self.admit(pending, lags, max_messages, max_bytes, behind))
         else:
             ends.update({item.stream: item.end for item in pending})
-        end = SourceOffset.of(ends)
+        if paths is None:
+            end = SourceOffset.of(ends)
+        else:
+            end = start.updated({path: ends.get(path) for path in paths})
+        self.unsettled = {item.stream for item in pending if ends.get(item.stream) != item.end}
         self.remember_lag(end, Lag.of(behind))
-        if minimum is None:
-            return end
+        if minimum is None or end.same_positions(start):
+            return self.planned_end(start, end)
+        return self.planned_end(start, end.with_batch_ms(now_ms))
+
+    def planned_end(self, start: SourceOffset, end: SourceOffset) -> SourceOffset:
+        """Remember what this trigger returned: the next one continues from it, and waits if it is
+        ``start`` again (nothing new)."""
         if end.same_positions(start):
-            return start
-        return replace(end, batch_ms=now_ms)
+            end = start
+        self.planned = end
+        self.idle = end is start
+        return end
+
+    def idle_wait(self, start: SourceOffset, minimum: TriggerMinimum | None) -> float:
+        """How long the refresh may wait on the server for a change: nothing after a trigger that found
+        data, nothing under ``Trigger.AvailableNow`` (its run must end), never past ``maxTriggerDelay``
+        (a batch may be due without new data)."""
+        if not self.idle or self.target is not None:
+            return 0.0
+        wait = IDLE_WAIT_SECONDS
+        last = self.last_batch_ms(start) if minimum is not None else None
+        if minimum is not None and last is not None:
+            due_in = (last + minimum.max_delay_ms - time.time() * 1000) / 1000
+            wait = min(wait, max(0.0, due_in))
+        return wait
 
     def without_limit_lookup(self) -> bool:
         """The per-trigger options on a server without limit lookups (nothing can count what waits or
@@ -355,13 +453,13 @@ class _DriverState:
         None for a new query; this run's start for a checkpoint written without batch times."""
         if start.batch_ms is not None:
             return start.batch_ms
-        if start == initial_offset(self.options):
+        if start == self.initial:
             return None
         return self.started_ms
 
     def check_starting_offsets(self, start: SourceOffset, losses: list[LossNotice]) -> None:
         """Nothing was read yet: an offset the stream does not have is a wrong option, not a loss."""
-        if losses and start == initial_offset(self.options):
+        if losses and start == self.initial:
             loss = losses[0]
             raise OptionError(
                 STARTING_OFFSETS,
@@ -372,16 +470,17 @@ class _DriverState:
             )
 
     def measure(self, pending: list[StreamRange]) -> dict[str, RangeSize]:
-        """Each pending range's messages and bytes (one limit lookup each); unreadable ranges are
-        reported as lost and left out."""
-        lags: dict[str, RangeSize] = {}
-        for item in pending:
-            try:
-                found = self.client.lookup_limit(item.stream, item.start, end=item.end)
-            except (StreamNotFound, StreamGone, EndBeyondTail) as error:
-                self.report(LossNotice(item.stream, item.start, item.end, f"not readable: {error}"))
-                continue
-            lags[item.stream] = RangeSize(found.messages, found.bytes)
+        """Each pending range's messages and bytes (``measure.py``: one request per 10,000 ranges on
+        durastream-server); unreadable ranges are reported as lost and left out."""
+        lags = measure(
+            self.client,
+            pending,
+            self.sizes,
+            lambda item, error: self.report(
+                LossNotice(item.stream, item.start, item.end, f"not readable: {error}")
+            ),
+        )
+        self.trim_sizes()
         return lags
 
     def admit(
@@ -398,6 +497,8 @@ class _DriverState:
         message_shares = allocate({p: s.messages for p, s in lags.items()}, max_messages)
         byte_shares = allocate({p: s.bytes for p, s in lags.items()}, max_bytes)
         ends: dict[str, str] = {}
+        cut: list[StreamRange] = []
+        limits: list[tuple[int | None, int | None]] = []
         for item in pending:
             lag = lags.get(item.stream)
             if lag is None:
@@ -412,13 +513,17 @@ class _DriverState:
                 ends[item.stream] = item.start
                 behind[item.stream] = lag
                 continue
-            found = self.client.lookup_limit(
-                item.stream,
-                item.start,
-                max_messages=messages if max_messages is not None else None,
-                max_bytes=size if max_bytes is not None else None,
-                end=item.end,
+            cut.append(item)
+            limits.append(
+                (
+                    messages if max_messages is not None else None,
+                    size if max_bytes is not None else None,
+                )
             )
+        for item, found in zip(cut, lookups(self.client, cut, limits), strict=True):
+            if isinstance(found, Exception):
+                raise found
+            lag = lags[item.stream]
             ends[item.stream] = found.end
             behind[item.stream] = RangeSize(lag.messages - found.messages, lag.bytes - found.bytes)
             self.remember_size(
@@ -430,12 +535,15 @@ class _DriverState:
     def remember_lag(self, end: SourceOffset, lag: Lag) -> None:
         if len(self.planned_lag) >= _PLANNED_LAG_KEPT:
             self.planned_lag.pop(next(iter(self.planned_lag)))
-        self.planned_lag[end.positions] = lag
+        self.planned_lag[end.positions_key] = lag
 
     def remember_size(self, item: StreamRange, size: RangeSize) -> None:
+        self.trim_sizes()
+        self.sizes[(item.stream, item.start, item.end)] = size
+
+    def trim_sizes(self) -> None:
         if len(self.sizes) > _SIZE_CACHE_LIMIT:
             self.sizes.clear()
-        self.sizes[(item.stream, item.start, item.end)] = size
 
     # ---- partitions, commits ----------------------------------------------------------------------------
 
@@ -443,17 +551,19 @@ class _DriverState:
         planning_started = time.perf_counter()
         self.check_capabilities()
         initial = start
-        # Starts at an instant, bounded by this batch's end: a replay finds the same message. The
-        # strategy was applied when the end was planned, except on Spark 4.0/4.1 (no start offset there).
-        start, _ = self.times.resolve_starts(
-            start,
-            end.as_dict(),
-            apply_strategy=not compat.HAS_ADMISSION_CONTROL,
-            on_loss=self.report_loss,
-        )
+        if self.times.resolves_starts:
+            # Starts at an instant, bounded by this batch's end: a replay finds the same message. The
+            # strategy was applied when the end was planned, except on Spark 4.0/4.1 (no start offset).
+            start, _ = self.times.resolve_starts(
+                start,
+                end.as_dict(),
+                apply_strategy=not compat.HAS_ADMISSION_CONTROL,
+                on_loss=self.report_loss,
+            )
         ranges, losses = ranges_between(start, end)
-        for path, value in start.positions:
-            if is_token(value) and end.get(path) is None and self.finished.get(path) != value:
+        for path in sorted(start.raw.keys() - end.raw.keys()):
+            value = start.start_of(path)
+            if is_token(value) and self.finished.get(path) != value:
                 losses.append(
                     LossNotice(path, value, None, "the stream is gone (deleted or expired)")
                 )
@@ -467,7 +577,7 @@ class _DriverState:
             ranges, self.content_types, self.sizes, on_pin=self.remember_pin
         )
         if ranges:
-            behind = self.planned_lag.get(end.positions)
+            behind = self.planned_lag.get(end.positions_key)
             planning_ms = (time.perf_counter() - planning_started) * 1000
             self.last_batch = BatchSummary.of(
                 ranges, len(planned), self.sizes, behind, planning_ms=planning_ms

@@ -74,6 +74,12 @@ class TimeResolver:
             "previous query or read returned, or 'earliest'/'latest')",
         )
 
+    @property
+    def resolves_starts(self) -> bool:
+        """Whether a start can be an instant at all (only the starting-time options make one): without
+        them ``resolve_starts`` has nothing to do, and its pass over every stream is skipped."""
+        return self.options.starting_time_option is not None
+
     # ---- streaming ----------------------------------------------------------------------------------
 
     def resolve_starts(

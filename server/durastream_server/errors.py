@@ -84,6 +84,13 @@ class NotFound(ProtocolError):
     code = "NOT_FOUND"
 
 
+class SelectionNotFound(NotFound):
+    """Change feed (extension): the selection id is unknown (never registered, forgotten, or the
+    server restarted). Register the paths again."""
+
+    code = "SELECTION_NOT_FOUND"
+
+
 class MethodNotAllowed(ProtocolError):
     status = 405
     code = "METHOD_NOT_ALLOWED"

@@ -24,6 +24,8 @@ EXTENSIONS: Final = MappingProxyType(
         "payload-digest": 2,  # 2: every seq of the current epoch, and Durastream-Digest on 204s
         "forgotten-producers": 1,
         "time-lookup": 1,
+        "changes": 1,
+        "multi-range": 1,
     }
 )
 

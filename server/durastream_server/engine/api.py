@@ -147,6 +147,19 @@ class StreamPage:
 
 
 @dataclass(frozen=True, slots=True)
+class ChangePage:
+    """One page of the change feed (``changes.py``): each changed path with its current state, or
+    ``None`` for a path that no longer names a live stream. ``cursor`` is the ``since`` of the next
+    page; ``more``: ask again at once; ``reset``: the pages until ``more`` is false are a full snapshot
+    (the asked cursor could not be continued)."""
+
+    changes: list[tuple[str, StreamListing | None]]
+    cursor: str
+    more: bool
+    reset: bool
+
+
+@dataclass(frozen=True, slots=True)
 class MessagesResult:
     """One chunk of a whole-message read (message frames extension): each slice is one message with
     its own position and server append time; the rest means what it means in ``ReadResult``."""

@@ -57,6 +57,7 @@ from durastream_server.engine import (
 from durastream_server.engine.api import (
     AppendRequest,
     AppendResult,
+    ChangePage,
     CreateRequest,
     CreateResult,
     LimitRequest,
@@ -71,7 +72,9 @@ from durastream_server.engine.api import (
     TimeResult,
 )
 from durastream_server.engine.bodies import request_messages
+from durastream_server.engine.changes import ChangeFeed, Cursor, InvalidCursor, Match
 from durastream_server.engine.registry import Incarnation, KeyedLocks, Registry, build
+from durastream_server.engine.selections import Selection, Selections, prepare
 from durastream_server.engine.staging import TxnManager
 from durastream_server.engine.txnapi import (
     AbortRequest,
@@ -91,9 +94,11 @@ from durastream_server.errors import (
     ContentTypeMismatch,
     CorruptStream,
     Gone,
+    InvalidParameter,
     InvalidReadOffset,
     NotFound,
     ProtocolError,
+    SelectionNotFound,
     StreamClosed,
     StreamSeqRegression,
 )
@@ -112,6 +117,7 @@ DEFAULT_SWEEP_INTERVAL = 0.25  # seconds between expiry sweeps
 # larger ones are hashed in a worker thread while they are validated.
 INLINE_BODY_BYTES = 16 * 1024
 READ_MEMO_BYTES = 4096  # largest read result kept per stream for the next identical read
+SELECTION_INLINE_PATHS = 1000  # larger selections are sorted and hashed in the read executor
 
 
 class StreamObserver:
@@ -161,6 +167,13 @@ class Engine:
         self._setting_aside = [
             data.quarantine(log.id, log.header.path, reason) for log, reason in unusable
         ]
+        # Every change of a path (created, committed, closed, deleted) is numbered here (changes.py).
+        self.changes = ChangeFeed()
+        by_path = self._registry.by_path
+        for path in self._registry.paths:
+            self.changes.touch(path, live=not by_path[path].soft_deleted)
+        self._registry.on_path = self.changes.touch
+        self.selections = Selections()  # explicit path sets change queries name by id
         self._create_locks = KeyedLocks()
         self._observers: list[StreamObserver] = []
         self._sweeper: asyncio.Task[None] | None = None
@@ -193,6 +206,7 @@ class Engine:
     async def close(self) -> None:
         """Release waiters (they answer as at a timeout) and flush storage."""
         self._closed = True
+        self.changes.shutdown()
         for task in (self._sweeper, self._producer_sweeper):
             if task is not None:
                 task.cancel()
@@ -948,6 +962,7 @@ class Engine:
     async def _soft_delete(self, inc: Incarnation) -> None:
         # Flag first (synchronously): from here on every direct request answers 410.
         inc.soft_deleted = True
+        self.changes.touch(inc.path, live=False)
         inc.waiters.fail(lambda: Gone("the stream was deleted"))
         await inc.log.stage_soft_delete()
         # The last fork may have gone while the record was being written.
@@ -1057,6 +1072,67 @@ class Engine:
                 found.append(self._listing(path, inc))
         return StreamPage(found, None)
 
+    def changed(
+        self, since: str | None, match: Match | None, *, limit: int, examine: int
+    ) -> ChangePage:
+        """One page of the change feed (extension ``changes``): the paths ``match`` holds that changed
+        after the cursor ``since`` (``None``: a full snapshot), each with its current state. Costs a
+        bisect plus at most ``examine`` entries, whatever the number of streams."""
+        page = self.changes.page(self._cursor(since), match, limit=limit, examine=examine)
+        now = self._clock()
+        by_path = self._registry.by_path
+        entries: list[tuple[str, StreamListing | None]] = []
+        for path in page.paths:
+            inc = by_path.get(path)
+            live = inc is not None and not inc.soft_deleted and not inc.expired(now)
+            entries.append((path, self._listing(path, inc) if live else None))  # type: ignore[arg-type]
+        return ChangePage(entries, str(page.cursor), page.more, page.reset)
+
+    async def wait_changed(
+        self,
+        since: str,
+        match: Match | None,
+        timeout: float,
+        release: Iterable[asyncio.Future[Any]] = (),
+        *,
+        examine: int,
+    ) -> bool:
+        """Wait until a path ``match`` holds changes after ``since`` (True), or ``timeout`` passes or a
+        ``release`` future completes (False). An unusable cursor has "changes" at once (a reset)."""
+        cursor = self._cursor(since)
+        if not self.changes.usable(cursor):
+            return True
+        assert cursor is not None
+        return await self.changes.wait(cursor, match, timeout, release, examine=examine)
+
+    async def register_selection(self, paths: list[str]) -> Selection:
+        """Remember an explicit set of paths for change queries; the same set gets the same id."""
+        if len(paths) > SELECTION_INLINE_PATHS:  # sorting and hashing 100k paths: off the loop
+            prepared = await asyncio.get_running_loop().run_in_executor(
+                self._data.read_executor, prepare, paths
+            )
+        else:
+            prepared = prepare(paths)
+        return self.selections.add(*prepared)
+
+    def selection(self, id: str) -> Selection:
+        found = self.selections.get(id)
+        if found is None:
+            raise SelectionNotFound(
+                f"selection {id!r} is not registered here (forgotten after an hour unused, or the "
+                "server restarted): register its paths again"
+            )
+        return found
+
+    @staticmethod
+    def _cursor(since: str | None) -> Cursor | None:
+        if since is None:
+            return None
+        try:
+            return Cursor.parse(since)
+        except InvalidCursor as exc:
+            raise InvalidParameter(f"since: {exc}") from None
+
     def _first_path(self, prefix: str, after: str | None) -> int:
         """Index in the sorted paths of the first one >= ``prefix`` and > ``after``."""
         paths = self._registry.paths
@@ -1117,7 +1193,14 @@ class Engine:
         return inc
 
     def _subscribe(self, inc: Incarnation) -> None:
-        inc.unsubscribe = inc.log.add_listener(inc.waiters.notify)
+        inc.unsubscribe = inc.log.add_listener(functools.partial(self._committed, inc))
+
+    def _committed(self, inc: Incarnation) -> None:
+        """A durable commit of ``inc``'s log: wake its readers, and number the change if the path
+        still names ``inc`` (a soft-deleted source that serves its forks changes nothing visible)."""
+        inc.waiters.notify()
+        if not inc.soft_deleted and self._registry.by_path.get(inc.path) is inc:
+            self.changes.touch(inc.path)
 
     def _info(self, inc: Incarnation) -> StreamInfo:
         return StreamInfo(

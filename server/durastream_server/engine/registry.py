@@ -93,6 +93,9 @@ class Registry:
     """
 
     def __init__(self) -> None:
+        # Called with (path, live) whenever the incarnation a path names changes: the change feed
+        # (changes.py) numbers it. Set by the engine once the registry is built.
+        self.on_path: Callable[..., None] | None = None
         self.by_path: dict[str, Incarnation] = {}
         self.paths: SortedList = SortedList()
         self.expiring: set[Incarnation] = set()
@@ -111,6 +114,8 @@ class Registry:
             self.by_path[inc.path] = inc
             if inc.lifetime.expires:
                 self.expiring.add(inc)
+            if self.on_path is not None:
+                self.on_path(inc.path, live=not inc.soft_deleted)
         if inc.source_id is not None:
             self._forks.setdefault(inc.source_id, set()).add(inc.id)
 
@@ -122,6 +127,8 @@ class Registry:
             del self.by_path[inc.path]
             self.paths.remove(inc.path)
             self.expiring.discard(inc)
+            if self.on_path is not None:
+                self.on_path(inc.path, live=False)
         if inc.source_id is not None:
             forks = self._forks.get(inc.source_id)
             if forks is not None:

@@ -86,20 +86,13 @@ class WaitSet:
             if self._futures is None:
                 self._futures = set()
             self._futures.add(future)
-            timer = loop.call_later(remaining, _wake, future)
-            wake = functools.partial(_wake_on, future)
-            for other in release:
-                other.add_done_callback(wake)
             try:
-                await future
+                await wait_for_any(future, remaining, release)
             except _Shutdown:
                 return False
             finally:
-                timer.cancel()
                 if self._futures is not None:
                     self._futures.discard(future)
-                for other in release:
-                    other.remove_done_callback(wake)
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -109,3 +102,21 @@ def _wake(future: asyncio.Future[None]) -> None:
 
 def _wake_on(future: asyncio.Future[None], _source: asyncio.Future[Any]) -> None:
     _wake(future)
+
+
+async def wait_for_any(
+    future: asyncio.Future[None], timeout: float, release: Iterable[asyncio.Future[Any]] = ()
+) -> None:
+    """Await ``future`` until it completes, ``timeout`` seconds pass (it is then resolved) or any of
+    ``release`` completes. One timer and callbacks, no task: parked waits stay cheap."""
+    loop = asyncio.get_running_loop()
+    timer = loop.call_later(max(timeout, 0.0), _wake, future)
+    wake = functools.partial(_wake_on, future)
+    for other in release:
+        other.add_done_callback(wake)
+    try:
+        await future
+    finally:
+        timer.cancel()
+        for other in release:
+            other.remove_done_callback(wake)

@@ -119,6 +119,7 @@ class DurastreamApp:
         self._live: LiveReaders | None = None
         self._streams: StreamHandlers | None = None
         self._exporter: Exporter | None = None
+        self._extensions: discovery.ExtensionResources | None = None
         self.startup_error: BaseException | None = None
         self._cors = cors.CorsPolicy(config.cors_origins)
         self._auth = Authorizer(config.auth_tokens) if config.auth_tokens else None
@@ -160,6 +161,9 @@ class DurastreamApp:
                     backend.engine, self._live, self.config, self.metrics
                 )
                 self._exporter = Exporter(self.metrics, self._census)
+                self._extensions = discovery.ExtensionResources(
+                    backend.engine, self._live, self.config.max_body_bytes, self.config.chunk_bytes
+                )
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.begin_drain()
@@ -374,7 +378,7 @@ class DurastreamApp:
             await responses.send_response(request.send, 204, cors.preflight_headers())
             return
         if self._auth is not None:
-            self._auth.authorize(request, target)  # 401 / 403; see http/auth.py for the rules
+            request.token = self._auth.authorize(request, target)  # 401 / 403: http/auth.py
         if target.kind in (paths.RouteKind.HEALTH, paths.RouteKind.METRICS):
             check_declared_length(request.headers, self.config.max_body_bytes)
         if target.kind is paths.RouteKind.HEALTH:
@@ -387,10 +391,10 @@ class DurastreamApp:
             assert self._streams is not None
             await self._streams.handle(request, target.target)
         elif target.kind is paths.RouteKind.SUBSCRIPTIONS and discovery.owns(target.target):
-            # Extension discovery and listing: their own __ds namespace, before subscriptions.
-            assert self._backend is not None
+            # Extension discovery, listing, changes: their own __ds namespace, before subscriptions.
+            assert self._extensions is not None
             request.route = "discovery"
-            await discovery.handle(self._backend.engine, request, target.target)
+            await self._extensions.handle(request, target.target)
         elif target.kind is paths.RouteKind.SUBSCRIPTIONS:
             request.route = "subscriptions"
             service = self._backend.subscriptions if self._backend is not None else None

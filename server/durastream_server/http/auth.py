@@ -13,8 +13,13 @@ request                                                    needs
                                                            fork (``Stream-Forked-From``) also needs the
                                                            source covered
 ``GET __ds/x-durastream/extensions``                       any valid token
-``GET __ds/x-durastream/streams`` (listing)                any token; a prefixed token only with a
-                                                           ``prefix=`` or ``pattern=`` inside its prefix
+``GET __ds/x-durastream/streams`` (listing) and           any token; a prefixed token only with a
+``.../changes`` (change feed)                              ``prefix=`` or ``pattern=`` inside its prefix
+``POST __ds/x-durastream/selections``                      any valid token (it stores a path list, and
+                                                           reveals nothing)
+``POST __ds/x-durastream/lookups`` and ``.../reads``       any valid token; each listed range whose stream
+(multi-range)                                              the token does not cover is answered 403 on its
+                                                           own
 ``GET __ds/jwks.json``                                     nothing (public keys, for webhook receivers)
 ``POST __ds/subscriptions/{id}/callback|ack|release``      no server token: these carry the callback or
                                                            claim token the server minted (section 7)
@@ -76,7 +81,8 @@ def requirement(request: Request, target: paths.Route | None) -> Need | None:
         return Need(write=write, streams=tuple(streams))
     subpath = target.target
     if discovery.owns(subpath):
-        return Need(listing=subpath == f"{discovery.NAMESPACE}/streams")
+        resource = subpath[len(discovery.NAMESPACE) + 1 :]
+        return Need(listing=resource in discovery.SCOPED_BY_QUERY)
     parts = subpath.split("/")
     if parts == ["jwks.json"]:
         return None
@@ -91,11 +97,13 @@ class Authorizer:
             raise ValueError("an Authorizer needs at least one token")
         self._tokens = tokens
 
-    def authorize(self, request: Request, target: paths.Route | None) -> None:
-        """Return if ``request`` may proceed; raise ``Unauthorized`` (401) or ``Forbidden`` (403)."""
+    def authorize(self, request: Request, target: paths.Route | None) -> AuthToken | None:
+        """Return the request's token (None for an open endpoint) if ``request`` may proceed; raise
+        ``Unauthorized`` (401) or ``Forbidden`` (403). Handlers that learn stream paths from a body
+        (multi-range requests) check each against the returned token."""
         need = requirement(request, target)
         if need is None:
-            return
+            return None
         token = self.identify(request.headers.get("authorization"))
         if need.write and not token.writable:
             raise _forbidden(f"this token is read-only; {request.method} needs a read-write token")
@@ -115,6 +123,7 @@ class Authorizer:
                 f"this token is limited to streams under '{token.prefix}/'; list them with "
                 f"prefix={token.prefix}/ or a pattern starting with {token.prefix}/"
             )
+        return token
 
     def identify(self, header: str | None) -> AuthToken:
         """The configured token an ``Authorization`` header value carries, or ``Unauthorized``."""

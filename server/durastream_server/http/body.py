@@ -7,12 +7,17 @@ the socket once its small receive buffer is full, and the 413 closes the connect
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 from durastream_server.errors import BadRequest, PayloadTooLarge
+from durastream_server.subscriptions import jsonbody
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+INLINE_JSON_BYTES: Final = 64 * 1024  # larger JSON bodies are parsed off the event loop
 
 
 class ClientDisconnected(Exception):
@@ -56,3 +61,19 @@ async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> by
     if len(chunks) == 1 and type(chunks[0]) is bytes:
         return chunks[0]
     return b"".join(chunks)  # also makes bytes of a bytearray piece (ASGI allows either)
+
+
+async def read_json_body(receive: Receive, headers: dict[str, str], limit: int, shape: str) -> Any:
+    """A JSON request body (at most ``limit`` bytes, nested at most 32 levels), parsed in a worker
+    thread when it is larger than 64 KiB. A body that is not JSON is a 400 saying ``shape``."""
+    body = await read_body(receive, headers, limit)
+    if len(body) > INLINE_JSON_BYTES:
+        return await asyncio.get_running_loop().run_in_executor(None, _parse_json, body, shape)
+    return _parse_json(body, shape)
+
+
+def _parse_json(body: bytes, shape: str) -> Any:
+    try:
+        return jsonbody.loads(body)
+    except ValueError as exc:
+        raise BadRequest(f"the body must be {shape}: {exc}") from None

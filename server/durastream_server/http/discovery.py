@@ -1,5 +1,6 @@
-"""``{root}/__ds/x-durastream/...``: extension discovery and stream listing (``docs/extensions.md``,
-"Advertisement" and section 4).
+"""``{root}/__ds/x-durastream/...``: extension discovery, stream listing, the change feed and
+multi-range requests (``docs/extensions.md``, "Advertisement", sections 4, 8 and 9; the last two are
+``changes.py`` and ``multirange.py``).
 
 These live under the reserved ``__ds`` segment (so no stream path can shadow them) in an ``x-durastream``
 namespace that the subscription APIs never use; the app routes them here before the subscription
@@ -10,17 +11,16 @@ from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import parse_qsl
 
 from durastream_server import extensions
-from durastream_server.errors import InvalidParameter, MethodNotAllowed, NotFound
-from durastream_server.http import responses
-from durastream_server.http.parse import MAX_QUERY_FIELDS
-from durastream_server.subscriptions.glob import InvalidPattern, compile_pattern
+from durastream_server.errors import MethodNotAllowed, NotFound
+from durastream_server.http import changes, multirange, responses
+from durastream_server.http.query import bounded_int, glob_parameter, query_values
 
 if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
     from durastream_server.http.handlers import Request
+    from durastream_server.http.live import LiveReaders
 
 NAMESPACE: Final = "x-durastream"
 DEFAULT_LIMIT: Final = 1000
@@ -28,6 +28,10 @@ MAX_LIMIT: Final = 10000
 # Paths a page may examine beyond its limit before it answers with what it found and a ``next``:
 # bounds the cost of a pattern that matches few streams (docs/extensions.md section 4).
 EXAMINE_ALLOWANCE: Final = 1000
+RESOURCES: Final = ("extensions", "streams", "changes", "selections", "lookups", "reads")
+# Resources that answer stream paths and tails: a token limited to a prefix must stay inside it with
+# ``prefix=`` or ``pattern=`` (http/auth.py).
+SCOPED_BY_QUERY: Final = frozenset({"streams", "changes"})
 
 
 def owns(subpath: str) -> bool:
@@ -35,46 +39,59 @@ def owns(subpath: str) -> bool:
     return subpath == NAMESPACE or subpath.startswith(NAMESPACE + "/")
 
 
-async def handle(engine: Engine, request: Request, subpath: str) -> None:
-    if request.method not in ("GET", "HEAD"):
-        raise MethodNotAllowed(
-            f"{request.method} is not supported here; use GET", headers={"Allow": "GET, HEAD"}
+class ExtensionResources:
+    """The resources under ``{root}/__ds/x-durastream/``; built once per server, like the handlers."""
+
+    def __init__(
+        self, engine: Engine, live: LiveReaders, max_body_bytes: int, chunk_bytes: int
+    ) -> None:
+        self._engine = engine
+        self._live = live
+        self._max_body_bytes = max_body_bytes
+        self._chunk_bytes = chunk_bytes
+
+    async def handle(self, request: Request, subpath: str) -> None:
+        name = subpath[len(NAMESPACE) + 1 :]
+        document: dict[str, Any]
+        if name == "reads":
+            await multirange.serve_reads(
+                self._engine, request, self._max_body_bytes, self._chunk_bytes
+            )
+            return
+        if name == "selections":
+            document = await changes.serve_selections(self._engine, request, self._max_body_bytes)
+        elif name == "lookups":
+            document = await multirange.serve_lookups(self._engine, request, self._max_body_bytes)
+        elif name not in ("extensions", "streams", "changes"):
+            raise NotFound(
+                f"no extension resource {subpath!r}; known: "
+                + ", ".join(f"{NAMESPACE}/{known}" for known in RESOURCES)
+            )
+        elif request.method not in ("GET", "HEAD"):
+            raise MethodNotAllowed(
+                f"{request.method} is not supported here; use GET", headers={"Allow": "GET, HEAD"}
+            )
+        elif name == "extensions":
+            document = extensions.discovery_document()
+        elif name == "streams":
+            document = _listing(self._engine, request.query_string)
+        else:
+            values = query_values(request.query_string, changes.PARAMETERS)
+            document = await changes.serve_changes(self._engine, self._live, request, values)
+        body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+        headers = [
+            ("Content-Type", "application/json"),
+            ("Cache-Control", responses.CACHE_NO_STORE),
+        ]
+        await responses.send_response(
+            request.send, 200, headers, body, head=request.method == "HEAD"
         )
-    name = subpath[len(NAMESPACE) + 1 :]
-    if name == "extensions":
-        document: dict[str, Any] = extensions.discovery_document()
-    elif name == "streams":
-        document = _listing(engine, request.query_string)
-    else:
-        raise NotFound(
-            f"no extension resource {subpath!r}; known: {NAMESPACE}/extensions, {NAMESPACE}/streams"
-        )
-    body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
-    headers = [("Content-Type", "application/json"), ("Cache-Control", responses.CACHE_NO_STORE)]
-    await responses.send_response(request.send, 200, headers, body, head=request.method == "HEAD")
 
 
 def listing_query(query_string: bytes) -> dict[str, str]:
     """The listing's query parameters; ``InvalidParameter`` names what is wrong. (The auth check reads
-    ``prefix`` and ``pattern`` through this too, so both see the same parameters.)"""
-    try:
-        pairs = parse_qsl(
-            query_string.decode("latin-1"),
-            keep_blank_values=True,
-            encoding="utf-8",
-            errors="strict",
-            max_num_fields=MAX_QUERY_FIELDS,
-        )
-    except UnicodeDecodeError:
-        raise InvalidParameter("query parameters must be UTF-8 after percent-decoding") from None
-    except ValueError:
-        raise InvalidParameter(f"at most {MAX_QUERY_FIELDS} query parameters") from None
-    values: dict[str, str] = {}
-    for key, value in pairs:
-        if key in values and key in ("prefix", "pattern", "after", "limit"):
-            raise InvalidParameter(f"{key} given more than once")
-        values[key] = value
-    return values
+    ``prefix`` and ``pattern`` of listings and change queries through this too.)"""
+    return query_values(query_string, ("prefix", "pattern", "after", "limit"))
 
 
 def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
@@ -88,21 +105,15 @@ def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
     values = listing_query(query_string)
     prefix = values.get("prefix", "")
     match = None
-    if "pattern" in values:
-        try:
-            pattern = compile_pattern(values["pattern"])
-        except InvalidPattern as exc:
-            raise InvalidParameter(
-                f"pattern {values['pattern']!r} is not a valid glob: {exc} "
-                "('*' matches one path segment, '**' any number of segments)"
-            ) from None
+    pattern = glob_parameter(values)
+    if pattern is not None:
         match = pattern.matches
         narrower = _narrower(prefix, pattern.literal_prefix())
         if narrower is None:  # no path can start with both
             return {"streams": [], "next": None}
         prefix = narrower
     after = values.get("after")
-    limit = _limit(values.get("limit"))
+    limit = bounded_int(values, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
     page = engine.list_page(
         prefix, match=match, after=after, limit=limit, examine=limit + EXAMINE_ALLOWANCE
     )
@@ -127,14 +138,3 @@ def _narrower(a: str, b: str) -> str | None:
     if b.startswith(a):
         return b
     return None
-
-
-def _limit(text: str | None) -> int:
-    if text is None:
-        return DEFAULT_LIMIT
-    if not text.isascii() or not text.isdigit() or text.startswith("0") or len(text) > 5:
-        raise InvalidParameter(f"limit must be an integer from 1 to {MAX_LIMIT}, got {text!r}")
-    limit = int(text)
-    if limit > MAX_LIMIT:
-        raise InvalidParameter(f"limit must be an integer from 1 to {MAX_LIMIT}, got {text!r}")
-    return limit

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from durastream_server.auth import AuthToken
 from durastream_server.config import ServerConfig
 from durastream_server.engine.api import AppendRequest, AppendResult, ReadRequest, ReadResult
 from durastream_server.errors import MethodNotAllowed, ProtocolError
@@ -53,6 +54,8 @@ class Request:
     request_id: str = ""  # http/requestid.py; in X-Request-Id and every log line of the request
     route: str = "other"  # the route class its handler sets (metrics/counters.py: ROUTES)
     body_bytes: int = 0  # request body bytes read (metrics, access log)
+    # The bearer token that authorized the request (None without --auth-token or on open endpoints).
+    token: AuthToken | None = None
 
     @property
     def authority(self) -> str:

@@ -131,15 +131,26 @@ class LiveReaders:
 
         Errors of the engine's wait (the stream was deleted while waiting: NotFound/Gone) propagate.
         """
+        return await self.park(
+            lambda release: self._engine.wait(path, offset, timeout, release=release), disconnect
+        )
+
+    async def park(
+        self,
+        wait: Callable[[tuple[asyncio.Future[Any], ...]], Awaitable[bool]],
+        disconnect: Disconnect,
+    ) -> bool | None:
+        """Run ``wait(release)`` as a parked reader (counted for ``/healthz``): True when it saw what
+        it waits for, False on its timeout, None when the client hung up or the server is draining.
+
+        The engine's waits return early when a ``release`` future (drain, hang-up) completes, so a
+        parked reader costs one future, not a task plus an ``asyncio.wait`` (docs/decisions/0004).
+        """
         if self.draining or disconnect.happened:
             return None
-        # The engine's wait itself returns early when the drain or hang-up future completes, so a
-        # parked reader costs one future, not a task plus an ``asyncio.wait`` (docs/decisions/0004).
         self.parked += 1
         try:
-            woke = await self._engine.wait(
-                path, offset, timeout, release=(self._drain, disconnect.future)
-            )
+            woke = await wait((self._drain, disconnect.future))
         finally:
             self.parked -= 1
         if not woke and (self.draining or disconnect.happened):

@@ -21,6 +21,8 @@ EXPECTED = {
     "payload-digest": 2,
     "forgotten-producers": 1,
     "time-lookup": 1,
+    "changes": 1,
+    "multi-range": 1,
 }
 
 

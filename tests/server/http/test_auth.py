@@ -295,6 +295,67 @@ def test_listing_and_discovery(secured: ServerProcess) -> None:
     assert requests.get(extensions).status_code == 401
 
 
+def test_change_feed_is_scoped_like_the_listing(secured: ServerProcess) -> None:
+    feed = secured.stream_url("__ds/x-durastream/changes")
+    requests.put(secured.stream_url("tenant-a/c1"), headers={**TEXT, **bearer(RW)})
+    requests.put(secured.stream_url("other/c2"), headers={**TEXT, **bearer(RW)})
+    assert requests.get(feed).status_code == 401
+    assert requests.get(feed, headers=bearer(TENANT_RO)).status_code == 403
+    everything = requests.get(feed, headers=bearer(RO)).json()["changes"]
+    assert {"tenant-a/c1", "other/c2"} <= {entry["path"] for entry in everything}
+    scoped = requests.get(feed, params={"pattern": "tenant-a/*"}, headers=bearer(TENANT_RO))
+    assert scoped.status_code == 200
+    paths = {entry["path"] for entry in scoped.json()["changes"]}
+    assert "tenant-a/c1" in paths and all(p.startswith("tenant-a/") for p in paths), paths
+    # A selection adds to the prefix; it does not replace it for a prefixed token.
+    selections = secured.stream_url("__ds/x-durastream/selections")
+    registered = requests.post(
+        selections, json={"streams": ["other/c2", "tenant-a/c1"]}, headers=bearer(TENANT_RO)
+    )
+    assert registered.status_code == 200
+    selection = registered.json()["selection"]
+    alone = requests.get(feed, params={"selection": selection}, headers=bearer(TENANT_RO))
+    assert alone.status_code == 403
+    narrowed = requests.get(
+        feed, params={"selection": selection, "prefix": "tenant-a/"}, headers=bearer(TENANT_RO)
+    )
+    assert [entry["path"] for entry in narrowed.json()["changes"]] == ["tenant-a/c1"]
+
+
+def test_multi_range_requests_answer_streams_outside_the_prefix_with_403(
+    secured: ServerProcess,
+) -> None:
+    for path in ("tenant-a/m1", "other/m2"):
+        requests.put(secured.stream_url(path), data=b"hi", headers={**TEXT, **bearer(RW)})
+    ranges = [
+        {"path": path, "offset": "-1", "end": "0000000000000000_0000000000000002"}
+        for path in ("tenant-a/m1", "other/m2")
+    ]
+    lookups = requests.post(
+        secured.stream_url("__ds/x-durastream/lookups"),
+        json={"lookups": ranges},
+        headers=bearer(TENANT_RO),
+    )
+    inside, outside = lookups.json()["results"]
+    assert inside["messages"] == 1 and outside["error"]["status"] == 403
+    reads = requests.post(
+        secured.stream_url("__ds/x-durastream/reads"), json={"ranges": ranges}, headers=bearer(RO)
+    )
+    assert reads.status_code == 200 and b"FORBIDDEN" not in reads.content
+    scoped = requests.post(
+        secured.stream_url("__ds/x-durastream/reads"),
+        json={"ranges": ranges},
+        headers=bearer(TENANT_RO),
+    )
+    assert b'"code":"FORBIDDEN"' in scoped.content and b"hi" in scoped.content
+    assert (
+        requests.post(
+            secured.stream_url("__ds/x-durastream/reads"), json={"ranges": ranges}
+        ).status_code
+        == 401
+    )
+
+
 def test_subscription_control_needs_an_unrestricted_token(secured: ServerProcess) -> None:
     wake = secured.stream_url("wake/pool")
     assert requests.put(wake, headers={"Content-Type": "application/json", **bearer(RW)}).ok

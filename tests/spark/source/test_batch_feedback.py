@@ -68,7 +68,7 @@ def test_each_batch_logs_its_size_and_the_lag_behind_the_tails(
     read_bytes = read[a].bytes + read[b].bytes
     behind_bytes = total[a].bytes + total[b].bytes - read_bytes
     assert batch_lines(caplog) == [
-        f"batch reads 2 stream(s), 8 messages, {read_bytes} bytes, in 2 task(s), planned in N ms; behind the tails "
+        f"batch reads 2 stream(s), 8 messages, {read_bytes} bytes, in 1 task(s), planned in N ms; behind the tails "
         f"after it: 32 messages, {behind_bytes} bytes in 2 stream(s)"
     ]
     summary = reader.driver.last_batch

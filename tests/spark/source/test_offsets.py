@@ -119,3 +119,73 @@ def test_bad_specs_name_option_value_and_accepted(raw: str, ending: bool, reason
     assert option in text and "Accepted:" in text and repr(raw) in text
     if reason:
         assert reason in text
+
+
+# ---- the compact form (offset_codec.py) -------------------------------------------------------------------
+
+
+def many(count: int, *, other: dict[str, str] | None = None) -> dict[str, str]:
+    offsets = {f"sessions/u{i:06d}": f"{0:016d}_{i * 37:016d}" for i in range(count)}
+    return {**offsets, **(other or {})}
+
+
+def test_above_a_hundred_streams_the_offset_is_compact_and_exact() -> None:
+    mapping = many(150, other={"other/a": EARLIEST, "other/b": "opaque-token_9"})
+    offset = SourceOffset.of(mapping, batch_ms=1700000000000)
+    document = offset.to_dict()
+    assert set(document) == {"v", "n", "z", "/batchTimeMs"} and document["n"] == 152
+    assert len(json.dumps(document)) < len(json.dumps(mapping)) / 3
+    parsed = SourceOffset.from_json(json.dumps(document))
+    assert parsed == offset and parsed.as_dict() == mapping and parsed.batch_ms == 1700000000000
+    # Equal content, equal text (Spark compares offsets as text), whatever the insertion order.
+    assert SourceOffset.of(
+        dict(reversed(list(mapping.items()))), batch_ms=1700000000000
+    ).json() == (offset.json())
+    assert SourceOffset.of(many(100)).to_dict() == many(100)  # up to 100: readable as before
+
+
+def test_old_readable_checkpoints_of_many_streams_still_parse() -> None:
+    mapping = many(500)
+    parsed = SourceOffset.from_dict(mapping)  # what main wrote for 500 streams
+    assert parsed.as_dict() == mapping and "z" in parsed.to_dict()
+    assert SourceOffset.from_dict(parsed.to_dict()) == parsed
+
+
+def test_updated_replaces_and_drops_without_touching_the_rest() -> None:
+    start = SourceOffset.of(many(200))
+    end = start.updated({"sessions/u000007": T2, "sessions/u000008": None, "new/x": T1})
+    assert end.get("sessions/u000007") == T2 and "sessions/u000008" not in end
+    assert end.get("new/x") == T1 and len(end) == 200
+    assert start.get("sessions/u000008") is not None  # the start is unchanged
+    assert end.get("sessions/u000009") == start.get("sessions/u000009")
+
+
+@pytest.mark.parametrize(
+    "document, message",
+    [
+        ({"v": 3, "n": 1, "z": ""}, "version 3"),
+        ({"v": 2, "n": 1}, "'z'"),
+        ({"v": 2, "n": 1, "z": "not base64!"}, "does not decode"),
+    ],
+)
+def test_a_damaged_compact_offset_is_refused_with_a_reason(document, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        SourceOffset.from_dict(document)
+
+
+def test_a_copied_compact_offset_works_as_starting_offsets() -> None:
+    offset = SourceOffset.of(many(120))
+    spec = parse_offset_spec("startingOffsets", offset.json(), ending=False)
+    assert isinstance(spec, SpecificSpec) and dict(spec.offsets) == many(120)
+
+
+def test_the_compact_text_is_computed_once_per_positions() -> None:
+    """Spark sees each end twice (without and with its batch time) and hands it back as start: the
+    compressed text of 100,000 streams is the costly part, so copies share it instead of redoing it."""
+    offset = SourceOffset.of(many(300))
+    packed = offset.to_dict()["z"]
+    timed = offset.with_batch_ms(1700000000000)
+    assert timed.to_dict()["z"] is packed and timed.to_dict()["/batchTimeMs"] == "1700000000000"
+    parsed = SourceOffset.from_json(timed.json())
+    assert parsed == timed and parsed.raw is offset.raw  # not decoded again
+    assert parsed.same_positions(offset)

@@ -21,11 +21,9 @@ from durastream_spark.source.offsets import (
 )
 from durastream_spark.source.planner import (
     RangeSize,
-    SplitRules,
     StreamRange,
     allocate,
     batch_ranges,
-    part_counts,
     plan_next_end,
     ranges_between,
     split_points,
@@ -185,21 +183,7 @@ def test_allocate_is_exact_bounded_proportional_and_deterministic(lags: dict, li
     assert allocate(dict(reversed(list(lags.items()))), limit) == shares
 
 
-# ---- part_counts and split_points -------------------------------------------------------------------------
-
-
-def test_part_counts_by_size_messages_and_min_partitions() -> None:
-    rules = SplitRules(max_bytes_per_partition=100)
-    sizes = {"a": RangeSize(50, 1000), "b": RangeSize(3, 50), "empty": RangeSize(0, 0)}
-    assert part_counts(sizes, rules) == {"a": 10, "b": 1}
-    assert part_counts({"a": RangeSize(2, 1000)}, rules) == {"a": 2}  # never more than messages
-    by_messages = SplitRules(max_bytes_per_partition=10**9, max_messages_per_partition=10)
-    assert part_counts({"a": RangeSize(95, 95)}, by_messages) == {"a": 10}
-    spread = SplitRules(max_bytes_per_partition=10**9, min_partitions=8)
-    assert part_counts({"a": RangeSize(600, 6000), "b": RangeSize(200, 2000)}, spread) == {
-        "a": 6,
-        "b": 2,
-    }
+# ---- split_points ----------------------------------------------------------------------------------------
 
 
 class SimulatedStream:

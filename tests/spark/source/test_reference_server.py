@@ -19,6 +19,7 @@ from durastream_spark.source import stream_reader
 from durastream_spark.source.arrow import DEFAULT_SCHEMA
 from durastream_spark.source.fallback import ReplayNotGuaranteed, ensure_pin, pin_path
 from durastream_spark.source.scan import PINNED_ROUTE
+from durastream_spark.source.tracker import PollingTracker
 from tests.spark.source.support import (
     BatchCollector,
     Streams,
@@ -198,3 +199,32 @@ def test_a_server_that_cannot_fork_is_refused_with_the_missing_guarantee() -> No
     text = str(caught.value)
     assert "bounded-read" in text and "fork" in text and "re-read identically" in text
     assert client.deleted == pin_path("pins", "s", "0000000000000000_0000000000000042")
+
+
+def test_without_the_change_feed_each_trigger_polls_and_plans_what_changed(
+    reference_server, streams
+) -> None:
+    """No ``changes`` extension: the tracker polls each stream per trigger (a HEAD each, as before) and
+    still plans only the streams whose tails moved; no multi-range request is sent either."""
+    base = unique("refpoll")
+    paths = [streams.create(f"{base}/s{i:02d}") for i in range(12)]
+    for i, path in enumerate(paths):
+        streams.append_json(path, docs(i * 10, 2))
+    reader = stream_reader(options_for(reference_server, streams=",".join(paths)), DEFAULT_SCHEMA)
+    assert isinstance(reader.driver.tracker, PollingTracker)
+    start = reader.initialOffset()
+    if HAS_ADMISSION_CONTROL:
+        from durastream_spark.compat import ReadAllAvailable
+
+        end = reader.latestOffset(start, ReadAllAvailable())
+        streams.append_json(paths[5], docs(500, 3))
+        later = reader.latestOffset(end, ReadAllAvailable())
+    else:
+        end = reader.latestOffset()
+        streams.append_json(paths[5], docs(500, 3))
+        later = reader.latestOffset()
+    assert len(read_all(reader, reader.partitions(start, end))) == 24
+    assert {path for path in paths if later[path] != end[path]} == {paths[5]}
+    rows = read_all(reader, reader.partitions(end, later))
+    assert [r["value"] for r in rows] == encoded(docs(500, 3))
+    reader.commit(later)

@@ -1,0 +1,80 @@
+"""How many messages and bytes each range of a batch holds, asked of the server in as few requests as it
+allows.
+
+Admission control shares a budget by lag, ``minMessagesPerTrigger`` counts what waits, and packing sizes
+tasks: each needs the size of many ranges at once. durastream-server answers up to 10,000 limit lookups
+in one request (multi-range extension); a server with only single lookups gets one per range. The data of
+a range ``[start, end)`` never changes, so sizes are cached by range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping, Sequence
+
+from durastream_spark.errors import EndBeyondTail, StreamGone, StreamNotFound
+from durastream_spark.protocol.client import RangeLookup, StreamClient
+from durastream_spark.protocol.models import LimitLookup
+from durastream_spark.source.planner import RangeSize, StreamRange
+
+SizeCache = MutableMapping[tuple[str, str, str], RangeSize]
+LossCallback = Callable[[StreamRange, Exception], None]
+_LOST = (StreamNotFound, StreamGone, EndBeyondTail)
+
+
+def measure(
+    client: StreamClient,
+    ranges: Sequence[StreamRange],
+    cache: SizeCache,
+    on_loss: LossCallback,
+) -> dict[str, RangeSize]:
+    """Size of each range, by stream. A range that cannot be read (its stream deleted, an end beyond
+    the tail) goes to ``on_loss`` and is left out; any other failure is raised."""
+    sizes: dict[str, RangeSize] = {}
+    asked: list[StreamRange] = []
+    for item in ranges:
+        known = cache.get((item.stream, item.start, item.end))
+        if known is not None:
+            sizes[item.stream] = known
+        else:
+            asked.append(item)
+    for item, answer in zip(asked, lookups(client, asked), strict=True):
+        if isinstance(answer, Exception):
+            if not isinstance(answer, _LOST):
+                raise answer
+            on_loss(item, answer)
+            continue
+        size = RangeSize(answer.messages, answer.bytes)
+        cache[(item.stream, item.start, item.end)] = size
+        sizes[item.stream] = size
+    return sizes
+
+
+def lookups(
+    client: StreamClient,
+    ranges: Sequence[StreamRange],
+    limits: Sequence[tuple[int | None, int | None]] | None = None,
+) -> list[LimitLookup | Exception]:
+    """A limit lookup per range (``limits``: ``(max_messages, max_bytes)`` per range, default none):
+    in one request per 10,000 ranges with the multi-range extension, else one request each. Failures
+    the server reports for a range are returned in its place, as the typed error."""
+    if not ranges:
+        return []
+    bounds = limits or [(None, None)] * len(ranges)
+    if client.extensions().multi_range:
+        return client.lookup_ranges(
+            [
+                RangeLookup(item.stream, item.start, item.end, messages, size)
+                for item, (messages, size) in zip(ranges, bounds, strict=True)
+            ]
+        )
+    answers: list[LimitLookup | Exception] = []
+    for item, (messages, size) in zip(ranges, bounds, strict=True):
+        try:
+            answers.append(
+                client.lookup_limit(
+                    item.stream, item.start, max_messages=messages, max_bytes=size, end=item.end
+                )
+            )
+        except _LOST as error:
+            answers.append(error)
+    return answers

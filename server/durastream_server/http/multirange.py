@@ -1,0 +1,206 @@
+"""``POST {root}/__ds/x-durastream/lookups`` and ``.../reads``: many small ranges in one request
+(extension ``multi-range``, docs/extensions.md section 10).
+
+A Spark batch over 10,000 streams of a few messages each is 10,000 small ranges. One HTTP exchange per
+range costs far more than the data (about a millisecond of CPU on each side here); these resources take
+a list of ranges and answer them together:
+
+- ``lookups``: limit lookups (section 3) of many ranges, answered as one JSON list in request order.
+- ``reads``: bounded ``format=frames`` reads (sections 1-2) of many ranges, answered as one body: a JSON
+  header saying, for each answered range in order, how many messages it contributed and where it stopped,
+  then **one** frames body holding all those messages. The answer is bounded by the chunk size like any
+  read; it covers a prefix of the ranges (the last possibly cut short), and the client asks again for the
+  rest.
+
+A range that fails (a stream deleted since the batch was planned, an ``end`` beyond the tail) does not fail
+the others: its entry carries the error (status, code, message) that a single request would have got.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from durastream_server.engine import contenttype
+from durastream_server.engine.api import LimitRequest, ReadRequest
+from durastream_server.errors import BadRequest, Forbidden, MethodNotAllowed, ProtocolError
+from durastream_server.http import frames, responses
+from durastream_server.http.body import read_json_body
+from durastream_server.http.parse import MAX_SAFE_INTEGER
+from durastream_server.storage.records import MessageRun, MessageSlice
+
+if TYPE_CHECKING:
+    from durastream_server.engine.engine import Engine
+    from durastream_server.http.handlers import Request
+
+MAX_RANGES: Final = 10_000
+CONTENT_TYPE: Final = "application/vnd.durastream.multi-frames"
+MAGIC: Final = b"DSM1"
+FORMATS: Final = ("frames", "frames-lines")
+_LOOKUPS_SHAPE: Final = (
+    'a JSON object {"lookups": [{"path": ..., "offset": ..., "end": ..., "max_messages": ..., '
+    f'"max_bytes": ...}}, ...]}} with 1 to {MAX_RANGES} lookups'
+)
+_READS_SHAPE: Final = (
+    'a JSON object {"ranges": [{"path": ..., "offset": ..., "end": ...}, ...], "format": "frames"} '
+    f"with 1 to {MAX_RANGES} ranges"
+)
+
+
+async def serve_lookups(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
+    """Limit lookups of every listed range, each answered or failed on its own, in request order."""
+    _require_post(request)
+    document = await read_json_body(
+        request.receive, request.headers, max_body_bytes, _LOOKUPS_SHAPE
+    )
+    items = _list(document, "lookups", _LOOKUPS_SHAPE, ("format",))
+    lookups = [
+        LimitRequest(
+            path=_text(item, "path", index),
+            offset=_text(item, "offset", index),
+            end_offset=_text(item, "end", index, required=False),
+            max_messages=_count(item, "max_messages", index),
+            max_bytes=_count(item, "max_bytes", index),
+        )
+        for index, item in enumerate(items)
+    ]
+    results: list[dict[str, Any]] = []
+    for lookup in lookups:
+        try:
+            _check_scope(request, lookup.path)
+            found = await engine.lookup_limit(lookup)
+        except ProtocolError as exc:
+            results.append(_error(exc))
+            continue
+        results.append(
+            {
+                "start": found.start_offset,
+                "end": found.end_offset,
+                "messages": found.messages,
+                "bytes": found.bytes,
+                "tail": found.tail_offset,
+                "closed": found.closed,
+            }
+        )
+    return {"results": results}
+
+
+async def serve_reads(
+    engine: Engine, request: Request, max_body_bytes: int, chunk_bytes: int
+) -> None:
+    """Bounded frames reads of a prefix of the listed ranges, within one chunk (module docstring)."""
+    _require_post(request)
+    document = await read_json_body(request.receive, request.headers, max_body_bytes, _READS_SHAPE)
+    items = _list(document, "ranges", _READS_SHAPE, ("format",))
+    fmt = document.get("format", "frames")
+    if fmt not in FORMATS:
+        raise BadRequest(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    ranges = [
+        (_text(item, "path", index), _text(item, "offset", index), _text(item, "end", index))
+        for index, item in enumerate(items)
+    ]
+    lines = fmt == "frames-lines"
+    overhead = frames.PER_LINE_OVERHEAD if lines else frames.PER_MESSAGE_OVERHEAD
+    budget = chunk_bytes - frames.HEADER.size - 8  # the frames header and the final boundary
+    entries: list[dict[str, Any]] = []
+    pieces: list[MessageRun | MessageSlice] = []
+    count = 0
+    for path, offset, end in ranges:
+        if budget <= 0:
+            break  # the rest is for the next request
+        try:
+            _check_scope(request, path)
+            if lines and not contenttype.is_json(engine.head(path).content_type):
+                raise BadRequest(
+                    f"format=frames-lines is only for JSON streams; '{path}' is not one"
+                )
+            result = await engine.read_messages(
+                ReadRequest(path=path, offset=offset, max_bytes=budget, end_offset=end),
+                overhead=overhead,
+            )
+        except ProtocolError as exc:
+            entries.append(_error(exc))
+            continue
+        size = _size(result.slices) + overhead * result.count
+        budget -= max(size, 1)
+        pieces.extend(result.slices)
+        count += result.count
+        reached = result.next_offset == end
+        entries.append(
+            {"messages": result.count, "next_offset": result.next_offset, "end_reached": reached}
+        )
+        if not reached:
+            break  # cut short by the budget: the client continues this range first
+    body = await engine.offload(count, functools.partial(frames.encode, lines=lines), pieces)
+    header = json.dumps({"ranges": entries}, separators=(",", ":")).encode()
+    header += b" " * (-(len(MAGIC) + 4 + len(header)) % 8)  # the frames body starts 8-aligned
+    prefix = MAGIC + len(header).to_bytes(4, "little") + header
+    await responses.send_response(
+        request.send,
+        200,
+        [("Content-Type", CONTENT_TYPE), ("Cache-Control", responses.CACHE_NO_STORE)],
+        prefix + body,
+    )
+
+
+def _size(items: Sequence[MessageRun | MessageSlice]) -> int:
+    return sum(len(item.data) for item in items)
+
+
+def _error(exc: ProtocolError) -> dict[str, Any]:
+    error: dict[str, Any] = {"status": exc.status, "code": exc.code, "message": exc.message}
+    tail = exc.headers.get("Stream-Next-Offset")
+    if tail is not None:
+        error["tail"] = tail
+    return {"error": error}
+
+
+def _check_scope(request: Request, path: str) -> None:
+    """A token limited to a prefix reads only streams under it (http/auth.py)."""
+    token = request.token
+    if token is not None and not token.covers(path):
+        raise Forbidden(
+            f"this token is limited to streams under '{token.prefix}/'; '{path}' is not"
+        )
+
+
+def _require_post(request: Request) -> None:
+    if request.method != "POST":
+        raise MethodNotAllowed("send the ranges with POST", headers={"Allow": "POST"})
+
+
+def _list(document: Any, key: str, shape: str, optional: tuple[str, ...]) -> list[dict[str, Any]]:
+    if not isinstance(document, dict) or not {key} <= set(document) <= {key, *optional}:
+        raise BadRequest(f"the body must be {shape}")
+    items = document[key]
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_RANGES:
+        raise BadRequest(f"'{key}' must be a list of 1 to {MAX_RANGES} entries")
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise BadRequest(f"{key}[{index}] must be a JSON object, got {str(item)[:100]}")
+    return items
+
+
+def _text(item: dict[str, Any], name: str, index: int, *, required: bool = True) -> Any:
+    value = item.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value or "\x00" in value or len(value) > 4096:
+        raise BadRequest(
+            f"entry {index}: '{name}' must be a non-empty string (a stream path or an offset the "
+            f"server returned), got {str(value)[:100]!r}"
+        )
+    return value
+
+
+def _count(item: dict[str, Any], name: str, index: int) -> int | None:
+    value = item.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SAFE_INTEGER:
+        raise BadRequest(
+            f"entry {index}: '{name}' must be an integer from 0 to 2^53-1, got {str(value)[:100]}"
+        )
+    return value

@@ -1,0 +1,230 @@
+"""Many small streams (issue 16, the source): costs follow the data that moved, not the number of streams.
+
+Called at the API Spark drives, against the real durastream-server, with a spy on the client's HTTP
+exchanges to count what each step sends: packed tasks replay identically, planning asks the change feed
+(never one ``HEAD`` per stream), an idle trigger waits on the server instead of polling, and offsets of
+many streams stay compact in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from durastream_spark.protocol.client import StreamClient
+from durastream_spark.protocol.extensions import CHANGES_PATH, READS_PATH
+from durastream_spark.source import batch_reader, stream_reader
+from durastream_spark.source.arrow import DEFAULT_SCHEMA
+from durastream_spark.source.scan import PackedPartition
+from tests.spark.source.support import (
+    BatchCollector,
+    Streams,
+    docs,
+    encoded,
+    options_for,
+    run_available_now,
+    unique,
+)
+from tests.spark.source.test_reader_api import all_available, read_all
+
+STREAMS = 240
+PER_STREAM = 3
+DEADLINE_S = 30.0
+
+
+@pytest.fixture
+def streams(durastream_server) -> Streams:
+    return Streams(durastream_server)
+
+
+@pytest.fixture
+def exchanges(monkeypatch) -> Iterator[list[tuple[str, str]]]:
+    """Every HTTP exchange of every client in this process, as ``(method, url)``: a spy that calls the
+    real method."""
+    seen: list[tuple[str, str]] = []
+    real = StreamClient._exchange
+
+    def spy(self, method, url, *args, **kwargs):
+        seen.append((method, url))
+        return real(self, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(StreamClient, "_exchange", spy)
+    yield seen
+
+
+def fill(streams: Streams, base: str, count: int = STREAMS) -> list[str]:
+    paths = [streams.create(f"{base}/s{i:04d}") for i in range(count)]
+    for i, path in enumerate(paths):
+        streams.append_json(path, docs(i * 100, PER_STREAM))
+    return paths
+
+
+def expected_rows(paths: list[str]) -> dict[str, list[bytes]]:
+    return {path: encoded(docs(i * 100, PER_STREAM)) for i, path in enumerate(paths)}
+
+
+def by_stream(rows: list[dict]) -> dict[str, list[bytes]]:
+    grouped: dict[str, list[bytes]] = {}
+    for row in rows:
+        grouped.setdefault(row["stream"], []).append(bytes(row["value"]))
+    return grouped
+
+
+def test_many_small_streams_are_packed_into_few_tasks_that_replay_identically(
+    durastream_server, streams: Streams, exchanges
+) -> None:
+    base = unique("packed")
+    paths = fill(streams, base)
+    options = options_for(durastream_server, pattern=f"{base}/*", maxMessagesPerPartition=200)
+    reader = stream_reader(options, DEFAULT_SCHEMA)
+    start = reader.initialOffset()
+    end = all_available(reader, start)
+    partitions = reader.partitions(start, end)
+
+    # 720 messages, at most 200 a task: 4 tasks, not 240.
+    assert len(partitions) == 4
+    assert all(isinstance(p, PackedPartition) for p in partitions)
+    assert [s.stream for p in partitions for s in p.segments] == paths  # each range once, in order
+    assert all(sum(s.messages for s in p.segments) <= 200 for p in partitions)
+    exchanges.clear()
+    rows = read_all(reader, partitions)
+    assert by_stream(rows) == expected_rows(paths)
+    reads = [url for method, url in exchanges if method == "POST" and url.endswith(READS_PATH)]
+    assert 1 <= len(reads) <= 8 and len(exchanges) == len(reads)  # multi-range reads only
+
+    streams.append_json(paths[0], docs(9000, 5))  # appends after the batch change nothing of it
+    restarted = stream_reader(options, DEFAULT_SCHEMA)  # a driver restart: no shared state
+    replayed = restarted.partitions(start, end)
+    assert replayed == partitions
+    assert read_all(restarted, replayed) == rows
+
+
+def test_a_batch_read_of_many_streams_is_a_few_tasks(durastream_server, streams: Streams) -> None:
+    base = unique("packed-batch")
+    paths = fill(streams, base)
+    reader = batch_reader(options_for(durastream_server, pattern=f"{base}/*"), DEFAULT_SCHEMA)
+    partitions = reader.partitions()
+    assert len(partitions) == 1 and isinstance(partitions[0], PackedPartition)
+    assert by_stream(read_all(reader, partitions)) == expected_rows(paths)
+
+
+def test_large_ranges_are_still_split_among_packed_small_ones(
+    durastream_server, streams: Streams
+) -> None:
+    base = unique("mixed")
+    small = fill(streams, base, 20)
+    big = streams.create(f"{base}/big")
+    for first in range(0, 600, 200):
+        streams.append_json(big, docs(first, 200))
+    options = options_for(durastream_server, pattern=f"{base}/*", maxMessagesPerPartition=100)
+    reader = stream_reader(options, DEFAULT_SCHEMA)
+    start = reader.initialOffset()
+    end = all_available(reader, start)
+    partitions = reader.partitions(start, end)
+
+    def messages(partition) -> int:
+        if isinstance(partition, PackedPartition):
+            return sum(s.messages for s in partition.segments)
+        return len(read_all(reader, [partition]))
+
+    assert all(messages(p) <= 100 for p in partitions)
+    assert 6 <= len(partitions) <= 8  # 600 of big in 6 parts, 60 of the small ones packed
+    rows = read_all(reader, partitions)
+    assert by_stream(rows)[big] == encoded(docs(0, 600))
+    assert {path: by_stream(rows)[path] for path in small} == expected_rows(small)
+
+
+@pytest.mark.parametrize("selection", ["pattern", "streams"])
+def test_planning_asks_the_change_feed_not_each_stream(
+    durastream_server, streams: Streams, exchanges, selection: str
+) -> None:
+    base = unique(f"plan-{selection}")
+    paths = fill(streams, base)
+    chosen = {"pattern": f"{base}/*"} if selection == "pattern" else {"streams": ",".join(paths)}
+    reader = stream_reader(options_for(durastream_server, **chosen), DEFAULT_SCHEMA)
+    start = reader.initialOffset()
+    end = all_available(reader, start)
+    read_all(reader, reader.partitions(start, end))
+    reader.commit(end)
+
+    moved = [paths[7], paths[100], paths[233]]
+    for path in moved:
+        streams.append_json(path, docs(5000, 2))
+    exchanges.clear()
+    later = all_available(reader, end)
+    planning = list(exchanges)
+    rows = read_all(reader, reader.partitions(end, later))
+
+    assert sorted(by_stream(rows)) == sorted(moved)
+    assert all(len(values) == 2 for values in by_stream(rows).values())
+    methods = Counter(method for method, _ in planning)
+    assert methods["HEAD"] == 0  # never one HEAD per stream
+    feed = [url for _, url in planning if CHANGES_PATH in url]
+    assert len(feed) == 1 and len(planning) <= 3, planning
+
+
+def wait_for_waiters(base_url: str, count: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        if requests.get(base_url + "/healthz", timeout=5).json()["waiters"] >= count:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"no request parked on the server within {DEADLINE_S} s")
+
+
+def test_an_idle_trigger_waits_on_the_server_and_answers_as_soon_as_a_stream_changes(
+    server_factory, exchanges
+) -> None:
+    server = server_factory()
+    streams = Streams(server)
+    base = unique("idle")
+    paths = fill(streams, base, 30)
+    reader = stream_reader(options_for(server, pattern=f"{base}/*"), DEFAULT_SCHEMA)
+    start = reader.initialOffset()
+    end = all_available(reader, start)
+    assert all_available(reader, end) == end  # nothing new: the next trigger may wait
+
+    exchanges.clear()
+    answers: list[dict] = []
+    trigger = threading.Thread(target=lambda: answers.append(all_available(reader, end)))
+    trigger.start()
+    wait_for_waiters(server.base_url, 1)  # parked on the change feed, not polling
+    streams.append_json(paths[12], docs(700, 4))
+    trigger.join(DEADLINE_S)
+    assert not trigger.is_alive()
+    (later,) = answers
+    rows = read_all(reader, reader.partitions(end, later))
+    assert by_stream(rows) == {paths[12]: encoded(docs(700, 4))}
+    waits = [url for _, url in exchanges if CHANGES_PATH in url and "wait=" in url]
+    assert waits and all("wait=1000" in url for url in waits)  # at most a second: stop() is prompt
+    assert not [m for m, _ in exchanges if m == "HEAD"]
+
+
+def test_a_checkpoint_of_many_streams_stays_compact(
+    spark, durastream_server, streams: Streams, tmp_path: Path
+) -> None:
+    base = unique("compact")
+    paths = fill(streams, base)
+    options = options_for(durastream_server, pattern=f"{base}/*")
+    checkpoint = str(tmp_path / "chk")
+    first = BatchCollector()
+    run_available_now(spark, options, checkpoint, first)
+    assert by_stream(first.rows) == expected_rows(paths)
+
+    streams.append_json(paths[3], docs(8000, 2))
+    second = BatchCollector()
+    run_available_now(spark, options, checkpoint, second)
+    assert by_stream(second.rows) == {paths[3]: encoded(docs(8000, 2))}  # exactly once
+
+    logs = sorted((tmp_path / "chk" / "offsets").glob("[0-9]*"), key=lambda p: int(p.name))
+    offset = json.loads(logs[-1].read_text().splitlines()[-1])
+    assert offset["v"] == 2 and offset["n"] == STREAMS
+    readable = json.dumps({path: streams.tail(path) for path in paths})
+    assert len(logs[-1].read_text()) < len(readable) / 3
