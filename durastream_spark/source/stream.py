@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -268,12 +268,9 @@ class _DriverState:
             self._checked_missing = True
             self.warn_missing(states)
         if refresh.changed is None:
-            self.tails = {path: state.tail for path, state in states.items()}
-            self._tails_stored = {path: encode_value(tail) for path, tail in self.tails.items()}
-            changed: Iterable[str] = states
-        else:
-            changed = refresh.changed
-        for path in changed:
+            self.snapshot_states(states)
+            return refresh
+        for path in refresh.changed:
             state = states.get(path)
             if state is None:
                 self.tails.pop(path, None)
@@ -287,6 +284,25 @@ class _DriverState:
             else:
                 self.finished.pop(path, None)
         return refresh
+
+    def snapshot_states(self, states: Mapping[str, StreamState]) -> None:
+        """A full snapshot: every stream's state taken over in one pass (a first trigger over 100,000
+        streams spent ~1.5 s encoding each tail three times over two passes)."""
+        tails: dict[str, str] = {}
+        stored: dict[str, Value] = {}
+        content_types = self.content_types
+        finished = self.finished
+        for path, state in states.items():
+            tail = state.tail
+            tails[path] = tail
+            stored[path] = encode_value(tail)
+            content_types[path] = state.content_type
+            if state.closed:
+                finished[path] = tail
+            elif path in finished:
+                del finished[path]
+        self.tails = tails
+        self._tails_stored = stored
 
     def snapshot(self) -> dict[str, StreamState]:
         self.refresh()
