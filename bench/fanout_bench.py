@@ -228,6 +228,7 @@ def spark_part(
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "2g")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.python.authenticate.socketTimeout", "120s")  # a loaded machine: as the tests
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")

@@ -5,7 +5,8 @@ a selected stream to change. ``Trigger.AvailableNow`` runs and batch reads must 
 ask the server to wait; what they sent is read from the server's own access log. ``query.stop()``
 must not hang on a trigger parked on the server. Packed tasks are a pure function of the batch's
 offsets: a batch replayed after a failure has the same tasks, observed as the partition that read
-each stream.
+each stream. Without the change feed (the server behind a proxy that hides its extensions), a query
+still reads every message once.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from tests.spark.source.support import (
     BatchCollector,
     Streams,
     docs,
+    encoded,
     options_for,
     reader_of,
     run_available_now,
     unique,
 )
+from tests.support.hiding_proxy import ExtensionHidingProxy
 from tests.support.http import poll_until
 
 DEADLINE_S = 60.0
@@ -147,3 +150,35 @@ def test_a_replayed_batch_has_the_same_packed_tasks(
     assert sorted(replayed) == paths
     assert len(set(replayed.values())) >= 3  # 72 messages, at most 10 a task: packed, not one task
     assert replayed == seen[0]  # the same streams in the same tasks
+
+
+class _Proxied:
+    """A server seen through ``ExtensionHidingProxy``: what ``options_for`` needs of a server."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+
+def test_without_the_change_feed_spark_still_reads_everything_once(
+    spark, durastream_server, tmp_path: Path
+) -> None:
+    """A base-protocol view of the server (no ``changes``, no ``multi-range``): triggers poll each
+    stream and read every message once, including what arrives between two runs."""
+    streams = Streams(durastream_server)
+    base = unique("fallback")
+    paths = fill(streams, base, 12)
+    with ExtensionHidingProxy(durastream_server.port) as proxy:
+        options = options_for(_Proxied(proxy.base_url), streams=",".join(paths))
+        first = BatchCollector()
+        run_available_now(spark, options, str(tmp_path / "chk"), first)
+        streams.append_json(paths[4], docs(9000, 2))
+        second = BatchCollector()
+        run_available_now(spark, options, str(tmp_path / "chk"), second)
+        total = spark.read.format("durastream").options(**options).load().count()
+        assert proxy.hidden >= 1  # the connector asked for the extensions and was refused
+    grouped: dict[str, list[bytes]] = {}
+    for row in first.rows:
+        grouped.setdefault(row["stream"], []).append(bytes(row["value"]))
+    assert grouped == {path: encoded(docs(i * 100, PER_STREAM)) for i, path in enumerate(paths)}
+    assert [bytes(r["value"]) for r in second.rows] == encoded(docs(9000, 2))
+    assert total == 12 * PER_STREAM + 2
