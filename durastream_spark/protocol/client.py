@@ -38,6 +38,7 @@ import requests
 import urllib3
 
 from durastream_spark.errors import (
+    REQUEST_ID,
     BadRequest,
     ConflictError,
     ContentTypeMismatch,
@@ -249,20 +250,37 @@ def _stream_info(entry: Mapping[str, Any]) -> StreamInfo:
     )
 
 
-def _range_error(context: RequestContext, entry: Any) -> Exception | None:
-    """The typed error a single request would have raised, for a failed entry of a multi-range answer."""
+def _range_error(context: RequestContext, entry: Any, reply: Reply) -> Exception | None:
+    """The typed error a single request would have raised, for a failed entry of a multi-range answer.
+
+    It keeps the ``X-Request-Id`` of the multi-range ``reply`` that carried it: that is the request the
+    server logged, so the connector's error can be matched to the server's log line."""
     if not isinstance(entry, Mapping):
-        return MalformedResponse(f"{context.describe()}: a multi-range entry is not an object")
+        return MalformedResponse(
+            f"{context.describe()}: a multi-range entry is not an object{_request_id_note(reply)}"
+        )
     error = entry.get("error")
     if error is None:
         return None
     if not isinstance(error, Mapping) or not isinstance(error.get("status"), int):
-        return MalformedResponse(f"{context.describe()}: malformed error entry {error!r}")
+        return MalformedResponse(
+            f"{context.describe()}: malformed error entry {error!r}{_request_id_note(reply)}"
+        )
     headers = {"Content-Type": "application/json"}
+    request_id = reply.header(REQUEST_ID)
+    if request_id:
+        headers[REQUEST_ID] = request_id
     if isinstance(error.get("tail"), str):
         headers["Stream-Next-Offset"] = error["tail"]
     body = json.dumps({"error": {"code": error.get("code"), "message": error.get("message")}})
     return error_from_response(context, int(error["status"]), headers, body.encode())
+
+
+def _request_id_note(reply: Reply) -> str:
+    """`` [request id X]`` for messages about an answer that is not an error status (malformed, unexpected),
+    so they too can be matched to the server's log line."""
+    request_id = reply.header(REQUEST_ID)
+    return f" [request id {request_id}]" if request_id else ""
 
 
 def _limit_lookup(document: Mapping[str, Any], context: RequestContext) -> LimitLookup:
@@ -306,7 +324,7 @@ def _multi_read(
     answers: list[RangeAnswer] = []
     for index, ((path, start, end), entry) in enumerate(zip(ranges, entries, strict=False)):
         where = RequestContext("GET", stream_url(path), stream=path, offset=start, end=end)
-        error = _range_error(where, entry)
+        error = _range_error(where, entry, reply)
         if error is not None:
             if isinstance(error, MalformedResponse):
                 raise error
@@ -1016,7 +1034,7 @@ class StreamClient:
                     offset=lookup.offset,
                     end=lookup.end,
                 )
-                out.append(_range_error(where, result) or _limit_lookup(result, where))
+                out.append(_range_error(where, result, reply) or _limit_lookup(result, where))
         return out
 
     def read_ranges(
@@ -1142,6 +1160,7 @@ class StreamClient:
         if reply.status < 300 or reply.status == 304:
             return MalformedResponse(
                 f"{context.describe()}: unexpected status {reply.status} for this operation."
+                f"{_request_id_note(reply)}"
             )
         return error_from_response(
             context,
@@ -1166,5 +1185,5 @@ class StreamClient:
             return json.loads(reply.body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise MalformedResponse(
-                f"{context.describe()}: the answer is not JSON: {exc}"
+                f"{context.describe()}: the answer is not JSON: {exc}{_request_id_note(reply)}"
             ) from None

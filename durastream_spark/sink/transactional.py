@@ -189,7 +189,7 @@ def commit_part(
     except DuplicatePayloadMismatch as error:  # the tuple holds an ordered request, not our commit
         abort_handles(client, part.stream, part.handles)
         raise _ordered_conflict(
-            options, message, part, error.headers.get("Producer-Seq")
+            options, message, part, error.headers.get("Producer-Seq"), error.request_id
         ) from error
     if result.duplicate:
         if result.producer_seq:  # seqs above 0 exist in this epoch: only ordered mode sends them
@@ -215,7 +215,11 @@ def commit_part(
 
 
 def _ordered_conflict(
-    options: SinkOptions, message: SinkCommitMessage, part: StreamPart, highest: str | None
+    options: SinkOptions,
+    message: SinkCommitMessage,
+    part: StreamPart,
+    highest: str | None,
+    request_id: str | None = None,
 ) -> BatchModeConflict:
     return ordered_run_conflict(
         options,
@@ -224,6 +228,7 @@ def _ordered_conflict(
         partition=message.partition,
         producer_id=message.producer_id,
         highest_seq=int(highest) if highest and highest.isdigit() else None,
+        request_id=request_id,
     )
 
 
