@@ -23,7 +23,7 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
@@ -62,8 +62,10 @@ class StreamSummary:
 @dataclass(frozen=True)
 class BatchFigures:
     """One committed batch, as the driver's INFO line states it; ``as_dict`` for code that wants the
-    figures (``writer.last_batch`` after a commit). Requests count answered ones; retries the extra
-    attempts among them; ``task_*`` were sent by the batch's tasks, ``commit_*`` by the driver."""
+    figures (``writer.last_batch`` after a commit; ``totals`` is what ``batchFiguresPath`` records).
+    Requests count answered ones; retries the extra attempts among them; ``task_*`` were sent by the
+    batch's tasks, ``commit_*`` by the driver. ``writer_key``: the streaming query's id (the ``df.write``
+    job's id), ``None`` for a batch without commit messages."""
 
     batch: str
     mode: str
@@ -77,9 +79,19 @@ class BatchFigures:
     commit_retries: int
     commit_ms: float
     per_stream: tuple[StreamSummary, ...]
+    writer_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def totals(self) -> dict[str, Any]:
+        """The INFO line's figures, without the per-stream list and the writer key: a fixed-size record
+        whatever the number of streams (per-stream figures are the INFO lines of ``_log_summary``)."""
+        return {
+            item.name: getattr(self, item.name)
+            for item in fields(self)
+            if item.name not in ("per_stream", "writer_key")
+        }
 
     def describe(self) -> str:
         return (
@@ -152,6 +164,7 @@ def commit_batch(
         commit_retries=retried - retried_before,
         commit_ms=round((time.perf_counter() - started) * 1000, 3),
         per_stream=tuple(summaries),
+        writer_key=next(iter(chosen.values())).writer_key if chosen else None,
     )
     log.info("%s", figures.describe())
     return figures
