@@ -34,6 +34,7 @@ A remote Spark Connect client cannot read the driver's files.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
@@ -108,10 +109,21 @@ class FiguresOptions:
             )
 
 
+def offset_document(offset: Mapping[str, Any] | str) -> Any:
+    """An offset as a progress shows it, parsed: JSON text (Spark's), a dict, or, in ``query.lastProgress``
+    and ``recentProgress`` of PySpark 4.0, the Python repr of the parsed JSON (``{'s': '0_5'}``)."""
+    if not isinstance(offset, str):
+        return offset
+    try:
+        return json.loads(offset)
+    except ValueError:
+        return ast.literal_eval(offset)  # literals only; raises ValueError/SyntaxError otherwise
+
+
 def offset_digest(offset: Mapping[str, Any] | str) -> str:
     """The key of a source record: SHA-256 of the offset's canonical JSON (key order and spacing do not
     matter, so Spark's text of the offset and the reader's dict give the same digest)."""
-    document = json.loads(offset) if isinstance(offset, str) else offset
+    document = offset_document(offset)
     text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -243,7 +255,7 @@ def _digest_or_none(end: Any) -> str | None:
         return None
     try:
         return offset_digest(end)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, SyntaxError, RecursionError):
         return None  # another source's offset that is not JSON
 
 
@@ -274,5 +286,6 @@ __all__ = [
     "FiguresOptions",
     "for_batch",
     "offset_digest",
+    "offset_document",
     "records",
 ]

@@ -32,6 +32,9 @@ def test_records_are_found_by_query_batch_and_end_offset(tmp_path) -> None:
     assert found["queryId"] == QUERY and found["batchId"] == 7
     assert [s["streams"] for s in found["source"]] == [1, 2]  # in the order of progress.sources
     assert found["sink"] == {"rows": 16, "mode": "ordered", "recorded": 1}
+    # PySpark 4.0's query.lastProgress shows offsets as Python reprs of the parsed JSON.
+    as_repr = {"id": QUERY, "batchId": 7, "sources": [{"endOffset": repr(end_a)}]}
+    assert [s["streams"] for s in figures.for_batch(tmp_path / "q", as_repr)["source"]] == [2]
     assert figures.for_batch(tmp_path / "q", _progress(8, {"x": "1"})) == {
         "queryId": QUERY,
         "batchId": 8,

@@ -8,7 +8,6 @@ recorded twice, the replay's figures winning.
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -113,8 +112,14 @@ def test_a_listener_gets_each_batchs_figures_as_dicts(spark, durastream_server, 
             assert sink["rows"] == progress["numInputRows"] and sink["streams"] == 1
             assert sink["bytes"] > 0 and sink["commit_requests"] >= 1 and sink["recorded"] == 1
             (source,) = found["source"]
-            start = json.loads(progress["sources"][0]["startOffset"] or "{}")
-            end = json.loads(progress["sources"][0]["endOffset"])
+            # Offsets as recentProgress shows them (PySpark 4.0: Python reprs, 'None' at first;
+            # later versions: "null" at first).
+            start_text = progress["sources"][0]["startOffset"]
+            start = (
+                {} if start_text in (None, "None") else figures.offset_document(start_text) or {}
+            )
+            end = figures.offset_document(progress["sources"][0]["endOffset"])
+            assert figures.for_batch(figures_dir, progress)["source"] == [source]
             moved = [path for path in end if path.startswith(base) and start.get(path) != end[path]]
             assert source["streams"] == len(moved) and source["tasks"] >= 1
             assert source["recorded"] == 1
