@@ -19,10 +19,16 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.rakaia_server import RakaiaServer
 from tests.support.reference_server import ReferenceServer
 from tests.support.server_process import ServerProcess
+
+# Property tests check properties, not speed: on a loaded 2-core machine input generation can pass
+# Hypothesis's 1 s/200 ms health checks and per-example deadline without anything being wrong.
+settings.register_profile("durastream", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("durastream")
 
 
 @pytest.fixture(scope="session")
@@ -78,6 +84,10 @@ def rakaia_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RakaiaSe
 def spark():  # -> pyspark.sql.SparkSession (imported lazily: server-only runs never start a JVM)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # A Python worker's connect-back to the JVM times out after 15 s by default (pyspark.util), which
+    # a loaded 2-core machine can exceed while several JVMs start; the query then fails with "Python
+    # worker failed to connect back" although nothing is wrong.
+    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", "120")
     from pyspark.sql import SparkSession
 
     from durastream_spark import DurableStreamDataSource
