@@ -137,6 +137,8 @@ def test_the_catalog_is_only_a_hint(tmp_path: Path, damage: str) -> None:
             await asyncio.wait_for(engine.recovered(), 30)
         finally:
             await close_engine(data, engine)
-        assert catalog.load(tmp_path).entries[a_id] == catalog.Entry("a", None)  # rewritten from headers
+        assert catalog.load(tmp_path).entries[a_id] == catalog.Entry(
+            "a", None
+        )  # rewritten from headers
 
     asyncio.run(main())
