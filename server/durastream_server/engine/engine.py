@@ -210,7 +210,7 @@ class Engine:
             self._producer_sweeper = asyncio.create_task(
                 self._producer_sweep_loop(), name="durastream-producers"
             )
-        if self.recovering:
+        if not self._recovery.done.is_set():
             self._recovery.start()
 
     # ------------------------------------------------------------------ recovery after start
@@ -218,7 +218,7 @@ class Engine:
     @property
     def recovering(self) -> bool:
         """Streams of the data directory are still being recovered (``recovery.py``)."""
-        return not self._recovery.done.is_set()
+        return self._recovery.active
 
     @property
     def streams_pending(self) -> int:
@@ -238,7 +238,7 @@ class Engine:
     async def after_recovery(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run ``hook`` once every stream is recovered: now if they are, else before ``recovered``
         returns to anyone (the subscription service starts this way)."""
-        if self.recovering:
+        if not self._recovery.done.is_set():
             self._after_recovery.append(hook)
         else:
             await hook()

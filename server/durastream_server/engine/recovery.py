@@ -56,6 +56,12 @@ class Recovery:
         self._task: asyncio.Task[None] | None = None
 
     @property
+    def active(self) -> bool:
+        """Not every stream is in yet: recovery runs, or a unit of it failed (its path's requests
+        then get that failure again, never a "does not exist")."""
+        return not self.done.is_set() or self._pending.streams > 0
+
+    @property
     def remaining(self) -> int:
         """Stream directories not recovered yet."""
         return len(self._pending)
@@ -72,11 +78,10 @@ class Recovery:
 
     async def prepare(self, path: str) -> None:
         """Return once every incarnation of ``path`` that exists on disk is recovered and registered."""
-        if self.done.is_set():
+        if not self.active:
             return
         if not self.trusted:
             await self.done.wait()
-            return
         key = self._pending.unit_of(path)
         if key is not None:
             await asyncio.shield(self._pending.taken.get(key) or self._take([key]))

@@ -142,3 +142,29 @@ def test_the_catalog_is_only_a_hint(tmp_path: Path, damage: str) -> None:
         )  # rewritten from headers
 
     asyncio.run(main())
+
+
+def test_a_failed_recovery_is_never_answered_as_a_missing_stream(tmp_path: Path) -> None:
+    async def main() -> None:
+        await _populate(tmp_path)
+        data, engine = await _open_lazy(tmp_path)
+        real = data.recover
+
+        async def broken(ids: list[str]) -> list:
+            raise OSError("the I/O pool is gone")  # fault injection: what a shutdown does
+
+        try:
+            data.recover = broken  # type: ignore[method-assign]
+            with pytest.raises(OSError):
+                await engine.prepare("a")
+            data.recover = real  # type: ignore[method-assign]
+            await engine.start()
+            await asyncio.wait_for(engine.recovered(), 30)
+            assert await read_all(engine, "c") == b"c+c"
+            assert engine.recovering and engine.streams_pending == 1  # "a" stays pending
+            with pytest.raises(OSError):  # the failure again, not "does not exist"
+                await engine.prepare("a")
+        finally:
+            await close_engine(data, engine)
+
+    asyncio.run(main())
