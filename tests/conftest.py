@@ -84,10 +84,6 @@ def rakaia_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RakaiaSe
 def spark():  # -> pyspark.sql.SparkSession (imported lazily: server-only runs never start a JVM)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # A Python worker's connect-back to the JVM times out after 15 s by default (pyspark.util), which
-    # a loaded 2-core machine can exceed while several JVMs start; the query then fails with "Python
-    # worker failed to connect back" although nothing is wrong.
-    os.environ.setdefault("SPARK_AUTH_SOCKET_TIMEOUT", "120")
     from pyspark.sql import SparkSession
 
     from durastream_spark import DurableStreamDataSource
@@ -102,6 +98,10 @@ def spark():  # -> pyspark.sql.SparkSession (imported lazily: server-only runs n
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
+        # A Python worker's connect-back to the JVM times out after 15 s by default, which a loaded
+        # 2-core machine exceeds at times; the query then fails with "Python worker failed to connect
+        # back" although nothing is wrong.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
