@@ -28,7 +28,8 @@ from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from durastream_spark.errors import ProducerForgottenError, UnverifiedDuplicate
+from durastream_spark.errors import DurastreamError, ProducerForgottenError, UnverifiedDuplicate
+from durastream_spark.protocol.bulk import BulkWrites
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink import ordered, transactional
 from durastream_spark.sink.errors import BatchModeConflict, CommitError
@@ -109,9 +110,10 @@ def commit_batch(
             chosen[message.partition].attempt,
         )
         _discard(client, message)
-    jobs = [(message, part) for message in chosen.values() for part in message.parts]
+    everything = [(message, part) for message in chosen.values() for part in message.parts]
     results: list[PartResult] = []
     failures: list[tuple[SinkCommitMessage, StreamPart, BaseException]] = []
+    jobs = _commit_in_bulk(client, options, everything, results, failures)
     if jobs:
         with ThreadPoolExecutor(
             max_workers=min(MAX_COMMIT_THREADS, len(jobs)), thread_name_prefix="durastream-commit"
@@ -132,7 +134,7 @@ def commit_batch(
         )
         raise CommitError(
             f"Committing batch {_batch_text(batch_id, chosen)} failed for {len(failures)} of "
-            f"{len(jobs)} (stream, partition) parts; the others are committed. "
+            f"{len(everything)} (stream, partition) parts; the others are committed. "
             f"{_after_failure([error for _, _, error in failures])} {listed}",
             failures=tuple(error for _, _, error in failures),
         ) from failures[0][2]
@@ -202,6 +204,36 @@ def summarize(results: Sequence[PartResult]) -> list[StreamSummary]:
 
 
 # ---- internals -------------------------------------------------------------------------------------------
+
+
+def _commit_in_bulk(
+    client: StreamClient,
+    options: SinkOptions,
+    jobs: list[tuple[SinkCommitMessage, StreamPart]],
+    results: list[PartResult],
+    failures: list[tuple[SinkCommitMessage, StreamPart, BaseException]],
+) -> list[tuple[SinkCommitMessage, StreamPart]]:
+    """On ``bulk-write`` servers, commit every transactional part of the batch in a few requests (all
+    partitions, all streams; each part its own keyed commit), adding to ``results``/``failures``; the
+    jobs left for one request each."""
+    bulk = BulkWrites(client, options.content_type)
+    if not jobs or not bulk.supported():
+        return jobs
+    staged = [job for job in jobs if job[0].mode == TRANSACTIONAL]
+    rest = [job for job in jobs if job[0].mode != TRANSACTIONAL]
+    if not staged:
+        return rest
+    answers: list[PartResult | Exception]
+    try:
+        answers = transactional.commit_parts(bulk, options, staged)
+    except DurastreamError as error:  # the bulk request itself failed: every part is to be replayed
+        answers = [error] * len(staged)
+    for (message, part), answer in zip(staged, answers, strict=True):
+        if isinstance(answer, Exception):
+            failures.append((message, part, answer))
+        else:
+            results.append(answer)
+    return rest
 
 
 def _commit_part(

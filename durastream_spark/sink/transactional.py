@@ -35,6 +35,7 @@ reclaimed by the server when its TTL (``transactionTtl``) lapses. This works wha
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,8 +45,9 @@ from durastream_spark.errors import (
     TxnAlreadyCommitted,
 )
 from durastream_spark.protocol.body import RequestBody
+from durastream_spark.protocol.bulk import BulkWrites, CommitEntry, StageEntry
 from durastream_spark.protocol.client import StreamClient
-from durastream_spark.protocol.models import StageResult
+from durastream_spark.protocol.models import AppendResult, StageResult
 from durastream_spark.sink.batch_mode import COMMIT_KEY, COMMIT_SEQ, ordered_run_conflict
 from durastream_spark.sink.batcher import Request, RequestBatcher
 from durastream_spark.sink.errors import BatchModeConflict
@@ -98,11 +100,31 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         self._handle_count = 0
 
     def finish(self) -> tuple[StreamPart, ...]:
-        """Stage the remainders, wait for every stage request, and return the parts with their handles."""
+        """Stage the remainders, wait for every stage request, and return the parts with their handles.
+
+        On ``bulk-write`` servers the remainders (a task routing to many streams has little more: 20
+        rows per stream and partition are one remainder each) go in a few bulk requests instead of one
+        request per stream; each is still the first stage of a handle of its own."""
+        bulk = BulkWrites(self._client, self._options.content_type)
+        batched = bulk.supported()
+        entries: list[StageEntry] = []
         for stream, state in self._streams.items():
             remainder = state.batcher.remainder()
-            if remainder is not None:
+            if remainder is None:
+                continue
+            if batched and remainder.body and len(state.handles) < PARALLEL_HANDLES:
+                state.bytes += len(remainder.body)
+                state.requests += 1
+                handle = self._new_handle(state)
+                producer = (handle, STAGE_EPOCH, 0)
+                ttl = self._options.transaction_ttl_s
+                entries.append(StageEntry(stream, handle, remainder.body, producer, ttl))
+            else:
                 self._submit(stream, state, remainder)
+        if entries:
+            failures = [r for r in bulk.stage(entries) if isinstance(r, Exception)]
+            if failures:
+                raise failures[0]
         parts = []
         for stream, state in self._streams.items():
             state.parallel.drain()
@@ -183,18 +205,72 @@ def commit_part(
     """Driver: make the part's handles visible under ``(producer, batch, 0)``, exactly once."""
     if not part.handles:  # rows whose payloads were all empty (byte streams): nothing was staged
         return PartResult(part.stream, message.partition, part.rows, part.bytes, NOTHING, None)
-    producer = (message.producer_id, message.epoch, COMMIT_SEQ)
+    entry = commit_entry(message, part)
     try:
-        result = client.commit(part.stream, part.handles, producer, key=COMMIT_KEY)
-    except DuplicatePayloadMismatch as error:  # the tuple holds an ordered request, not our commit
-        abort_handles(client, part.stream, part.handles)
-        raise _ordered_conflict(
-            options, message, part, error.headers.get("Producer-Seq")
-        ) from error
-    if result.duplicate:
-        if result.producer_seq:  # seqs above 0 exist in this epoch: only ordered mode sends them
-            abort_handles(client, part.stream, part.handles)
-            raise _ordered_conflict(options, message, part, str(result.producer_seq))
+        outcome: AppendResult | Exception = client.commit(
+            part.stream, entry.handles, entry.producer, key=entry.key
+        )
+    except DuplicatePayloadMismatch as error:
+        outcome = error
+    result, unneeded = settle(options, message, part, outcome)
+    abort_handles(client, part.stream, unneeded)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def commit_parts(
+    bulk: BulkWrites,
+    options: SinkOptions,
+    jobs: Sequence[tuple[SinkCommitMessage, StreamPart]],
+) -> list[PartResult | Exception]:
+    """Driver, ``bulk-write`` servers: ``commit_part`` for many (partition, stream) parts in a few
+    requests (each part still its own keyed commit, one record group per stream); per part its result
+    or its error, in order. Unneeded handles (duplicates) are aborted in bulk too."""
+    out: list[PartResult | Exception] = [
+        PartResult(part.stream, message.partition, part.rows, part.bytes, NOTHING, None)
+        for message, part in jobs
+    ]
+    staged = [index for index, (_, part) in enumerate(jobs) if part.handles]
+    answers = bulk.commit([commit_entry(*jobs[index]) for index in staged]) if staged else []
+    unneeded: list[tuple[str, tuple[str, ...]]] = []
+    for index, answer in zip(staged, answers, strict=True):
+        message, part = jobs[index]
+        if isinstance(answer, Exception) and not isinstance(answer, DuplicatePayloadMismatch):
+            out[index] = answer
+            continue
+        out[index], handles = settle(options, message, part, answer)
+        if handles:
+            unneeded.append((part.stream, tuple(handles)))
+    if unneeded:
+        for (stream, handles), error in zip(unneeded, bulk.abort(unneeded), strict=True):
+            _abort_failed(stream, handles, error)
+    return out
+
+
+def commit_entry(message: SinkCommitMessage, part: StreamPart) -> CommitEntry:
+    """The part's commit: its handles under ``(producer, batch, 0)`` and the sink's commit key."""
+    producer = (message.producer_id, message.epoch, COMMIT_SEQ)
+    return CommitEntry(part.stream, part.handles, producer, key=COMMIT_KEY)
+
+
+def settle(
+    options: SinkOptions,
+    message: SinkCommitMessage,
+    part: StreamPart,
+    outcome: AppendResult | DuplicatePayloadMismatch,
+) -> tuple[PartResult | BatchModeConflict, tuple[str, ...]]:
+    """What a commit's answer means for the part, and the handles that are no longer needed (to abort,
+    best effort). One place for the single and the bulk commit."""
+    if isinstance(outcome, DuplicatePayloadMismatch):  # the tuple holds an ordered request
+        conflict = _ordered_conflict(options, message, part, outcome.headers.get("Producer-Seq"))
+        conflict.__cause__ = outcome
+        return conflict, part.handles
+    if outcome.duplicate:
+        if outcome.producer_seq:  # seqs above 0 exist in this epoch: only ordered mode sends them
+            return _ordered_conflict(
+                options, message, part, str(outcome.producer_seq)
+            ), part.handles
         # This very commit was applied by an earlier try, or an earlier run of the batch committed the
         # part (same key, other handles). Aborting is a no-op in the first case (409
         # TXN_ALREADY_COMMITTED, ignored) and discards this run's unneeded copy in the second.
@@ -205,13 +281,14 @@ def commit_part(
             message.epoch,
             message.partition,
         )
-        abort_handles(client, part.stream, part.handles)
-        outcome = DUPLICATE
-    else:
-        outcome = COMMITTED
-    return PartResult(
-        part.stream, message.partition, part.rows, part.bytes, outcome, result.next_offset
+        result = PartResult(
+            part.stream, message.partition, part.rows, part.bytes, DUPLICATE, outcome.next_offset
+        )
+        return result, part.handles
+    result = PartResult(
+        part.stream, message.partition, part.rows, part.bytes, COMMITTED, outcome.next_offset
     )
+    return result, ()
 
 
 def _ordered_conflict(
@@ -233,13 +310,19 @@ def abort_handles(client: StreamClient, stream: str, handles: list[str] | tuple[
         return
     try:
         client.abort(stream, list(handles))
-    except TxnAlreadyCommitted:
-        pass
     except DurastreamError as error:
-        log.warning(
-            "could not abort staged handles %s on stream '%s' (the server reclaims them when their TTL "
-            "lapses): %s",
-            list(handles),
-            stream,
-            error,
-        )
+        _abort_failed(stream, handles, error)
+
+
+def _abort_failed(
+    stream: str, handles: list[str] | tuple[str, ...], error: BaseException | None
+) -> None:
+    if error is None or isinstance(error, TxnAlreadyCommitted):
+        return
+    log.warning(
+        "could not abort staged handles %s on stream '%s' (the server reclaims them when their TTL "
+        "lapses): %s",
+        list(handles),
+        stream,
+        error,
+    )
