@@ -193,7 +193,12 @@ class BulkWrites:
                 zip(part, self._results(reply, context, len(part)), strict=True), first
             ):
                 path, entry_headers, _ = entry
-                where = RequestContext("POST", client.stream_url(path), stream=path)
+                where = RequestContext(
+                    "POST",
+                    client.stream_url(path),
+                    stream=path,
+                    producer=_producer_of(entry_headers),
+                )
                 error = self._error(where, answer)
                 if error is not None:
                     out.append(error)
@@ -222,10 +227,12 @@ class BulkWrites:
         error = result.get("error")
         if error is None:
             return None
+        headers = CaseInsensitiveDict(result.get("headers") or {})
+        headers["Content-Type"] = "application/json"  # the error body below, as a single request's
         return error_from_response(
             where,
             int(result.get("status", 500)),
-            CaseInsensitiveDict(result.get("headers") or {}),
+            headers,
             json.dumps({"error": error}).encode(),
             root=self._client.connection.url,
         )
@@ -243,3 +250,10 @@ def _chunks(sizes: list[int]) -> list[tuple[int, int]]:
     if first < len(sizes):
         out.append((first, len(sizes)))
     return out
+
+
+def _producer_of(headers: dict[str, str]) -> tuple[str, int, int] | None:
+    """The producer tuple of an entry's headers (for its error messages)."""
+    if "Producer-Id" not in headers:
+        return None
+    return headers["Producer-Id"], int(headers["Producer-Epoch"]), int(headers["Producer-Seq"])
