@@ -38,11 +38,18 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+import charts  # noqa: E402
 from listing_bench import server_cpu_seconds  # noqa: E402
+
+CODE_VARIABLE = "DURASTREAM_BENCH_CODE"  # a child runs the connector found there (the base)
 
 
 def child(args: argparse.Namespace) -> None:
     """One connector's runs (``one`` then ``fan``) in this process; prints one JSON line."""
+    if os.environ.get(CODE_VARIABLE):  # ahead of this checkout (the imports above put it first)
+        sys.path.insert(0, os.environ[CODE_VARIABLE])
+        for name in [n for n in sys.modules if n.split(".")[0] == "durastream_spark"]:
+            del sys.modules[name]
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
@@ -99,10 +106,13 @@ def check(url: str, prefix: str, streams: int, rows: int) -> None:
 def run_child(args: argparse.Namespace, url: str, pid: int, code: Path | None) -> dict:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     if code is not None:
+        # This process's sys.path (CODE_VARIABLE) and the Python workers' (PYTHONPATH, ahead of the
+        # editable install's finder); the workers start in the child's directory, not this checkout.
+        env[CODE_VARIABLE] = str(code)
         env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
     command = [
         sys.executable,
-        __file__,
+        str(Path(__file__).resolve()),
         "--child",
         "--url",
         url,
@@ -113,7 +123,9 @@ def run_child(args: argparse.Namespace, url: str, pid: int, code: Path | None) -
         "--streams",
         str(args.streams),
     ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, check=False, cwd=code or REPO
+    )
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT ") :])
@@ -130,9 +142,13 @@ def main() -> None:
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--url")
     parser.add_argument("--server-pid", type=int)
+    parser.add_argument("--replot", type=Path, help="record the chart of a saved --json run")
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.replot:
+        charts.record("sink_fanout", figures(json.loads(args.replot.read_text())["summary"]))
         return
 
     from tests.support.server_process import ServerProcess
@@ -181,6 +197,43 @@ def main() -> None:
     print(json.dumps(summary, indent=2))
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2))
+    full = args.rows == 40_000 and args.streams == 2_000 and args.rounds >= 2
+    charts.record("sink_fanout", figures(summary), full=full)
+
+
+def figures(summary: dict) -> dict:
+    """The chart of docs/benchmarks.md: both connectors, one stream and routed, in one run."""
+    ours, base = "bulk-write (this branch)", "main's connector (per-stream requests)"
+    streams, rows = summary["streams"], summary["rows"]
+    groups = {"one stream": "one", f"{streams:,} streams x {rows // streams}": "fan"}
+
+    def panel(title: str, suffix: str) -> dict:
+        return {
+            "title": title,
+            "unit": "s",
+            "higher_is_better": False,
+            "ours": [ours],
+            "baselines": [base],
+            "groups": [
+                {
+                    "label": label,
+                    "values": {
+                        ours: summary["branch"][key + suffix],
+                        base: summary["base"][key + suffix],
+                    },
+                }
+                for label, key in groups.items()
+            ],
+        }
+
+    return {
+        "title": f"df.write of {rows:,} rows: routed to {streams:,} streams vs one stream "
+        f"(load {summary['load'][0]})",
+        "panels": [
+            panel("wall time of save()", "_s"),
+            panel("server CPU during save()", "_server_cpu_s"),
+        ],
+    }
 
 
 if __name__ == "__main__":

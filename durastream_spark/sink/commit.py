@@ -4,7 +4,8 @@ Spark calls ``commit`` once every task of the batch succeeded, with one message 
 successful attempt's. (Should a partition ever come with two, from two attempts that both finished, the
 lowest attempt is committed and the other's staged data is aborted: one copy, never two.) Each
 (stream, partition) is committed by its mode (``transactional.commit_part``/``ordered.commit_part``),
-concurrently, every one idempotent; a failure of any fails the commit after all were tried, so a replay of
+concurrently, every one idempotent (transactional parts on ``bulk-write`` servers in a few bulk requests,
+``transactional.commit_parts``); a failure of any fails the commit after all were tried, so a replay of
 the batch only has to redo what failed (the rest is deduplicated).
 
 ``abort`` runs when a task of the batch failed for good. Transactional: the staged handles named in the

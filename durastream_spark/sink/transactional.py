@@ -14,7 +14,10 @@ server's 10,000 handles whatever a partition writes.)
 Driver side (``commit_part``): one ``Durastream-Commit`` per (stream, partition), listing the successful
 attempt's handles (in the request body: no size cliff up to the server's 10,000 handles per commit), under
 producer ``(<producerId>-<writer key>-<partition>, epoch = batch id, seq 0)`` and the sink's commit key
-(``batch_mode.COMMIT_KEY``). The commit is atomic per request and idempotent:
+(``batch_mode.COMMIT_KEY``). On servers with ``bulk-write`` (``commit_parts``) the commits of a whole
+batch travel in a few bulk requests, each part still its own commit, and the remainders of a task's
+streams are staged in bulk at its end (docs/decisions/0008-bulk-writes.md). The commit is atomic per
+(stream, partition) and idempotent:
 
 - a retried commit request is a 204 duplicate;
 - a replayed batch (the driver crashed after committing, before Spark recorded the batch as done) commits
@@ -142,10 +145,15 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         return tuple(parts)
 
     def discard(self) -> None:
-        """After a failure: abort this attempt's handles (best effort; the TTL reclaims what remains)."""
-        for stream, state in self._streams.items():
-            if state.handles:
-                abort_handles(self._client, stream, state.handles)
+        """After a failure: abort this attempt's handles (best effort; the TTL reclaims what remains), in
+        bulk where the server takes it."""
+        staged = [(stream, tuple(s.handles)) for stream, s in self._streams.items() if s.handles]
+        bulk = BulkWrites(self._client, self._options.content_type)
+        if len(staged) > 1 and bulk.supported():
+            abort_in_bulk(bulk, staged)
+            return
+        for stream, handles in staged:
+            abort_handles(self._client, stream, handles)
 
     # ---- internals ---------------------------------------------------------------------------------------
 
@@ -243,8 +251,7 @@ def commit_parts(
         if handles:
             unneeded.append((part.stream, tuple(handles)))
     if unneeded:
-        for (stream, handles), error in zip(unneeded, bulk.abort(unneeded), strict=True):
-            _abort_failed(stream, handles, error)
+        abort_in_bulk(bulk, unneeded)
     return out
 
 
@@ -311,6 +318,16 @@ def abort_handles(client: StreamClient, stream: str, handles: list[str] | tuple[
     try:
         client.abort(stream, list(handles))
     except DurastreamError as error:
+        _abort_failed(stream, handles, error)
+
+
+def abort_in_bulk(bulk: BulkWrites, staged: list[tuple[str, tuple[str, ...]]]) -> None:
+    """``abort_handles`` for many streams in a few requests, best effort like it."""
+    try:
+        answers: list[None | Exception] = bulk.abort(staged)
+    except DurastreamError as error:
+        answers = [error] * len(staged)
+    for (stream, handles), error in zip(staged, answers, strict=True):
         _abort_failed(stream, handles, error)
 
 

@@ -9,6 +9,7 @@ bulk commit names only theirs, and a second batch of the same query (next epoch)
 
 from __future__ import annotations
 
+import pytest
 from pyspark.sql import functions as F
 
 from tests.spark.sink.probe import fail_first_attempt
@@ -60,3 +61,34 @@ def test_routed_fanout_with_failing_attempts_writes_each_row_once_per_stream(
     for s in range(STREAMS):
         messages = read_stream(root, f"{base}/s{s}")
         assert_exactly_once(messages, range(s, 2 * ROWS_PER_BATCH, STREAMS))
+
+
+@pytest.mark.parametrize("server_name", ["reference_server", "rakaia_server"])
+def test_routed_fanout_falls_back_to_ordered_mode_on_servers_without_extensions(
+    sink_spark, server_name, request, tmp_path
+) -> None:
+    """No ``bulk-write`` (nor staged appends): ``auto`` writes in ordered mode, one request per stream,
+    and a failing first attempt still leaves each row once in its stream."""
+    spark = sink_spark
+    root = request.getfixturevalue(server_name).stream_root
+    base = unique("fanout-ordered")
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    rows, streams = 400, 20
+    df = rate_rows(
+        spark, rows, lambda value: fail_first_attempt(value, {280, 281}, markers), pad=""
+    ).withColumn("stream", F.concat(F.lit(base + "/s"), (F.col("n") % streams).cast("string")))
+    with spark_conf(spark, spark__sql__execution__arrow__maxRecordsPerBatch="10"):
+        query = (
+            df.writeStream.format("durastream")
+            .option("url", root)
+            .option("maxMessagesPerRequest", "3")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    assert query.exception() is None
+    assert list(markers.iterdir()), "no attempt failed: nothing was tested"
+    for s in range(streams):
+        assert_exactly_once(read_stream(root, f"{base}/s{s}"), range(s, rows, streams))
