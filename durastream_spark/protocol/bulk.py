@@ -30,6 +30,7 @@ from durastream_spark.protocol.client import (
     StreamClient,
     _handles,
     _producer,
+    _producer_headers,
     stage_headers,
     stage_result,
 )
@@ -64,10 +65,14 @@ class StageEntry:
 
 @dataclass(frozen=True)
 class CommitEntry:
+    """A commit of staged ``handles``, or with ``inline`` data instead (then ``key`` is required: an
+    inline commit is deduplicated by its key, as a keyed commit of handles is)."""
+
     path: str
     handles: tuple[str, ...]
     producer: ProducerLike
     key: str | None = None
+    inline: bytes | None = None
 
 
 class BulkWrites:
@@ -142,6 +147,13 @@ class BulkWrites:
         for entry in entries:
             producer = _producer(entry.producer)
             assert producer is not None
+            if entry.inline is not None:
+                if entry.key is None or not entry.inline:
+                    raise ValueError("an inline commit needs a key and a non-empty body")
+                headers = {"Content-Type": self._content_type, "Durastream-Commit-Key": entry.key}
+                headers.update(_producer_headers(producer, refuse_forgotten=True))
+                requests.append((entry.path, headers, entry.inline))
+                continue
             headers, body = self._client.commit_request(entry.handles, producer, key=entry.key)
             requests.append((entry.path, headers, body))
 

@@ -218,7 +218,9 @@ def _commit_in_bulk(
     partitions, all streams; each part its own keyed commit), adding to ``results``/``failures``; the
     jobs left for one request each."""
     bulk = BulkWrites(client, options.content_type)
-    if not jobs or not bulk.supported():
+    # Inline parts were written for a bulk-write server: they are committed in bulk even if this
+    # client does not see the advertisement (a proxy); a server without it fails the commit loudly.
+    if not jobs or not (bulk.supported() or any(part.inline for _, part in jobs)):
         return jobs
     staged = [job for job in jobs if job[0].mode == TRANSACTIONAL]
     rest = [job for job in jobs if job[0].mode != TRANSACTIONAL]

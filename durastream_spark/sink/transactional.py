@@ -53,7 +53,7 @@ from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import AppendResult, StageResult
 from durastream_spark.sink.batch_mode import COMMIT_KEY, COMMIT_SEQ, ordered_run_conflict
 from durastream_spark.sink.batcher import Request, RequestBatcher
-from durastream_spark.sink.errors import BatchModeConflict
+from durastream_spark.sink.errors import BatchModeConflict, CommitError
 from durastream_spark.sink.identity import handle_name, new_nonce
 from durastream_spark.sink.messages import (
     COMMITTED,
@@ -78,6 +78,10 @@ PARALLEL_HANDLES = 4000
 MAX_TAIL_HANDLE_BYTES = 256 * 1024 * 1024
 # Producer epoch of the stage requests: their sequence belongs to the handle, which is new each time.
 STAGE_EPOCH = 0
+# bulk-write servers: a (partition, stream) part that is a single request of at most this many bytes is
+# committed inline (its data in the commit message) rather than staged, up to INLINE_TASK_BYTES a task.
+INLINE_PART_BYTES = 64 * 1024
+INLINE_TASK_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -87,6 +91,7 @@ class _StreamState:
     handles: list[str] = field(default_factory=list)
     tails: list[PipelinedProducer[StageResult]] = field(default_factory=list)
     tail_bytes: int = 0
+    inline: bytes | None = None  # the whole part, committed inline by the driver (never staged)
     rows: int = 0
     bytes: int = 0
     requests: int = 0
@@ -101,6 +106,7 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         super().__init__(*args, **kwargs)
         self._nonce = new_nonce()  # in every handle name: unique per attempt and per run
         self._handle_count = 0
+        self._inline_bytes = 0
 
     def finish(self) -> tuple[StreamPart, ...]:
         """Stage the remainders, wait for every stage request, and return the parts with their handles.
@@ -114,6 +120,11 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         for stream, state in self._streams.items():
             remainder = state.batcher.remainder()
             if remainder is None:
+                continue
+            if batched and self._inline(state, remainder):
+                state.bytes += len(remainder.body)
+                state.inline = bytes(remainder.body)
+                self._inline_bytes += len(state.inline)
                 continue
             if batched and remainder.body and len(state.handles) < PARALLEL_HANDLES:
                 state.bytes += len(remainder.body)
@@ -140,6 +151,7 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
                     bytes=state.bytes,
                     requests=state.requests,
                     handles=tuple(state.handles),
+                    inline=state.inline,
                 )
             )
         return tuple(parts)
@@ -188,6 +200,18 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         state.tail_bytes += size
         state.tails[-1].submit(request.body)
 
+    def _inline(self, state: _StreamState, remainder: Request) -> bool:
+        """Whether the stream's whole part is this one small remainder, to travel inline in the commit
+        message instead of being staged (no staging file, no record group: an inline commit is one
+        record in the server's shared commit rounds). Bounded per part and per task, because commit
+        messages go through the driver."""
+        size = len(remainder.body)
+        return (
+            not state.handles
+            and 0 < size <= INLINE_PART_BYTES
+            and self._inline_bytes + size <= INLINE_TASK_BYTES
+        )
+
     def _new_handle(self, state: _StreamState) -> str:
         handle = handle_name(
             self._options.producer_prefix, self._identity, self._nonce, self._handle_count
@@ -211,6 +235,11 @@ def commit_part(
     client: StreamClient, options: SinkOptions, message: SinkCommitMessage, part: StreamPart
 ) -> PartResult:
     """Driver: make the part's handles visible under ``(producer, batch, 0)``, exactly once."""
+    if part.inline is not None:  # written for a bulk-write server; commit_parts sends it
+        raise CommitError(
+            f"stream '{part.stream}', batch {message.epoch}, partition {message.partition}: the "
+            "part is to be committed inline (bulk-write), but the commit went the per-stream way."
+        )
     if not part.handles:  # rows whose payloads were all empty (byte streams): nothing was staged
         return PartResult(part.stream, message.partition, part.rows, part.bytes, NOTHING, None)
     entry = commit_entry(message, part)
@@ -239,7 +268,7 @@ def commit_parts(
         PartResult(part.stream, message.partition, part.rows, part.bytes, NOTHING, None)
         for message, part in jobs
     ]
-    staged = [index for index, (_, part) in enumerate(jobs) if part.handles]
+    staged = [index for index, (_, part) in enumerate(jobs) if part.handles or part.inline]
     answers = bulk.commit([commit_entry(*jobs[index]) for index in staged]) if staged else []
     unneeded: list[tuple[str, tuple[str, ...]]] = []
     for index, answer in zip(staged, answers, strict=True):
@@ -258,7 +287,7 @@ def commit_parts(
 def commit_entry(message: SinkCommitMessage, part: StreamPart) -> CommitEntry:
     """The part's commit: its handles under ``(producer, batch, 0)`` and the sink's commit key."""
     producer = (message.producer_id, message.epoch, COMMIT_SEQ)
-    return CommitEntry(part.stream, part.handles, producer, key=COMMIT_KEY)
+    return CommitEntry(part.stream, part.handles, producer, key=COMMIT_KEY, inline=part.inline)
 
 
 def settle(

@@ -12,7 +12,10 @@ resources carry those requests in bulk; each entry is still the request it stand
   carries the path and the headers of its single request, and its body; it is parsed by ``txn.py`` and
   answered by ``txn.answer`` exactly as that single request would be (status and headers, or the error),
   so every rule of section 5 (producer dedup, commit keys, handle fences) holds per entry unchanged.
-  ``stages`` takes only stages, ``commits`` commits and aborts.
+  ``stages`` takes only stages, ``commits`` commits and aborts, and *inline* commits: a commit key with
+  the data as the body and no handles, appended as one record and deduplicated by the key exactly as a
+  keyed commit is (so a writer whose part is one small request stages nothing: no staging file, and the
+  append goes into the shared commit rounds of ``storage/committer.py``).
 
 Entries run concurrently (at most ``CONCURRENCY`` at a time, in request order): their order is not an order
 of application, so a body must not hold two requests where one depends on the other (two stages of one
@@ -30,15 +33,23 @@ Body of ``stages``/``commits`` (``application/vnd.durastream.multi-request``)::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from durastream_server.engine.api import CreateRequest
-from durastream_server.engine.txnapi import AbortRequest, CommitRequest, StageRequest
+from durastream_server.engine.api import AppendRequest, CreateRequest
+from durastream_server.engine.txnapi import (
+    HANDLE_RE,
+    HANDLE_SYNTAX,
+    AbortRequest,
+    CommitRequest,
+    StageRequest,
+)
 from durastream_server.errors import BadRequest, NotFound, ProtocolError
-from durastream_server.http import paths, txn
+from durastream_server.http import parse, paths, txn
 from durastream_server.http.body import parse_json, read_body, read_json_body
+from durastream_server.http.handlers import StreamHandlers
 from durastream_server.http.multirange import check_scope, require_post
 
 if TYPE_CHECKING:
@@ -129,6 +140,10 @@ async def _serve_txn(
         index, (raw_path, headers, entry_body) = item
         path = _path(raw_path, f"requests[{index}].path")
         check_scope(request, path)
+        if CommitRequest in kinds and _is_inline_commit(headers):
+            append = _inline_commit(path, headers, entry_body, index)
+            status, answer = StreamHandlers.append_answer(append, await engine.append(append))
+            return {"status": status, "headers": dict(answer)}
         parsed = txn.parse_request(path, headers, entry_body)
         if not isinstance(parsed, kinds):
             raise BadRequest(f"requests[{index}] must be {what} here")
@@ -153,6 +168,31 @@ async def _each(
                 return _error(exc)
 
     return list(await asyncio.gather(*(one(item) for item in items)))
+
+
+def _is_inline_commit(headers: dict[str, str]) -> bool:
+    """A commit key without ``Durastream-Commit`` (nor a stage or abort): the data is the body."""
+    return txn.KEY in headers and not any(h in headers for h in (txn.TXN, txn.COMMIT, txn.ABORT))
+
+
+def _inline_commit(path: str, headers: dict[str, str], body: bytes, index: int) -> AppendRequest:
+    """An inline keyed commit: the body appended as one record under the producer tuple, deduplicated
+    by the commit key as a keyed ``Durastream-Commit`` is (a writer that staged nothing, because all it
+    had was one small request, commits its data directly; docs/extensions.md section 11)."""
+    if not body:
+        raise BadRequest(
+            f"requests[{index}]: an inline commit (Durastream-Commit-Key) needs a body"
+        )
+    append = parse.append_request(path, headers, body)
+    if append.producer is None:
+        raise BadRequest(
+            f"requests[{index}]: an inline commit (Durastream-Commit-Key) requires the producer "
+            "headers Producer-Id, Producer-Epoch and Producer-Seq (it is deduplicated by them)"
+        )
+    key = headers[txn.KEY].strip()
+    if not HANDLE_RE.match(key):
+        raise BadRequest(f"Durastream-Commit-Key must be {HANDLE_SYNTAX}, got {headers[txn.KEY]!r}")
+    return dataclasses.replace(append, key=key)
 
 
 def _error(exc: ProtocolError) -> dict[str, Any]:

@@ -203,3 +203,82 @@ def test_malformed_bulk_bodies_are_400_naming_the_problem(durastream_server: Ser
         assert response.status_code == 400, body
         assert named in response.json()["error"]["message"], response.text
     assert requests.get(url, timeout=TIMEOUT).status_code == 405
+
+
+def inline_entry(path: str, body: bytes, pid: str, epoch: int, key: str = "k") -> tuple:
+    headers = {
+        "Durastream-Commit-Key": key,
+        "Content-Type": JSON,
+        "Producer-Id": pid,
+        "Producer-Epoch": str(epoch),
+        "Producer-Seq": "0",
+    }
+    return path, headers, body
+
+
+def test_inline_commits_are_deduplicated_by_their_key_like_keyed_commits(
+    durastream_server: ServerProcess,
+) -> None:
+    """A part small enough for one request is committed with its data inline: appended once under the
+    tuple; the same tuple and key again (inline, or staged by a replay) is a 204; another key, or a
+    plain append under the tuple, is refused; the single commit's probe (a keyed commit of a handle
+    nobody staged) says the tuple holds this keyed commit."""
+    path = unique("bulk-inline")
+    ensure(durastream_server, {"streams": [path], "content_type": JSON})
+    (first,) = bulk(durastream_server, "commits", [inline_entry(path, b'["a","b"]', "i-0", 4)])
+    assert first["status"] == 200 and first["headers"]["Producer-Seq"] == "0"
+    (again,) = bulk(durastream_server, "commits", [inline_entry(path, b'["a","b"]', "i-0", 4)])
+    assert again["status"] == 204 and again["headers"]["Durastream-Digest"] == "match"
+    bulk(durastream_server, "stages", [stage_entry(path, "replay", b'["a","b"]')])
+    replay, other = bulk(
+        durastream_server,
+        "commits",
+        [commit_entry(path, ["replay"], "i-0", 4), inline_entry(path, b'["c"]', "i-0", 4, key="z")],
+    )
+    assert replay["status"] == 204
+    assert other["status"] == 409 and other["error"]["code"] == "DUPLICATE_PAYLOAD_MISMATCH"
+    plain = requests.post(
+        durastream_server.stream_url(path),
+        data=b'["a","b"]',
+        headers={
+            "Content-Type": JSON,
+            "Producer-Id": "i-0",
+            "Producer-Epoch": "4",
+            "Producer-Seq": "0",
+        },
+        timeout=TIMEOUT,
+    )
+    assert plain.status_code == 409  # an ordered-mode append under the tuple: not this commit
+    probe = requests.post(
+        durastream_server.stream_url(path),
+        headers={
+            "Durastream-Commit": "never-staged",
+            "Durastream-Commit-Key": "k",
+            "Producer-Id": "i-0",
+            "Producer-Epoch": "4",
+            "Producer-Seq": "0",
+        },
+        timeout=TIMEOUT,
+    )
+    assert probe.status_code == 204
+    assert messages(durastream_server, path) == ["a", "b"]
+
+
+def test_inline_commits_need_a_body_and_a_producer(durastream_server: ServerProcess) -> None:
+    path = unique("bulk-inline-bad")
+    ensure(durastream_server, {"streams": [path], "content_type": JSON})
+    no_body, no_producer, bad_key = bulk(
+        durastream_server,
+        "commits",
+        [
+            inline_entry(path, b"", "p", 0),
+            (path, {"Durastream-Commit-Key": "k", "Content-Type": JSON}, b"[1]"),
+            inline_entry(path, b"[1]", "p", 0, key="bad key!"),
+        ],
+    )
+    assert no_body["status"] == 400 and "needs a body" in no_body["error"]["message"]
+    assert no_producer["status"] == 400 and "Producer-Id" in no_producer["error"]["message"]
+    assert bad_key["status"] == 400 and "Durastream-Commit-Key" in bad_key["error"]["message"]
+    (staged_here,) = bulk(durastream_server, "stages", [inline_entry(path, b"[1]", "p", 0)])
+    assert staged_here["status"] == 400  # not a stage: only the commits resource takes them
+    assert messages(durastream_server, path) == []

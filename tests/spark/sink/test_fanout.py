@@ -94,8 +94,10 @@ def test_a_task_routing_to_many_streams_sends_a_few_requests(harness) -> None:
     messages, figures = _write_batch(writer, base, epoch=0)
     for message in messages:
         assert len(message.parts) == STREAMS
-        # One ensure and one bulk stage per task (main: HEAD + PUT + stage per stream: 450).
-        assert message.requests <= 4, message.requests
+        # Each small part travels inline: nothing staged, one ensure per task (main: HEAD + PUT +
+        # stage per stream: 450 requests).
+        assert all(part.inline and not part.handles for part in message.parts)
+        assert message.requests <= 2, message.requests
     assert figures.commit_requests <= 2, figures.commit_requests  # main: 300 commits
     assert figures.streams == STREAMS and figures.rows == 2 * STREAMS * ROWS_PER_STREAM
     assert {s.committed for s in figures.per_stream} == {2}
@@ -139,3 +141,25 @@ def test_a_bulk_ensure_reports_a_target_of_another_content_type(harness) -> None
     with pytest.raises(Exception, match="s007") as failure:
         writer.write(record_batches(ARROW, _rows(base, 0), 1000), epoch=0, partition=0, attempt=0)
     assert "text/plain" in str(failure.value)
+
+
+def test_parts_with_full_requests_are_staged_and_committed_with_the_inline_ones(
+    durastream_server,
+) -> None:
+    """``maxMessagesPerRequest=3``: each stream's 4 rows of a partition are a full request (staged as
+    it fills) and a remainder, staged in bulk at the end of the task; the even streams get 2 rows,
+    one small request, committed inline. One bulk commit holds both kinds."""
+    root = durastream_server.base_url + "/v1/stream"
+    options = {"url": root, "exactlyOnce": "transactional", "maxMessagesPerRequest": "3"}
+    writer = WriterHarness(options, SCHEMA, unique("fanout-mixed"))
+    base = unique("fanout-mixed")
+    rows = [r for r in _rows(base, 0) if not (r["n"] // STREAMS >= 2 and r["n"] % 2 == 0)]
+    message = writer.write(record_batches(ARROW, rows, 250), epoch=0, partition=0, attempt=0)
+    kinds = {part.stream: (bool(part.inline), len(part.handles)) for part in message.parts}
+    assert kinds[f"{base}/s000"] == (True, 0) and kinds[f"{base}/s001"] == (False, 2)
+    commit_batch(writer.plan.client, writer.plan.options, [message], batch_id=0)
+    again = commit_batch(writer.plan.client, writer.plan.options, [message], batch_id=0)
+    assert {s.duplicates for s in again.per_stream} == {1}
+    for s in range(STREAMS):
+        got = [m["n"] for m in read_stream(root, f"{base}/s{s:03d}")]
+        assert got == [r * STREAMS + s for r in range(2 if s % 2 == 0 else ROWS_PER_STREAM)]
