@@ -1,15 +1,17 @@
 """SIGKILL the server before, within and after a bulk commit of many streams (``bulk-write``,
 docs/extensions.md section 11), restart it, and check that every stream gets its rows exactly once.
 
-A bulk commit is many keyed commits in one request; the server applies each as one record group of its
-stream (decision 0008), so a kill within it leaves some streams committed and the others staged. What must
-hold, per stream, after the restart:
+A bulk commit is many keyed commits in one request, here half of them of staged handles and half inline
+(the rows in the entry); the server applies each as one record of its stream (decision 0008), so a kill
+within it leaves some streams committed and the others not. What must hold, per stream, after the
+restart:
 
 - the stream holds all of its staged rows or none (a commit is atomic per stream);
 - the same bulk commit sent again (the client's retry) completes it: every entry is 200 or 204, every
   stream then holds its rows exactly once;
 - a replay with new handles under the same tuples and key (a re-run Spark batch) is a 204 for every
-  stream and adds nothing; its handles are then aborted in bulk.
+  stream, whether the first run committed it inline or staged, and adds nothing; its handles are then
+  aborted in bulk.
 
 The kill "within" is aimed by polling until the first entry's stream shows its rows; with ``STREAMS``
 entries committed at most 64 at a time it lands before the last one in practice. The test does not
@@ -52,7 +54,8 @@ def _rows(n: int) -> bytes:
     return json.dumps([{"s": n, "i": i} for i in range(ROWS)]).encode()
 
 
-def _stage_all(server: ServerProcess, base: str, run: str) -> list[str]:
+def _stage_all(server: ServerProcess, base: str, run: str, *, every: int = 1) -> list[str]:
+    """Stage each ``every``-th stream's rows under a handle of ``run``; the handle names of all."""
     handles = [f"{run}-{n}" for n in range(STREAMS)]
     entries = [
         (
@@ -67,26 +70,28 @@ def _stage_all(server: ServerProcess, base: str, run: str) -> list[str]:
             _rows(n),
         )
         for n, (path, handle) in enumerate(zip(_paths(base), handles, strict=True))
+        if n % every == 0
     ]
     assert {r["status"] for r in _bulk(server, "stages", entries)} == {200}
     return handles
 
 
-def _commits(base: str, handles: list[str], epoch: int) -> list:
-    return [
-        (
-            path,
-            {
-                "Durastream-Commit": "@body",
-                "Durastream-Commit-Key": "batch",
-                "Producer-Id": f"writer-{n}",
-                "Producer-Epoch": str(epoch),
-                "Producer-Seq": "0",
-            },
-            handle.encode(),
-        )
-        for n, (path, handle) in enumerate(zip(_paths(base), handles, strict=True))
-    ]
+def _commits(base: str, handles: list[str], epoch: int, *, inline_odd: bool = False) -> list:
+    """Each stream's keyed commit of its handle; with ``inline_odd`` the odd streams' commits carry
+    their rows inline instead (nothing staged for them)."""
+    entries = []
+    for n, (path, handle) in enumerate(zip(_paths(base), handles, strict=True)):
+        headers = {
+            "Durastream-Commit-Key": "batch",
+            "Producer-Id": f"writer-{n}",
+            "Producer-Epoch": str(epoch),
+            "Producer-Seq": "0",
+        }
+        if inline_odd and n % 2:
+            entries.append((path, {**headers, "Content-Type": JSON}, _rows(n)))
+        else:
+            entries.append((path, {**headers, "Durastream-Commit": "@body"}, handle.encode()))
+    return entries
 
 
 def _rows_in(server: ServerProcess, path: str) -> list[Any]:
@@ -144,8 +149,8 @@ def test_sigkill_before_within_and_after_a_bulk_commit(server_factory) -> None:
             timeout=TIMEOUT,
         )
         assert ensured.status_code == 200
-        handles = _stage_all(server, base, f"run{epoch}")
-        commits = _commits(base, handles, epoch)
+        handles = _stage_all(server, base, f"run{epoch}", every=2)
+        commits = _commits(base, handles, epoch, inline_odd=True)
         if point == "within":
             sender = _send_in_background(server, commits)
             first = _paths(base)[0]
