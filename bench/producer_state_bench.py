@@ -19,7 +19,14 @@ Two parts, both in one process against the real storage and engine:
 
 3. ``state``: the Python heap one producer's state takes (``tracemalloc``), with 1 and 64 requests in its
    epoch, active, quiet and forgotten; with ``PYTHONPATH=<main>/server``, as before this change.
-4. ``aborts``: issue 14 item 6's case, ``--requests`` (70) aborts of ``--names`` (3,000) names each that
+4. ``server``: the ``memory`` figure from a real server process. The producers are written in this process
+   through the engine (``append_nowait``, ``durability=none``, every producer's request stamped with one
+   clock reading, so they all go quiet together); then ``durastream-server`` is started on that data
+   directory (``bench/scale_bench.py``'s ``ScaleServer``) with ``--producer-quiet-seconds`` and
+   ``--producer-expiry-seconds`` chosen from how long the build took, so the RSS is read with every
+   producer active, then quiet (compacted), then forgotten, then after a restart. The baseline, in the same
+   run: a server on a data directory with the same streams and no producers.
+5. ``aborts``: issue 14 item 6's case, ``--requests`` (70) aborts of ``--names`` (3,000) names each that
    the stream never staged (210,000 in all), on one stream. Prints the RSS and Python heap growth
    (``tracemalloc``) and how many names the stream still fences; with ``PYTHONPATH=<main>/server``, as
    before this change (every name tombstoned for 7 days).
@@ -27,6 +34,7 @@ Two parts, both in one process against the real storage and engine:
 Run: ``python bench/producer_state_bench.py memory [--streams 10000 --per-stream 100]``
      ``python bench/producer_state_bench.py snapshot [--producers 6000 100000 1000000]``
      ``python bench/producer_state_bench.py state [--producers 100000 --seqs 1 64]``
+     ``python bench/producer_state_bench.py server [--streams 10000 --per-stream 100]``
      ``python bench/producer_state_bench.py aborts [--requests 70 --names 3000]``
 """
 
@@ -37,12 +45,15 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import re
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -54,6 +65,10 @@ from durastream_server.storage import snapshot as snap
 from durastream_server.storage.index import SparseIndex
 from durastream_server.storage.records import AppendEntry, ProducerTuple
 from durastream_server.storage.state import StreamState, apply_entry
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from scale_bench import ScaleServer  # noqa: E402
 
 MIB = 1024 * 1024
 DIGEST = bytes(range(24))
@@ -129,6 +144,132 @@ async def memory(streams: int, per_stream: int, rounds: int) -> None:
             )
         await engine.close()
         await data.close()
+
+
+async def _build(root: Path, streams: int, per_stream: int) -> tuple[float, float]:
+    """``streams`` text streams (``s0`` ...) with ``per_stream`` producers each, one request per producer,
+    written through the engine in this process with every request stamped ``stamp`` (one clock reading).
+    Returns (stamp, seconds the build took)."""
+    stamp = time.time()
+    data = await DataDir.open(StorageConfig(root=root, durability=Durability.NONE))
+    engine = Engine(data, clock=lambda: stamp, sweep_interval=0)
+    await engine.start()
+    started = time.perf_counter()
+    paths = [f"s{s}" for s in range(streams)]
+    for path in paths:
+        await engine.create(CreateRequest(path=path, content_type="text/plain"))
+    query = "00000000-0d1c-4e55-9a7b-2c1d5e8f9a01"
+    for at in range(0, streams, 100):  # 100 streams' producers staged at once, then awaited
+        await asyncio.gather(
+            *(
+                engine.append_nowait(
+                    AppendRequest(
+                        path=path,
+                        content_type="text/plain",
+                        body=b"x",
+                        producer=ProducerTuple(f"spark-{query}-{n}", 3, 0),
+                    )
+                )
+                for path in paths[at : at + 100]
+                for n in range(per_stream)
+            )
+        )
+    await engine.close()
+    await data.close()
+    return stamp, time.perf_counter() - started
+
+
+def _metric(server: ScaleServer, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=30) as answer:
+        text = answer.read().decode()
+    found = re.search(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+    return float(found.group(1)) if found else -1.0
+
+
+def _ready(server: ScaleServer) -> float:
+    """Seconds from now until ``/healthz`` answers and no stream is waiting to be recovered."""
+    started = time.perf_counter()
+    server.wait_healthy()
+    while (server.health() or {}).get("streams_pending", 0):
+        time.sleep(0.1)
+    return time.perf_counter() - started
+
+
+def _swept(server: ScaleServer, word: str, total: int, timeout: float) -> float:
+    """Wait until the server's log says ``total`` producers were ``word`` (compacted/forgotten);
+    returns the seconds waited."""
+    started = time.perf_counter()
+    pattern = re.compile(rf"(\d+) {word} \(")
+    while time.perf_counter() - started < timeout:
+        done = sum(int(m) for m in pattern.findall(server.log_path.read_text(errors="replace")))
+        if done >= total:
+            return time.perf_counter() - started
+        time.sleep(0.5)
+    raise RuntimeError(f"the server did not report {total:,} producers {word} in {timeout:g} s")
+
+
+def _mib(server: ScaleServer) -> float:
+    time.sleep(2)  # let the last sweep's slices and the allocator settle
+    return server.rss() / MIB
+
+
+def server_memory(streams: int, per_stream: int, margin: float, keep: bool) -> None:
+    total = streams * per_stream
+    workdir = Path(tempfile.mkdtemp(prefix="producer-bench-", dir="."))
+    try:
+        baseline_dir, data_dir = workdir / "streams-only", workdir / "data"
+        asyncio.run(_build(baseline_dir, streams, 0))
+        stamp, took = asyncio.run(_build(data_dir, streams, per_stream))
+        print(f"built {streams:,} streams x {per_stream} producers ({total:,}) in {took:.0f} s")
+        base = ScaleServer(baseline_dir, None, ["--durability", "none"])
+        base.spawn()
+        ready = _ready(base)
+        baseline = _mib(base)
+        base.stop()
+        print(
+            f"baseline: {streams:,} streams, no producers: RSS {baseline:.0f} MiB (ready {ready:.1f} s)"
+        )
+        # The producers go quiet ``margin`` seconds from now (the server must start and be measured
+        # before) and are forgotten ``margin`` seconds after that.
+        quiet = round(time.time() - stamp + margin)
+        expiry = quiet + round(margin)
+        flags = ["--durability", "none", "--log-level", "INFO"]
+        flags += ["--producer-quiet-seconds", str(quiet), "--producer-expiry-seconds", str(expiry)]
+        server = ScaleServer(data_dir, None, flags)
+        server.spawn()
+        ready = _ready(server)
+        remembered = _metric(server, "durastream_producers")
+        rows = [("active (server started on the built directory)", _mib(server), ready, remembered)]
+        if time.time() - stamp >= quiet:
+            raise RuntimeError(f"the server took {ready:.0f} s to start: raise --margin")
+        time.sleep(max(0.0, stamp + quiet - time.time()))
+        waited = _swept(server, "compacted", total, margin * 4)
+        rows.append(
+            ("quiet (compacted)", _mib(server), waited, _metric(server, "durastream_producers"))
+        )
+        time.sleep(max(0.0, stamp + expiry - time.time()))
+        waited = _swept(server, "forgotten", total, margin * 4)
+        rows.append(("forgotten", _mib(server), waited, _metric(server, "durastream_producers")))
+        server.stop()
+        server.spawn()
+        ready = _ready(server)
+        rows.append(
+            ("after a restart", _mib(server), ready, _metric(server, "durastream_producers"))
+        )
+        server.stop()
+        print(
+            f"{'state':<50} {'RSS MiB':>8} {'over baseline':>14} {'per producer':>13} {'s':>6} {'remembered':>11}"
+        )
+        for name, rss, seconds, count in rows:
+            over = rss - baseline
+            print(
+                f"{name:<50} {rss:>8.0f} {over:>+13.0f}M {over * MIB / total:>11.0f} B "
+                f"{seconds:>6.1f} {count:>11,.0f}"
+            )
+        print(f"flags: {' '.join(flags)}")
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 async def _produce(engine: Engine, path: str, producer_id: str, *, epoch: int) -> None:
@@ -311,6 +452,16 @@ def main() -> None:
     sta = sub.add_parser("state")
     sta.add_argument("--producers", type=int, default=100_000)
     sta.add_argument("--seqs", type=int, nargs="+", default=[1, 64])
+    srv = sub.add_parser("server")
+    srv.add_argument("--streams", type=int, default=10_000)
+    srv.add_argument("--per-stream", type=int, default=100)
+    srv.add_argument(
+        "--margin",
+        type=float,
+        default=90.0,
+        help="seconds from the server's start to the producers going quiet, and to their expiry after",
+    )
+    srv.add_argument("--keep", action="store_true", help="keep the data directories")
     abt = sub.add_parser("aborts")
     abt.add_argument("--requests", type=int, default=70)
     abt.add_argument("--names", type=int, default=3_000)
@@ -320,6 +471,8 @@ def main() -> None:
             state_bytes(args.producers, seqs)
     elif args.part == "aborts":
         asyncio.run(aborts(args.requests, args.names))
+    elif args.part == "server":
+        server_memory(args.streams, args.per_stream, args.margin, args.keep)
     elif args.part == "memory":
         asyncio.run(memory(args.streams, args.per_stream, args.rounds))
     else:

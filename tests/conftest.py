@@ -19,10 +19,16 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.support.rakaia_server import RakaiaServer
 from tests.support.reference_server import ReferenceServer
 from tests.support.server_process import ServerProcess
+
+# Property tests check properties, not speed: on a loaded 2-core machine input generation can pass
+# Hypothesis's 1 s/200 ms health checks and per-example deadline without anything being wrong.
+settings.register_profile("durastream", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("durastream")
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +98,10 @@ def spark():  # -> pyspark.sql.SparkSession (imported lazily: server-only runs n
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
+        # A Python worker's connect-back to the JVM times out after 15 s by default, which a loaded
+        # 2-core machine exceeds at times; the query then fails with "Python worker failed to connect
+        # back" although nothing is wrong.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")

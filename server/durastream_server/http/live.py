@@ -110,19 +110,40 @@ class LiveReaders:
         self._engine = engine
         # Wake latency per woken long-poll, and the messages of fast-path answers (``/metrics``).
         self.metrics = metrics
-        self._drain: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # What drain() settles: one future per parked wait (a long-poll, a wake group's leader, an SSE
+        # wait), held in a set, so that parking and leaving cost O(1). A callback on one shared drain
+        # future would not: asyncio's remove_done_callback scans the whole callback list, which at
+        # 10,000 parked readers on as many streams made every wake-up and timeout O(parked readers) and
+        # the server spent its core on it (issue 17, bench/scale_bench.py readers).
+        self._draining = False
+        self._on_drain: set[asyncio.Future[Any]] = set()
         self._groups: dict[tuple[str, str], _WakeGroup] = {}
         self.parked = 0
         self.fast_answers = 0  # long-polls answered by the fast path (observability and tests)
 
     @property
     def draining(self) -> bool:
-        return self._drain.done()
+        return self._draining
 
     def drain(self) -> None:
         """Release every parked reader now, and every later one immediately."""
-        if not self._drain.done():
-            self._drain.set_result(None)
+        if self._draining:
+            return
+        self._draining = True
+        parked, self._on_drain = self._on_drain, set()
+        for future in parked:
+            _settle(future)
+
+    def _hold(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        """Have ``drain`` settle ``future`` (at once if it has begun); ``_let_go`` it when done."""
+        if self._draining:
+            _settle(future)
+        else:
+            self._on_drain.add(future)
+        return future
+
+    def _let_go(self, future: asyncio.Future[Any]) -> None:
+        self._on_drain.discard(future)
 
     async def wait(
         self, path: str, offset: str, timeout: float, disconnect: Disconnect
@@ -148,11 +169,13 @@ class LiveReaders:
         """
         if self.draining or disconnect.happened:
             return None
+        drained = self._hold(asyncio.get_running_loop().create_future())
         self.parked += 1
         try:
-            woke = await wait((self._drain, disconnect.future))
+            woke = await wait((drained, disconnect.future))
         finally:
             self.parked -= 1
+            self._let_go(drained)
         if not woke and (self.draining or disconnect.happened):
             return None
         return woke
@@ -185,16 +208,16 @@ class LiveReaders:
         group.join(future, answer)
         timer = loop.call_later(max(timeout, 0.0), _settle, future)
         release = functools.partial(_settle_on, future)
-        drain, gone = self._drain, disconnect.future
-        drain.add_done_callback(release)
+        gone = disconnect.future
         gone.add_done_callback(release)
+        self._hold(future)
         self.parked += 1
         try:
             outcome = await future
         finally:
             self.parked -= 1
             timer.cancel()
-            drain.remove_done_callback(release)
+            self._let_go(future)
             gone.remove_done_callback(release)
             group.leave(future)
         if type(outcome) is _Failed:
@@ -279,11 +302,10 @@ class _WakeGroup:
         outcome: Any = _ON_YOUR_OWN
         loop = asyncio.get_running_loop()
         woke_at = 0.0
+        drained = live._hold(loop.create_future())
         try:
             while result is None:
-                woke = await live._engine.wait(
-                    path, offset, _LEADER_TIMEOUT, release=(live._drain,)
-                )
+                woke = await live._engine.wait(path, offset, _LEADER_TIMEOUT, release=(drained,))
                 if not woke:
                     break
                 woke_at = loop.time()
@@ -297,6 +319,8 @@ class _WakeGroup:
             outcome = _Failed(exc)
         except Exception:  # not a protocol error: each member meets it (or not) on its own
             logger.debug("wake group %r: members wait on their own", self.key, exc_info=True)
+        finally:
+            live._let_go(drained)
         live._unregister(self)
         if result is None:
             for future in self.members:

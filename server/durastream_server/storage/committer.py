@@ -113,6 +113,9 @@ class Committer:
     ) -> None:
         self._cache = cache
         self._metrics = metrics  # one batch per round, one fsync per WAL sync (storage/metrics.py)
+        # Pinned handles are in use until their checkpoint: check points often enough that they stay
+        # within half of --max-open-files (the retired generation's pins and the new one's together).
+        self._checkpoint_files = max(1, min(CHECKPOINT_FILES, cache.capacity // 4))
         self._io = io_executor
         self._wal_dir = wal_dir
         self.generation = 0  # of the next WAL file (set after the start-up replay)
@@ -187,7 +190,7 @@ class Committer:
         wal = self._wal
         if wal is None or self._checkpoint is not None:
             return False
-        return wal.end >= CHECKPOINT_WAL_BYTES or len(self._pins) >= CHECKPOINT_FILES
+        return wal.end >= CHECKPOINT_WAL_BYTES or len(self._pins) >= self._checkpoint_files
 
     def _arm_idle_timer(self) -> None:
         if self._closed or self._wal is None or self._idle_timer is not None:

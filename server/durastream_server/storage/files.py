@@ -47,6 +47,10 @@ class FdCache:
         self._lock = threading.Lock()
         self._open: OrderedDict[Hashable, Handle] = OrderedDict()
 
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
     def acquire(self, key: Hashable, path: str) -> Handle:
         """Return the handle for ``key``, opening ``path`` if needed. Pair with ``release``."""
         with self._lock:

@@ -400,6 +400,42 @@ def test_timeouts_still_answer_204_and_leave_no_group_behind(tmp_path: Path) -> 
     asyncio.run(scenario())
 
 
+def test_readers_parked_on_many_streams_hold_nothing_shared_and_drain_releases_each(
+    tmp_path: Path,
+) -> None:
+    """Issue 17's 10,000 readers on 10,000 streams: each parked long-poll (and its wake group's leader,
+    and an SSE wait) must cost O(1) to park and to leave. A done-callback per reader on one shared
+    drain future did not: asyncio scans the callback list to remove one, so every wake-up and timeout
+    cost O(parked readers). Drain must still release every one of them."""
+
+    async def scenario() -> None:
+        async with running(tmp_path) as (app, port):
+            live = app._live
+            assert live is not None
+            streams = [await json_stream(port, f"many-{i}") for i in range(30)]
+            polls = []
+            for path, tail in streams:
+                conn = await Conn.open(port)
+                conn.get(f"{path}?offset={tail}&live=long-poll")
+                polls.append(conn)
+            sse = await Conn.open(port)
+            sse.get(f"{streams[0][0]}?offset={streams[0][1]}&live=sse")
+            await parked(app, 31)
+            shared = [v for v in vars(live).values() if isinstance(v, asyncio.Future)]
+            assert [f for f in shared if len(f._callbacks or ()) >= 31] == []
+            app.begin_drain()
+            for conn in polls:
+                assert status(await conn.response()) == 204
+            assert await asyncio.wait_for(sse.reader.read(), 20) != b""  # its head, then the end
+            await parked(app, 0)
+            assert live._on_drain == set()
+            assert live._groups == {}
+            for conn in (*polls, sse):
+                conn.close()
+
+    asyncio.run(scenario())
+
+
 def test_prepared_bytes_match_uvicorns_send() -> None:
     """The encoder against uvicorn's own send, with a recording transport (no server)."""
 

@@ -27,6 +27,7 @@ def main() -> None:
         .config("spark.ui.enabled", "false")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
+        .config("spark.python.authenticate.socketTimeout", "120s")  # as tests/conftest.py
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
