@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -641,8 +641,9 @@ class TxnManager:
             if paths:
                 self._background_io(txnfile.remove_files, paths)
 
-    async def start(self) -> list[tuple[Incarnation, str]]:
-        """Rebuild every stream's handles from its staging files; finish interrupted cleanups.
+    async def start(self, ids: Iterable[str] | None = None) -> list[tuple[Incarnation, str]]:
+        """Rebuild every stream's handles from its staging files (or those of the streams ``ids``,
+        registered by background recovery); finish interrupted cleanups.
 
         Returns the streams whose staged-append state could not be read, with the reason, for the
         engine to quarantine: one unreadable ``txn/`` must not stop the server.
@@ -650,7 +651,9 @@ class TxnManager:
         # Only the streams recovery saw a txn/ directory in: start-up cost follows the streams with
         # staged appends, not every stream (a stat per stream on the loop cost seconds at 100,000).
         by_id = self._engine._registry.by_id
-        incs = [by_id[i] for i in sorted(self._engine._data.with_staging) if i in by_id]
+        with_staging = self._engine._data.with_staging
+        chosen = with_staging if ids is None else with_staging.intersection(ids)
+        incs = [by_id[i] for i in sorted(chosen) if i in by_id]
         results = await asyncio.gather(
             *(self._io(self._load, inc) for inc in incs), return_exceptions=True
         )
