@@ -155,6 +155,27 @@ def _handles(handles: str | Sequence[str]) -> list[str]:
     return listed
 
 
+def stage_headers(
+    handle: str, content_type: str, producer: Producer | None, ttl_seconds: int | None
+) -> dict[str, str]:
+    """The headers of a stage request (also an entry of a bulk stage, ``protocol/bulk.py``)."""
+    headers = {"Durastream-Txn": handle, "Content-Type": content_type}
+    headers.update(_producer_headers(producer))
+    if ttl_seconds is not None:
+        headers["Durastream-Txn-TTL"] = str(int(ttl_seconds))
+    return headers
+
+
+def stage_result(reply: Reply, handle: str, producer: Producer | None) -> StageResult:
+    return StageResult(
+        handle=handle,
+        messages=_int_header(reply, "Durastream-Txn-Messages"),
+        bytes=_int_header(reply, "Durastream-Txn-Bytes"),
+        duplicate=producer is not None and reply.status == 204,
+        expires_at=reply.header("Durastream-Txn-Expires-At"),
+    )
+
+
 def _read_body(response: requests.Response) -> bytes:
     """The whole body in one read.
 
@@ -622,10 +643,7 @@ class StreamClient:
             raise ValueError("a stage request needs a non-empty body")
         (handle,) = _handles(handle)
         checked = _producer(producer)
-        headers = {"Durastream-Txn": handle, "Content-Type": content_type}
-        headers.update(_producer_headers(checked))
-        if ttl_seconds is not None:
-            headers["Durastream-Txn-TTL"] = str(int(ttl_seconds))
+        headers = stage_headers(handle, content_type, checked, ttl_seconds)
         url = self.stream_url(path)
         context = RequestContext(
             "POST",
@@ -636,13 +654,7 @@ class StreamClient:
             body_bytes=len(body),
         )
         reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
-        return StageResult(
-            handle=handle,
-            messages=_int_header(reply, "Durastream-Txn-Messages"),
-            bytes=_int_header(reply, "Durastream-Txn-Bytes"),
-            duplicate=checked is not None and reply.status == 204,
-            expires_at=reply.header("Durastream-Txn-Expires-At"),
-        )
+        return stage_result(reply, handle, checked)
 
     def commit(
         self,
@@ -662,12 +674,26 @@ class StreamClient:
         used by anything else is 409 ``DuplicatePayloadMismatch``.
         """
         self._require(ext.STAGED_APPEND, "commit staged data")
-        listed = _handles(handles)
         checked = _producer(producer)
         if checked is None:
             raise ValueError("commit needs producer=(id, epoch, seq)")
-        headers, body = self._handle_list("Durastream-Commit", listed)
-        headers.update(_producer_headers(checked, refuse_forgotten=True))
+        headers, body = self.commit_request(handles, checked, close, stream_seq, key)
+        url = self.stream_url(path)
+        context = RequestContext("POST", url, stream=path, producer=tuple(checked))  # type: ignore[arg-type]
+        reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
+        return self._append_result(reply, checked)
+
+    def commit_request(
+        self,
+        handles: str | Sequence[str],
+        producer: Producer,
+        close: bool = False,
+        stream_seq: str | None = None,
+        key: str | None = None,
+    ) -> tuple[dict[str, str], bytes]:
+        """The headers and body of a commit (also an entry of a bulk commit, ``protocol/bulk.py``)."""
+        headers, body = self._handle_list("Durastream-Commit", _handles(handles))
+        headers.update(_producer_headers(producer, refuse_forgotten=True))
         if key is not None:
             (key,) = _handles(key)  # the same syntax as a handle name
             self._require(
@@ -678,10 +704,7 @@ class StreamClient:
             headers["Stream-Closed"] = "true"
         if stream_seq is not None:
             headers["Stream-Seq"] = stream_seq
-        url = self.stream_url(path)
-        context = RequestContext("POST", url, stream=path, producer=tuple(checked))  # type: ignore[arg-type]
-        reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
-        return self._append_result(reply, checked)
+        return headers, body
 
     def committed_under_key(self, path: str, producer: ProducerLike, key: str) -> bool:
         """Whether ``producer``'s tuple was used by a commit with ``key`` (True) or by anything else, or

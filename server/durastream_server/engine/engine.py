@@ -53,6 +53,7 @@ from durastream_server.engine import (
     producers,
     rendering,
     time_lookup,
+    txnspace,
 )
 from durastream_server.engine.api import (
     AppendRequest,
@@ -545,7 +546,10 @@ class Engine:
                 return loop.create_task(self._append_offloaded(request, inc, request_type))
             producer = request.producer
             digest = b""
-            if producer is not None:
+            if request.key is not None:
+                producers.check_tuple_syntax(producer)
+                digest = txnspace.commit_digest((), request.close, request.key)
+            elif producer is not None:
                 producers.check_tuple_syntax(producer)
                 digest = producers.request_digest(
                     request_type.essence if request_type else None, body, request.close
@@ -588,7 +592,10 @@ class Engine:
         producer = request.producer
         digest = b""
         pending_digest: Awaitable[bytes] | None = None
-        if producer is not None:
+        if request.key is not None:
+            producers.check_tuple_syntax(producer)
+            digest = txnspace.commit_digest((), request.close, request.key)
+        elif producer is not None:
             producers.check_tuple_syntax(producer)
             pending_digest = producers.request_digest_soon(
                 request_type.essence if request_type else None, body, request.close
