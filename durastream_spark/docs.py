@@ -237,6 +237,21 @@ OPTIONS: tuple[OptionDoc, ...] = (
         lambda o: _ms(o.connection.retry.max_backoff_s),
         details="At least `retry.initialBackoffMs`.",
     ),
+    OptionDoc(
+        "batchFiguresPath",
+        CONNECTION,
+        "path",
+        "Streaming only: a directory on the driver where the source and the sink record each "
+        "micro-batch's figures (the INFO lines) for `durastream_spark.figures.for_batch`.",
+        "/tmp/durastream-figures/readings",
+        "dbfs:/figures",
+        "(none: nothing recorded)",
+        details="An absolute path on the driver's local file system (`file:` URLs too), one per query "
+        "like a checkpoint; created when the first batch is recorded. The source appends one JSON line per "
+        "batch to `source.jsonl`, the sink to `sink.jsonl`, each rotated past 1 MiB. A "
+        "`StreamingQueryListener` gets a batch's figures as dicts with `for_batch(path, event.progress)` "
+        "(docs/source.md, 'Batch figures in your code'). Refused by `spark.read` and `df.write`.",
+    ),
     # ---- source -------------------------------------------------------------------------------------------
     OptionDoc(
         "streams",

@@ -25,6 +25,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 # Response headers worth keeping on an error: protocol signals and hints, never anything credential-like.
+REQUEST_ID = "X-Request-Id"  # the server's id of a request, in its access log and JSON logs
+
 RELEVANT_HEADERS = (
     "Content-Type",
     "Retry-After",
@@ -38,7 +40,7 @@ RELEVANT_HEADERS = (
     "Durastream-Extensions",
     "Durastream-Forgotten-Epoch",
     "Location",
-    "X-Request-Id",  # the server's id of the request: the same id is in its access log and JSON logs
+    REQUEST_ID,  # the server's id of the request: the same id is in its access log and JSON logs
 )
 
 MAYBE_APPLIED = (
@@ -232,7 +234,7 @@ class ProtocolError(DurastreamError):
     @property
     def request_id(self) -> str | None:
         """The server's ``X-Request-Id`` of the failed request (durastream-server logs it), if any."""
-        return self.headers.get("X-Request-Id")
+        return self.headers.get(REQUEST_ID)
 
 
 class BadRequest(ProtocolError):
@@ -442,6 +444,13 @@ def _clip(text: str | None) -> str | None:
     return text if len(text) <= _MAX_SERVER_MESSAGE else text[: _MAX_SERVER_MESSAGE - 3] + "..."
 
 
+def request_id_note(error: BaseException) -> str:
+    """`` [request id X]``: the server request behind ``error`` (a ``ProtocolError``), for a message that
+    re-words the server's answer, so it can still be matched to the server's log line; empty if none."""
+    request_id = getattr(error, "request_id", None)
+    return f" [request id {request_id}]" if request_id else ""
+
+
 def error_from_response(
     context: RequestContext,
     status: int,
@@ -463,7 +472,7 @@ def error_from_response(
     closed = (_header(headers, "Stream-Closed") or "").strip().lower() == "true"
     where = context.describe()
     said = f" Server said: {server_message}" if server_message else ""
-    request_id = _header(headers, "X-Request-Id")
+    request_id = _header(headers, REQUEST_ID)
     tail = (
         f" [HTTP {status}{' ' + code if code else ''}; {attempts} attempt(s)"
         f"{f'; request id {request_id}' if request_id else ''}]"

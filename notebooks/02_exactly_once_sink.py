@@ -110,6 +110,54 @@ print(f"source: {SOURCE_DIR}\ntarget stream: {TARGET_STREAM}\ncheckpoint: {CHECK
 # COMMAND ----------
 
 # MAGIC %md
+# MAGIC ## What each batch did, as figures your code can use
+# MAGIC
+# MAGIC The sink logs one INFO line per micro-batch on the driver: streams, rows, bytes, requests, retries,
+# MAGIC commit time and mode (the durastream source logs what it read: streams, messages, bytes, tasks, planning
+# MAGIC time, lag). With option `batchFiguresPath`, a directory on the driver, each direction also records
+# MAGIC those figures, and `durastream_spark.figures.for_batch(path, event.progress)` returns them as dicts to a
+# MAGIC `StreamingQueryListener`. Without the option nothing is recorded. The directory must be on the
+# MAGIC driver's local disk: the listener runs in this notebook's process, the connector in Spark's Python
+# MAGIC workers on the driver (over Spark Connect the client must run on the server's machine).
+
+# COMMAND ----------
+
+import tempfile
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from durastream_spark import figures
+
+FIGURES_DIR = tempfile.mkdtemp(prefix="durastream-figures-")  # on the driver
+
+
+class SinkFigures(StreamingQueryListener):
+    """The sink's figures of every batch, by (query id, batch id), as the queries report progress."""
+
+    def __init__(self):
+        self.by_batch = {}
+
+    def onQueryStarted(self, event):
+        pass
+
+    def onQueryProgress(self, event):
+        found = figures.for_batch(FIGURES_DIR, event.progress)
+        if found["sink"] is not None:
+            self.by_batch[(found["queryId"], found["batchId"])] = found["sink"]
+
+    def onQueryIdle(self, event):
+        pass
+
+    def onQueryTerminated(self, event):
+        pass
+
+
+sink_figures = SinkFigures()
+spark.streams.addListener(sink_figures)
+
+# COMMAND ----------
+
+# MAGIC %md
 # MAGIC ## Write it with the exactly-once sink
 # MAGIC
 # MAGIC A streaming query with a checkpoint. `Trigger.AvailableNow` processes what is there and stops
@@ -130,6 +178,7 @@ def write_to_stream(target, checkpoint, max_files_per_trigger=None):
         .options(**CONN)
         .option("stream", target)
         .option("exactlyOnce", "auto")
+        .option("batchFiguresPath", FIGURES_DIR)  # for the listener above
         .option("checkpointLocation", checkpoint)
         .trigger(availableNow=True)
         .start()
@@ -154,6 +203,31 @@ def batches_of(query):
 query = write_to_stream(TARGET_STREAM, CHECKPOINT, max_files_per_trigger=1)
 first_run_batches = len(batches_of(query))
 print("(batch id, rows) written:", batches_of(query))
+
+# COMMAND ----------
+
+# MAGIC %md
+# MAGIC The listener's dicts for the batches of this run. Listener events arrive shortly after the query
+# MAGIC reports progress, so the cell waits for them (up to a minute).
+
+# COMMAND ----------
+
+import time
+
+wanted = [(str(query.id), batch_id) for batch_id, _ in batches_of(query)]
+deadline = time.monotonic() + 60
+while not all(key in sink_figures.by_batch for key in wanted) and time.monotonic() < deadline:
+    time.sleep(0.1)
+spark.streams.removeListener(sink_figures)
+first_run_figures = [sink_figures.by_batch[key] for key in wanted]
+for (batch_id, rows), sink in zip(batches_of(query), first_run_figures):
+    print(
+        f"batch {batch_id}: {sink['rows']} rows, {sink['bytes']} bytes into {sink['streams']} stream(s); "
+        f"{sink['task_requests']} task and {sink['commit_requests']} commit requests "
+        f"({sink['task_retries'] + sink['commit_retries']} retries); commit {sink['commit_ms']:.0f} ms, "
+        f"{sink['mode']}"
+    )
+    assert sink["rows"] == rows, (batch_id, sink, rows)
 
 # COMMAND ----------
 

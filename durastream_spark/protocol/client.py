@@ -38,6 +38,7 @@ import requests
 import urllib3
 
 from durastream_spark.errors import (
+    REQUEST_ID,
     BadRequest,
     ConflictError,
     ContentTypeMismatch,
@@ -154,6 +155,27 @@ def _handles(handles: str | Sequence[str]) -> list[str]:
     return listed
 
 
+def stage_headers(
+    handle: str, content_type: str, producer: Producer | None, ttl_seconds: int | None
+) -> dict[str, str]:
+    """The headers of a stage request (also an entry of a bulk stage, ``protocol/bulk.py``)."""
+    headers = {"Durastream-Txn": handle, "Content-Type": content_type}
+    headers.update(_producer_headers(producer))
+    if ttl_seconds is not None:
+        headers["Durastream-Txn-TTL"] = str(int(ttl_seconds))
+    return headers
+
+
+def stage_result(reply: Reply, handle: str, producer: Producer | None) -> StageResult:
+    return StageResult(
+        handle=handle,
+        messages=_int_header(reply, "Durastream-Txn-Messages"),
+        bytes=_int_header(reply, "Durastream-Txn-Bytes"),
+        duplicate=producer is not None and reply.status == 204,
+        expires_at=reply.header("Durastream-Txn-Expires-At"),
+    )
+
+
 def _read_body(response: requests.Response) -> bytes:
     """The whole body in one read.
 
@@ -249,20 +271,37 @@ def _stream_info(entry: Mapping[str, Any]) -> StreamInfo:
     )
 
 
-def _range_error(context: RequestContext, entry: Any) -> Exception | None:
-    """The typed error a single request would have raised, for a failed entry of a multi-range answer."""
+def _range_error(context: RequestContext, entry: Any, reply: Reply) -> Exception | None:
+    """The typed error a single request would have raised, for a failed entry of a multi-range answer.
+
+    It keeps the ``X-Request-Id`` of the multi-range ``reply`` that carried it: that is the request the
+    server logged, so the connector's error can be matched to the server's log line."""
     if not isinstance(entry, Mapping):
-        return MalformedResponse(f"{context.describe()}: a multi-range entry is not an object")
+        return MalformedResponse(
+            f"{context.describe()}: a multi-range entry is not an object{_request_id_note(reply)}"
+        )
     error = entry.get("error")
     if error is None:
         return None
     if not isinstance(error, Mapping) or not isinstance(error.get("status"), int):
-        return MalformedResponse(f"{context.describe()}: malformed error entry {error!r}")
+        return MalformedResponse(
+            f"{context.describe()}: malformed error entry {error!r}{_request_id_note(reply)}"
+        )
     headers = {"Content-Type": "application/json"}
+    request_id = reply.header(REQUEST_ID)
+    if request_id:
+        headers[REQUEST_ID] = request_id
     if isinstance(error.get("tail"), str):
         headers["Stream-Next-Offset"] = error["tail"]
     body = json.dumps({"error": {"code": error.get("code"), "message": error.get("message")}})
     return error_from_response(context, int(error["status"]), headers, body.encode())
+
+
+def _request_id_note(reply: Reply) -> str:
+    """`` [request id X]`` for messages about an answer that is not an error status (malformed, unexpected),
+    so they too can be matched to the server's log line."""
+    request_id = reply.header(REQUEST_ID)
+    return f" [request id {request_id}]" if request_id else ""
 
 
 def _limit_lookup(document: Mapping[str, Any], context: RequestContext) -> LimitLookup:
@@ -306,7 +345,7 @@ def _multi_read(
     answers: list[RangeAnswer] = []
     for index, ((path, start, end), entry) in enumerate(zip(ranges, entries, strict=False)):
         where = RequestContext("GET", stream_url(path), stream=path, offset=start, end=end)
-        error = _range_error(where, entry)
+        error = _range_error(where, entry, reply)
         if error is not None:
             if isinstance(error, MalformedResponse):
                 raise error
@@ -604,10 +643,7 @@ class StreamClient:
             raise ValueError("a stage request needs a non-empty body")
         (handle,) = _handles(handle)
         checked = _producer(producer)
-        headers = {"Durastream-Txn": handle, "Content-Type": content_type}
-        headers.update(_producer_headers(checked))
-        if ttl_seconds is not None:
-            headers["Durastream-Txn-TTL"] = str(int(ttl_seconds))
+        headers = stage_headers(handle, content_type, checked, ttl_seconds)
         url = self.stream_url(path)
         context = RequestContext(
             "POST",
@@ -618,13 +654,7 @@ class StreamClient:
             body_bytes=len(body),
         )
         reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
-        return StageResult(
-            handle=handle,
-            messages=_int_header(reply, "Durastream-Txn-Messages"),
-            bytes=_int_header(reply, "Durastream-Txn-Bytes"),
-            duplicate=checked is not None and reply.status == 204,
-            expires_at=reply.header("Durastream-Txn-Expires-At"),
-        )
+        return stage_result(reply, handle, checked)
 
     def commit(
         self,
@@ -644,12 +674,26 @@ class StreamClient:
         used by anything else is 409 ``DuplicatePayloadMismatch``.
         """
         self._require(ext.STAGED_APPEND, "commit staged data")
-        listed = _handles(handles)
         checked = _producer(producer)
         if checked is None:
             raise ValueError("commit needs producer=(id, epoch, seq)")
-        headers, body = self._handle_list("Durastream-Commit", listed)
-        headers.update(_producer_headers(checked, refuse_forgotten=True))
+        headers, body = self.commit_request(handles, checked, close, stream_seq, key)
+        url = self.stream_url(path)
+        context = RequestContext("POST", url, stream=path, producer=tuple(checked))  # type: ignore[arg-type]
+        reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
+        return self._append_result(reply, checked)
+
+    def commit_request(
+        self,
+        handles: str | Sequence[str],
+        producer: Producer,
+        close: bool = False,
+        stream_seq: str | None = None,
+        key: str | None = None,
+    ) -> tuple[dict[str, str], bytes]:
+        """The headers and body of a commit (also an entry of a bulk commit, ``protocol/bulk.py``)."""
+        headers, body = self._handle_list("Durastream-Commit", _handles(handles))
+        headers.update(_producer_headers(producer, refuse_forgotten=True))
         if key is not None:
             (key,) = _handles(key)  # the same syntax as a handle name
             self._require(
@@ -660,10 +704,7 @@ class StreamClient:
             headers["Stream-Closed"] = "true"
         if stream_seq is not None:
             headers["Stream-Seq"] = stream_seq
-        url = self.stream_url(path)
-        context = RequestContext("POST", url, stream=path, producer=tuple(checked))  # type: ignore[arg-type]
-        reply = self._checked("POST", url, context, headers, body=body, ok=(200, 204))
-        return self._append_result(reply, checked)
+        return headers, body
 
     def committed_under_key(self, path: str, producer: ProducerLike, key: str) -> bool:
         """Whether ``producer``'s tuple was used by a commit with ``key`` (True) or by anything else, or
@@ -1016,7 +1057,7 @@ class StreamClient:
                     offset=lookup.offset,
                     end=lookup.end,
                 )
-                out.append(_range_error(where, result) or _limit_lookup(result, where))
+                out.append(_range_error(where, result, reply) or _limit_lookup(result, where))
         return out
 
     def read_ranges(
@@ -1142,6 +1183,7 @@ class StreamClient:
         if reply.status < 300 or reply.status == 304:
             return MalformedResponse(
                 f"{context.describe()}: unexpected status {reply.status} for this operation."
+                f"{_request_id_note(reply)}"
             )
         return error_from_response(
             context,
@@ -1166,5 +1208,5 @@ class StreamClient:
             return json.loads(reply.body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise MalformedResponse(
-                f"{context.describe()}: the answer is not JSON: {exc}"
+                f"{context.describe()}: the answer is not JSON: {exc}{_request_id_note(reply)}"
             ) from None

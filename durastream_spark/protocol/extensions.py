@@ -21,6 +21,9 @@ CHANGES_PATH = "/__ds/x-durastream/changes"
 SELECTIONS_PATH = "/__ds/x-durastream/selections"
 LOOKUPS_PATH = "/__ds/x-durastream/lookups"
 READS_PATH = "/__ds/x-durastream/reads"
+ENSURE_PATH = "/__ds/x-durastream/ensure"
+STAGES_PATH = "/__ds/x-durastream/stages"
+COMMITS_PATH = "/__ds/x-durastream/commits"
 
 BOUNDED_READ = "bounded-read"
 MESSAGE_FRAMES = "message-frames"
@@ -31,6 +34,7 @@ PAYLOAD_DIGEST = "payload-digest"
 TIME_LOOKUP = "time-lookup"
 CHANGES = "changes"
 MULTI_RANGE = "multi-range"
+BULK_WRITE = "bulk-write"
 
 # Versions that add to an extension (a server advertising a version has every earlier one too).
 # staged-append 2: handle lists in the request body (``Durastream-Commit: @body``) and commit keys.

@@ -57,8 +57,10 @@ def ordered_run_conflict(
     partition: int,
     producer_id: str,
     highest_seq: int | None,
+    request_id: str | None = None,
 ) -> BatchModeConflict:
-    """The error for a transactional commit that found an ordered run's requests under its tuple."""
+    """The error for a transactional commit that found an ordered run's requests under its tuple
+    (``request_id``: the server's id of the refused commit, when it refused one)."""
     visible = highest_seq + 1 if highest_seq is not None else 1
     chosen = (
         f"{EXACTLY_ONCE}=auto chose transactional: the server advertises staged appends"
@@ -75,7 +77,7 @@ def ordered_run_conflict(
         "requests are then recognised as duplicates and the rest is added (ordered mode needs the rows "
         "of each partition in the same order as that run; parts committed transactionally meanwhile "
         f"are kept as they are). Once batch {batch} is committed you may switch back. See "
-        "docs/guarantees.md.",
+        "docs/guarantees.md." + (f" [request id {request_id}]" if request_id else ""),
         batch=batch,
         partition=partition,
         stream=stream,

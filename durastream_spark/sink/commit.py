@@ -4,7 +4,8 @@ Spark calls ``commit`` once every task of the batch succeeded, with one message 
 successful attempt's. (Should a partition ever come with two, from two attempts that both finished, the
 lowest attempt is committed and the other's staged data is aborted: one copy, never two.) Each
 (stream, partition) is committed by its mode (``transactional.commit_part``/``ordered.commit_part``),
-concurrently, every one idempotent; a failure of any fails the commit after all were tried, so a replay of
+concurrently, every one idempotent (transactional parts on ``bulk-write`` servers in a few bulk requests,
+``transactional.commit_parts``); a failure of any fails the commit after all were tried, so a replay of
 the batch only has to redo what failed (the rest is deduplicated).
 
 ``abort`` runs when a task of the batch failed for good. Transactional: the staged handles named in the
@@ -23,12 +24,13 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from durastream_spark.errors import ProducerForgottenError, UnverifiedDuplicate
+from durastream_spark.errors import DurastreamError, ProducerForgottenError, UnverifiedDuplicate
+from durastream_spark.protocol.bulk import BulkWrites
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink import ordered, transactional
 from durastream_spark.sink.errors import BatchModeConflict, CommitError
@@ -62,8 +64,10 @@ class StreamSummary:
 @dataclass(frozen=True)
 class BatchFigures:
     """One committed batch, as the driver's INFO line states it; ``as_dict`` for code that wants the
-    figures (``writer.last_batch`` after a commit). Requests count answered ones; retries the extra
-    attempts among them; ``task_*`` were sent by the batch's tasks, ``commit_*`` by the driver."""
+    figures (``writer.last_batch`` after a commit; ``totals`` is what ``batchFiguresPath`` records).
+    Requests count answered ones; retries the extra attempts among them; ``task_*`` were sent by the
+    batch's tasks, ``commit_*`` by the driver. ``writer_key``: the streaming query's id (the ``df.write``
+    job's id), ``None`` for a batch without commit messages."""
 
     batch: str
     mode: str
@@ -77,9 +81,19 @@ class BatchFigures:
     commit_retries: int
     commit_ms: float
     per_stream: tuple[StreamSummary, ...]
+    writer_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def totals(self) -> dict[str, Any]:
+        """The INFO line's figures, without the per-stream list and the writer key: a fixed-size record
+        whatever the number of streams (per-stream figures are the INFO lines of ``_log_summary``)."""
+        return {
+            item.name: getattr(self, item.name)
+            for item in fields(self)
+            if item.name not in ("per_stream", "writer_key")
+        }
 
     def describe(self) -> str:
         return (
@@ -109,9 +123,10 @@ def commit_batch(
             chosen[message.partition].attempt,
         )
         _discard(client, message)
-    jobs = [(message, part) for message in chosen.values() for part in message.parts]
+    everything = [(message, part) for message in chosen.values() for part in message.parts]
     results: list[PartResult] = []
     failures: list[tuple[SinkCommitMessage, StreamPart, BaseException]] = []
+    jobs = _commit_in_bulk(client, options, everything, results, failures)
     if jobs:
         with ThreadPoolExecutor(
             max_workers=min(MAX_COMMIT_THREADS, len(jobs)), thread_name_prefix="durastream-commit"
@@ -132,7 +147,7 @@ def commit_batch(
         )
         raise CommitError(
             f"Committing batch {_batch_text(batch_id, chosen)} failed for {len(failures)} of "
-            f"{len(jobs)} (stream, partition) parts; the others are committed. "
+            f"{len(everything)} (stream, partition) parts; the others are committed. "
             f"{_after_failure([error for _, _, error in failures])} {listed}",
             failures=tuple(error for _, _, error in failures),
         ) from failures[0][2]
@@ -152,6 +167,7 @@ def commit_batch(
         commit_retries=retried - retried_before,
         commit_ms=round((time.perf_counter() - started) * 1000, 3),
         per_stream=tuple(summaries),
+        writer_key=next(iter(chosen.values())).writer_key if chosen else None,
     )
     log.info("%s", figures.describe())
     return figures
@@ -202,6 +218,38 @@ def summarize(results: Sequence[PartResult]) -> list[StreamSummary]:
 
 
 # ---- internals -------------------------------------------------------------------------------------------
+
+
+def _commit_in_bulk(
+    client: StreamClient,
+    options: SinkOptions,
+    jobs: list[tuple[SinkCommitMessage, StreamPart]],
+    results: list[PartResult],
+    failures: list[tuple[SinkCommitMessage, StreamPart, BaseException]],
+) -> list[tuple[SinkCommitMessage, StreamPart]]:
+    """On ``bulk-write`` servers, commit every transactional part of the batch in a few requests (all
+    partitions, all streams; each part its own keyed commit), adding to ``results``/``failures``; the
+    jobs left for one request each."""
+    bulk = BulkWrites(client, options.content_type)
+    # Inline parts were written for a bulk-write server: they are committed in bulk even if this
+    # client does not see the advertisement (a proxy); a server without it fails the commit loudly.
+    if not jobs or not (bulk.supported() or any(part.inline for _, part in jobs)):
+        return jobs
+    staged = [job for job in jobs if job[0].mode == TRANSACTIONAL]
+    rest = [job for job in jobs if job[0].mode != TRANSACTIONAL]
+    if not staged:
+        return rest
+    answers: list[PartResult | Exception]
+    try:
+        answers = transactional.commit_parts(bulk, options, staged)
+    except DurastreamError as error:  # the bulk request itself failed: every part is to be replayed
+        answers = [error] * len(staged)
+    for (message, part), answer in zip(staged, answers, strict=True):
+        if isinstance(answer, Exception):
+            failures.append((message, part, answer))
+        else:
+            results.append(answer)
+    return rest
 
 
 def _commit_part(

@@ -24,6 +24,8 @@ class StreamPart:
     - ``last_offset``: the stream's tail after this task's last visible append (ordered), if any.
     - ``committed_earlier``: ordered only, an earlier run of this batch committed the part in
       transactional mode: it is complete, nothing was (or is to be) sent (``batch_mode.py``).
+    - ``inline``: transactional only, on ``bulk-write`` servers: the part's whole data, one small
+      request that the task did not stage; the driver commits it inline (``transactional.py``).
     """
 
     stream: str
@@ -35,6 +37,7 @@ class StreamPart:
     remainder_rows: int = 0
     last_offset: str | None = None
     committed_earlier: bool = False
+    inline: bytes | None = None
 
 
 @dataclass(frozen=True)

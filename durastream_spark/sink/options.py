@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from durastream_spark.errors import OptionError
+from durastream_spark.figures import FIGURES_KEYS, FiguresOptions
 from durastream_spark.options import CONNECTION_KEYS, ConnectionOptions, OptionReader
 
 # ---- option keys (canonical spelling; matching is case-insensitive) ----------------------------------------
@@ -82,6 +83,7 @@ class SinkOptions:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     exactly_once: str = AUTO
     transaction_ttl_s: int = DEFAULT_TRANSACTION_TTL_MS // 1000
+    figures: FiguresOptions = FiguresOptions()  # batchFiguresPath (figures.py)
 
     def request_bytes(self, mode: str) -> int:
         """``maxBytesPerRequest`` if the user set it, else ``mode``'s default (see above)."""
@@ -101,7 +103,7 @@ class SinkOptions:
                 "no path: name the target with .option('stream', ...) and the server with "
                 ".option('url', ...), then call save()/start() without arguments",
             )
-        reader.ensure_known(CONNECTION_KEYS | SINK_KEYS | SPARK_PASSTHROUGH_KEYS)
+        reader.ensure_known(CONNECTION_KEYS | SINK_KEYS | FIGURES_KEYS | SPARK_PASSTHROUGH_KEYS)
         connection = ConnectionOptions.parse(reader)
 
         stream = reader.string(
@@ -167,6 +169,7 @@ class SinkOptions:
             ),
             exactly_once=reader.choice(EXACTLY_ONCE, AUTO, MODES),
             transaction_ttl_s=ttl_ms // 1000,
+            figures=FiguresOptions.parse(reader),
         )
 
 

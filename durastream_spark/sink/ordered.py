@@ -30,7 +30,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from durastream_spark.errors import DuplicatePayloadMismatch
+from durastream_spark.errors import DuplicatePayloadMismatch, request_id_note
 from durastream_spark.protocol.body import RequestBody
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import AppendResult
@@ -143,7 +143,7 @@ class OrderedPartitionWriter(ModeWriter[_StreamState]):
                     f"'{pid}' (epoch {epoch}) was already used by an earlier attempt for different bytes: "
                     "this attempt saw the partition's rows in another order (or with other values). The "
                     "server kept the earlier request and refused this one, so nothing was lost or "
-                    f"duplicated; the task fails instead. {GUARANTEE_HINT}"
+                    f"duplicated; the task fails instead. {GUARANTEE_HINT}{request_id_note(error)}"
                 ) from error
 
         return _StreamState(
@@ -202,7 +202,7 @@ def commit_part(
             f"Ordered mode, stream '{part.stream}', batch {message.epoch}, partition {message.partition}: "
             f"the final request (seq {part.requests} of producer '{message.producer_id}') was already "
             "committed with different bytes by an earlier run of this batch: the replay produced other rows "
-            f"or another order. Nothing was duplicated. {GUARANTEE_HINT}"
+            f"or another order. Nothing was duplicated. {GUARANTEE_HINT}{request_id_note(error)}"
         ) from error
     return PartResult(
         part.stream,

@@ -70,7 +70,9 @@ class PartitionWrite:
                 if column is None:
                     self._add(writer, self._fixed(), payloads)
                     continue
-                for path, rows in routing.split(batch.column(column), payloads):
+                groups = list(routing.split(batch.column(column), payloads))
+                self._ensure_all(path for path, _ in groups)
+                for path, rows in groups:
                     self._add(writer, path, rows)
 
         return self._run(feed)
@@ -164,8 +166,8 @@ class PartitionWrite:
         by_target: dict[str, list[bytes]] = {}  # insertion order; each target's rows in input order
         for row, payload in chunk:
             by_target.setdefault(routing.target_of(row[column]), []).append(payload)
+        self._ensure_all(by_target)
         for path, payloads in by_target.items():
-            self._ensure(path)
             writer.add(path, EncodedRows.from_payloads(payloads, separator))
 
     def _add(self, writer: ModeWriter, path: str, payloads: pa.Array) -> None:
@@ -183,6 +185,13 @@ class PartitionWrite:
         if path not in self._checked:
             self._targets.ensure(path)
             self._checked.add(path)
+
+    def _ensure_all(self, paths: Iterable[str]) -> None:
+        """``_ensure`` for the targets of one input batch, the new ones together."""
+        new = [path for path in paths if path not in self._checked]
+        if new:
+            self._targets.ensure_all(new)
+            self._checked.update(new)
 
     def _raise_if_invalid(
         self, problem: json_values.NotOneText | None, batch: pa.RecordBatch

@@ -60,6 +60,8 @@ def plan_write(
     options: Mapping[str, str], schema: StructType, overwrite: bool, *, kind: str
 ) -> SinkPlan:
     sink_options = SinkOptions.parse(options)
+    if kind == BATCH:
+        sink_options.figures.refuse_outside_streaming("df.write")
     if overwrite:
         raise UnsupportedWrite(
             "The durastream sink only appends (streams are append-only): use mode('append') for df.write "

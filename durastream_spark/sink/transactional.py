@@ -14,7 +14,10 @@ server's 10,000 handles whatever a partition writes.)
 Driver side (``commit_part``): one ``Durastream-Commit`` per (stream, partition), listing the successful
 attempt's handles (in the request body: no size cliff up to the server's 10,000 handles per commit), under
 producer ``(<producerId>-<writer key>-<partition>, epoch = batch id, seq 0)`` and the sink's commit key
-(``batch_mode.COMMIT_KEY``). The commit is atomic per request and idempotent:
+(``batch_mode.COMMIT_KEY``). On servers with ``bulk-write`` (``commit_parts``) the commits of a whole
+batch travel in a few bulk requests, each part still its own commit, and the remainders of a task's
+streams are staged in bulk at its end (docs/decisions/0008-bulk-writes.md). The commit is atomic per
+(stream, partition) and idempotent:
 
 - a retried commit request is a 204 duplicate;
 - a replayed batch (the driver crashed after committing, before Spark recorded the batch as done) commits
@@ -35,6 +38,7 @@ reclaimed by the server when its TTL (``transactionTtl``) lapses. This works wha
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +48,12 @@ from durastream_spark.errors import (
     TxnAlreadyCommitted,
 )
 from durastream_spark.protocol.body import RequestBody
+from durastream_spark.protocol.bulk import BulkWrites, CommitEntry, StageEntry
 from durastream_spark.protocol.client import StreamClient
-from durastream_spark.protocol.models import StageResult
+from durastream_spark.protocol.models import AppendResult, StageResult
 from durastream_spark.sink.batch_mode import COMMIT_KEY, COMMIT_SEQ, ordered_run_conflict
 from durastream_spark.sink.batcher import Request, RequestBatcher
-from durastream_spark.sink.errors import BatchModeConflict
+from durastream_spark.sink.errors import BatchModeConflict, CommitError
 from durastream_spark.sink.identity import handle_name, new_nonce
 from durastream_spark.sink.messages import (
     COMMITTED,
@@ -73,6 +78,10 @@ PARALLEL_HANDLES = 4000
 MAX_TAIL_HANDLE_BYTES = 256 * 1024 * 1024
 # Producer epoch of the stage requests: their sequence belongs to the handle, which is new each time.
 STAGE_EPOCH = 0
+# bulk-write servers: a (partition, stream) part that is a single request of at most this many bytes is
+# committed inline (its data in the commit message) rather than staged, up to INLINE_TASK_BYTES a task.
+INLINE_PART_BYTES = 64 * 1024
+INLINE_TASK_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -82,6 +91,7 @@ class _StreamState:
     handles: list[str] = field(default_factory=list)
     tails: list[PipelinedProducer[StageResult]] = field(default_factory=list)
     tail_bytes: int = 0
+    inline: bytes | None = None  # the whole part, committed inline by the driver (never staged)
     rows: int = 0
     bytes: int = 0
     requests: int = 0
@@ -96,13 +106,39 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         super().__init__(*args, **kwargs)
         self._nonce = new_nonce()  # in every handle name: unique per attempt and per run
         self._handle_count = 0
+        self._inline_bytes = 0
 
     def finish(self) -> tuple[StreamPart, ...]:
-        """Stage the remainders, wait for every stage request, and return the parts with their handles."""
+        """Stage the remainders, wait for every stage request, and return the parts with their handles.
+
+        On ``bulk-write`` servers the remainders (a task routing to many streams has little more: 20
+        rows per stream and partition are one remainder each) go in a few bulk requests instead of one
+        request per stream; each is still the first stage of a handle of its own."""
+        bulk = BulkWrites(self._client, self._options.content_type)
+        batched = bulk.supported()
+        entries: list[StageEntry] = []
         for stream, state in self._streams.items():
             remainder = state.batcher.remainder()
-            if remainder is not None:
+            if remainder is None:
+                continue
+            if batched and self._inline(state, remainder):
+                state.bytes += len(remainder.body)
+                state.inline = bytes(remainder.body)
+                self._inline_bytes += len(state.inline)
+                continue
+            if batched and remainder.body and len(state.handles) < PARALLEL_HANDLES:
+                state.bytes += len(remainder.body)
+                state.requests += 1
+                handle = self._new_handle(state)
+                producer = (handle, STAGE_EPOCH, 0)
+                ttl = self._options.transaction_ttl_s
+                entries.append(StageEntry(stream, handle, remainder.body, producer, ttl))
+            else:
                 self._submit(stream, state, remainder)
+        if entries:
+            failures = [r for r in bulk.stage(entries) if isinstance(r, Exception)]
+            if failures:
+                raise failures[0]
         parts = []
         for stream, state in self._streams.items():
             state.parallel.drain()
@@ -115,15 +151,21 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
                     bytes=state.bytes,
                     requests=state.requests,
                     handles=tuple(state.handles),
+                    inline=state.inline,
                 )
             )
         return tuple(parts)
 
     def discard(self) -> None:
-        """After a failure: abort this attempt's handles (best effort; the TTL reclaims what remains)."""
-        for stream, state in self._streams.items():
-            if state.handles:
-                abort_handles(self._client, stream, state.handles)
+        """After a failure: abort this attempt's handles (best effort; the TTL reclaims what remains), in
+        bulk where the server takes it."""
+        staged = [(stream, tuple(s.handles)) for stream, s in self._streams.items() if s.handles]
+        bulk = BulkWrites(self._client, self._options.content_type)
+        if len(staged) > 1 and bulk.supported():
+            abort_in_bulk(bulk, staged)
+            return
+        for stream, handles in staged:
+            abort_handles(self._client, stream, handles)
 
     # ---- internals ---------------------------------------------------------------------------------------
 
@@ -158,6 +200,18 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         state.tail_bytes += size
         state.tails[-1].submit(request.body)
 
+    def _inline(self, state: _StreamState, remainder: Request) -> bool:
+        """Whether the stream's whole part is this one small remainder, to travel inline in the commit
+        message instead of being staged (no staging file, no record group: an inline commit is one
+        record in the server's shared commit rounds). Bounded per part and per task, because commit
+        messages go through the driver."""
+        size = len(remainder.body)
+        return (
+            not state.handles
+            and 0 < size <= INLINE_PART_BYTES
+            and self._inline_bytes + size <= INLINE_TASK_BYTES
+        )
+
     def _new_handle(self, state: _StreamState) -> str:
         handle = handle_name(
             self._options.producer_prefix, self._identity, self._nonce, self._handle_count
@@ -181,20 +235,80 @@ def commit_part(
     client: StreamClient, options: SinkOptions, message: SinkCommitMessage, part: StreamPart
 ) -> PartResult:
     """Driver: make the part's handles visible under ``(producer, batch, 0)``, exactly once."""
+    if part.inline is not None:  # written for a bulk-write server; commit_parts sends it
+        raise CommitError(
+            f"stream '{part.stream}', batch {message.epoch}, partition {message.partition}: the "
+            "part is to be committed inline (bulk-write), but the commit went the per-stream way."
+        )
     if not part.handles:  # rows whose payloads were all empty (byte streams): nothing was staged
         return PartResult(part.stream, message.partition, part.rows, part.bytes, NOTHING, None)
-    producer = (message.producer_id, message.epoch, COMMIT_SEQ)
+    entry = commit_entry(message, part)
     try:
-        result = client.commit(part.stream, part.handles, producer, key=COMMIT_KEY)
-    except DuplicatePayloadMismatch as error:  # the tuple holds an ordered request, not our commit
-        abort_handles(client, part.stream, part.handles)
-        raise _ordered_conflict(
-            options, message, part, error.headers.get("Producer-Seq")
-        ) from error
-    if result.duplicate:
-        if result.producer_seq:  # seqs above 0 exist in this epoch: only ordered mode sends them
-            abort_handles(client, part.stream, part.handles)
-            raise _ordered_conflict(options, message, part, str(result.producer_seq))
+        outcome: AppendResult | Exception = client.commit(
+            part.stream, entry.handles, entry.producer, key=entry.key
+        )
+    except DuplicatePayloadMismatch as error:
+        outcome = error
+    result, unneeded = settle(options, message, part, outcome)
+    abort_handles(client, part.stream, unneeded)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def commit_parts(
+    bulk: BulkWrites,
+    options: SinkOptions,
+    jobs: Sequence[tuple[SinkCommitMessage, StreamPart]],
+) -> list[PartResult | Exception]:
+    """Driver, ``bulk-write`` servers: ``commit_part`` for many (partition, stream) parts in a few
+    requests (each part still its own keyed commit, one record group per stream); per part its result
+    or its error, in order. Unneeded handles (duplicates) are aborted in bulk too."""
+    out: list[PartResult | Exception] = [
+        PartResult(part.stream, message.partition, part.rows, part.bytes, NOTHING, None)
+        for message, part in jobs
+    ]
+    staged = [index for index, (_, part) in enumerate(jobs) if part.handles or part.inline]
+    answers = bulk.commit([commit_entry(*jobs[index]) for index in staged]) if staged else []
+    unneeded: list[tuple[str, tuple[str, ...]]] = []
+    for index, answer in zip(staged, answers, strict=True):
+        message, part = jobs[index]
+        if isinstance(answer, Exception) and not isinstance(answer, DuplicatePayloadMismatch):
+            out[index] = answer
+            continue
+        out[index], handles = settle(options, message, part, answer)
+        if handles:
+            unneeded.append((part.stream, tuple(handles)))
+    if unneeded:
+        abort_in_bulk(bulk, unneeded)
+    return out
+
+
+def commit_entry(message: SinkCommitMessage, part: StreamPart) -> CommitEntry:
+    """The part's commit: its handles under ``(producer, batch, 0)`` and the sink's commit key."""
+    producer = (message.producer_id, message.epoch, COMMIT_SEQ)
+    return CommitEntry(part.stream, part.handles, producer, key=COMMIT_KEY, inline=part.inline)
+
+
+def settle(
+    options: SinkOptions,
+    message: SinkCommitMessage,
+    part: StreamPart,
+    outcome: AppendResult | DuplicatePayloadMismatch,
+) -> tuple[PartResult | BatchModeConflict, tuple[str, ...]]:
+    """What a commit's answer means for the part, and the handles that are no longer needed (to abort,
+    best effort). One place for the single and the bulk commit."""
+    if isinstance(outcome, DuplicatePayloadMismatch):  # the tuple holds an ordered request
+        conflict = _ordered_conflict(
+            options, message, part, outcome.headers.get("Producer-Seq"), outcome.request_id
+        )
+        conflict.__cause__ = outcome
+        return conflict, part.handles
+    if outcome.duplicate:
+        if outcome.producer_seq:  # seqs above 0 exist in this epoch: only ordered mode sends them
+            return _ordered_conflict(
+                options, message, part, str(outcome.producer_seq)
+            ), part.handles
         # This very commit was applied by an earlier try, or an earlier run of the batch committed the
         # part (same key, other handles). Aborting is a no-op in the first case (409
         # TXN_ALREADY_COMMITTED, ignored) and discards this run's unneeded copy in the second.
@@ -205,17 +319,22 @@ def commit_part(
             message.epoch,
             message.partition,
         )
-        abort_handles(client, part.stream, part.handles)
-        outcome = DUPLICATE
-    else:
-        outcome = COMMITTED
-    return PartResult(
-        part.stream, message.partition, part.rows, part.bytes, outcome, result.next_offset
+        result = PartResult(
+            part.stream, message.partition, part.rows, part.bytes, DUPLICATE, outcome.next_offset
+        )
+        return result, part.handles
+    result = PartResult(
+        part.stream, message.partition, part.rows, part.bytes, COMMITTED, outcome.next_offset
     )
+    return result, ()
 
 
 def _ordered_conflict(
-    options: SinkOptions, message: SinkCommitMessage, part: StreamPart, highest: str | None
+    options: SinkOptions,
+    message: SinkCommitMessage,
+    part: StreamPart,
+    highest: str | None,
+    request_id: str | None = None,
 ) -> BatchModeConflict:
     return ordered_run_conflict(
         options,
@@ -224,6 +343,7 @@ def _ordered_conflict(
         partition=message.partition,
         producer_id=message.producer_id,
         highest_seq=int(highest) if highest and highest.isdigit() else None,
+        request_id=request_id,
     )
 
 
@@ -233,13 +353,29 @@ def abort_handles(client: StreamClient, stream: str, handles: list[str] | tuple[
         return
     try:
         client.abort(stream, list(handles))
-    except TxnAlreadyCommitted:
-        pass
     except DurastreamError as error:
-        log.warning(
-            "could not abort staged handles %s on stream '%s' (the server reclaims them when their TTL "
-            "lapses): %s",
-            list(handles),
-            stream,
-            error,
-        )
+        _abort_failed(stream, handles, error)
+
+
+def abort_in_bulk(bulk: BulkWrites, staged: list[tuple[str, tuple[str, ...]]]) -> None:
+    """``abort_handles`` for many streams in a few requests, best effort like it."""
+    try:
+        answers: list[None | Exception] = bulk.abort(staged)
+    except DurastreamError as error:
+        answers = [error] * len(staged)
+    for (stream, handles), error in zip(staged, answers, strict=True):
+        _abort_failed(stream, handles, error)
+
+
+def _abort_failed(
+    stream: str, handles: list[str] | tuple[str, ...], error: BaseException | None
+) -> None:
+    if error is None or isinstance(error, TxnAlreadyCommitted):
+        return
+    log.warning(
+        "could not abort staged handles %s on stream '%s' (the server reclaims them when their TTL "
+        "lapses): %s",
+        list(handles),
+        stream,
+        error,
+    )

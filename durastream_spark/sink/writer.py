@@ -24,6 +24,7 @@ from pyspark.sql.datasource import (
 
 from durastream_spark.boundary import spark_entry_points
 from durastream_spark.compat import HAS_STREAM_ARROW_WRITER
+from durastream_spark.figures import record_sink
 from durastream_spark.sink.commit import BatchFigures, abort_batch, commit_batch
 from durastream_spark.sink.identity import TaskIdentity
 from durastream_spark.sink.messages import SinkCommitMessage
@@ -66,6 +67,14 @@ class _StreamingCommit:
         self.last_batch = commit_batch(
             self.plan.client, self.plan.options, messages, batch_id=batchId
         )
+        figures = self.plan.options.figures
+        if figures.directory is not None and self.last_batch.writer_key is not None:
+            record_sink(  # keyed by the query's id and the batch (figures.py)
+                figures,
+                self.last_batch.writer_key,
+                batchId,
+                self.last_batch.totals(),
+            )
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """Transactional: discards the staged data named in ``messages`` (handles of failed attempts

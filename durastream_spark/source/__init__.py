@@ -109,7 +109,9 @@ def default_schema(options: Mapping[str, str]) -> StructType:
 def batch_reader(options: Mapping[str, str], schema: StructType) -> DataSourceReader:
     from durastream_spark.source.batch import DurableStreamBatchReader
 
-    return DurableStreamBatchReader(SourceOptions.parse(options), schema)
+    parsed = SourceOptions.parse(options)
+    parsed.figures.refuse_outside_streaming("a batch read (spark.read)")
+    return DurableStreamBatchReader(parsed, schema)
 
 
 def stream_reader(options: Mapping[str, str], schema: StructType) -> DataSourceStreamReader:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from durastream_spark.errors import OptionError
+from durastream_spark.figures import FIGURES_KEYS, FiguresOptions
 from durastream_spark.options import CONNECTION_KEYS, MAX_BYTE_SIZE, ConnectionOptions, OptionReader
 from durastream_spark.source.discovery import glob_matches, normalize_pattern
 from durastream_spark.source.offsets import (
@@ -136,6 +137,7 @@ class SourceOptions:
     max_messages_per_partition: int | None = None
     pin_prefix: str = DEFAULT_PIN_PREFIX
     pin_ttl_seconds: int = DEFAULT_PIN_TTL_SECONDS
+    figures: FiguresOptions = FiguresOptions()  # batchFiguresPath (figures.py)
 
     @property
     def uses_timestamps(self) -> bool:
@@ -167,7 +169,7 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str] | None) -> SourceOptions:
         reader = OptionReader(options)
-        reader.ensure_known(CONNECTION_KEYS | SOURCE_KEYS)
+        reader.ensure_known(CONNECTION_KEYS | SOURCE_KEYS | FIGURES_KEYS)
         connection = ConnectionOptions.parse(reader)
         selection = _parse_selection(reader)
 
@@ -263,6 +265,7 @@ class SourceOptions:
             max_messages_per_partition=per_partition_messages or None,
             pin_prefix=pin_prefix,
             pin_ttl_seconds=pin_ttl_ms // 1000,
+            figures=FiguresOptions.parse(reader),
         )
 
 

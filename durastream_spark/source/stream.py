@@ -45,6 +45,7 @@ from durastream_spark.errors import (
     OptionError,
     stream_root_hint,
 )
+from durastream_spark.figures import record_source
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.extensions import LIMIT_LOOKUP
 from durastream_spark.source.arrow import OutputLayout
@@ -174,9 +175,16 @@ class _StreamReaderBase(DataSourceStreamReader):
     # ---- planning and reading ---------------------------------------------------------------------------
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return list(
-            self.driver.partitions(SourceOffset.from_dict(start), SourceOffset.from_dict(end))
+        driver = self.driver
+        driver.last_batch = None
+        planned = list(
+            driver.partitions(SourceOffset.from_dict(start), SourceOffset.from_dict(end))
         )
+        figures = self.options.figures
+        if figures.directory is not None and driver.last_batch is not None:
+            # keyed by the batch's end offset, which Spark reports in the progress (figures.py)
+            record_source(figures, end, driver.last_batch.as_dict())
+        return planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.scanner.read(partition)

@@ -26,6 +26,7 @@ EXTENSIONS: Final = MappingProxyType(
         "time-lookup": 1,
         "changes": 1,
         "multi-range": 1,
+        "bulk-write": 1,
     }
 )
 

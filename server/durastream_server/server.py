@@ -68,6 +68,7 @@ class Backend:
                 max_open_files=config.max_open_files,
             ),
             metrics,
+            lazy=True,  # streams recover after the server listens (engine/recovery.py)
         )
         try:
             engine = Engine(
@@ -85,7 +86,8 @@ class Backend:
                 stream_root_url=config.public_base_url + STREAM_ROOT,
                 allow_local_webhooks=local_webhooks_allowed(config),
             )
-            await subscriptions.start()
+            # Its start lists every stream: once they are all recovered (requests wait until then).
+            await engine.after_recovery(subscriptions.start)
         except BaseException:
             await data.close()
             raise

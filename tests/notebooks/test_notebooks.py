@@ -184,6 +184,10 @@ def check_exactly_once_sink(ns: dict[str, Any]) -> None:
     assert ns["first_run"] == {"rows": 1000, "distinct_ids": 1000, "duplicates": 0, "missing": 0}
     assert ns["second_run"] == {"rows": 1500, "distinct_ids": 1500, "duplicates": 0, "missing": 0}
     assert ns["first_run_batches"] >= 2  # maxFilesPerTrigger=1 over several files
+    # The listener got each batch's figures as dicts: the rows of every batch, in transactional mode.
+    assert len(ns["first_run_figures"]) == ns["first_run_batches"]
+    assert sum(f["rows"] for f in ns["first_run_figures"]) == 1000
+    assert {(f["mode"], f["streams"]) for f in ns["first_run_figures"]} == {("transactional", 1)}
     # What breaks it: the same input through a new checkpoint is written again.
     assert ns["broken_rows"] == 2 * ns["broken_distinct_ids"] == 2 * 1500
 
@@ -219,6 +223,7 @@ CHECKED_VARIABLES = {
         "first_run",
         "second_run",
         "first_run_batches",
+        "first_run_figures",
         "broken_rows",
         "broken_distinct_ids",
     ),

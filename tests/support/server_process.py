@@ -112,7 +112,10 @@ class ServerProcess:
             args += ["--max-body-bytes", str(self.max_body_bytes)]
         return args + list(self.extra_args)
 
-    def start(self) -> ServerProcess:
+    def start(self, *, recovered: bool = True) -> ServerProcess:
+        """Start and wait for ``/healthz``; with ``recovered``, also until it reports every stream
+        recovered (streams recover after the server listens: engine/recovery.py), so that a test
+        of something else sees the same server whatever the recovery's pace."""
         if self.running:
             raise RuntimeError("the server is already running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -121,10 +124,10 @@ class ServerProcess:
             self._process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
-        self._wait_healthy()
+        self._wait_healthy(recovered)
         return self
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, recovered: bool) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
@@ -133,7 +136,9 @@ class ServerProcess:
                 )
             try:
                 with urllib.request.urlopen(self.base_url + "/healthz", timeout=1) as response:
-                    if response.status == 200:
+                    if response.status == 200 and not (
+                        recovered and json.loads(response.read()).get("recovering")
+                    ):
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
@@ -159,12 +164,12 @@ class ServerProcess:
         self._process = None
         return code
 
-    def restart(self) -> ServerProcess:
+    def restart(self, *, recovered: bool = True) -> ServerProcess:
         """Start again on the same data directory and port (after ``kill`` or ``terminate``)."""
         if self.running:
             self.kill()
         self._process = None
-        return self.start()
+        return self.start(recovered=recovered)
 
     def stop(self) -> None:
         """Best-effort teardown: SIGTERM, then SIGKILL if it does not go."""

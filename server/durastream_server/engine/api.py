@@ -60,6 +60,9 @@ class AppendRequest:
     producer: ProducerTuple | None = None
     # Durastream-Forgotten-Producer: refuse (docs/extensions.md, section 8).
     refuse_forgotten: bool = False
+    # An inline keyed commit (docs/extensions.md section 11): deduplicated by this commit key, as a
+    # keyed Durastream-Commit is, instead of by the body.
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

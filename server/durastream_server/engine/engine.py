@@ -53,6 +53,7 @@ from durastream_server.engine import (
     producers,
     rendering,
     time_lookup,
+    txnspace,
 )
 from durastream_server.engine.api import (
     AppendRequest,
@@ -73,7 +74,8 @@ from durastream_server.engine.api import (
 )
 from durastream_server.engine.bodies import request_messages
 from durastream_server.engine.changes import ChangeFeed, Cursor, InvalidCursor, Match
-from durastream_server.engine.registry import Incarnation, KeyedLocks, Registry, build
+from durastream_server.engine.recovery import Recovery
+from durastream_server.engine.registry import Incarnation, KeyedLocks, Registry, adopt, build
 from durastream_server.engine.selections import Selection, Selections, prepare
 from durastream_server.engine.staging import TxnManager
 from durastream_server.engine.txnapi import (
@@ -181,6 +183,13 @@ class Engine:
         for inc in self._registry.by_id.values():
             self._subscribe(inc)
         self._txns = TxnManager(self, txn_limits)  # staged appends (staging.py)
+        # Streams still pending in the data directory are recovered after start() (recovery.py);
+        # what needs all of them runs once they are in.
+        self._started_at = self._clock()
+        self._after_recovery: list[Callable[[], Awaitable[None]]] = []
+        self._recovery = Recovery(data, self._adopt, self._recovery_complete)
+        if not len(data.pending):
+            self._recovery.done.set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -202,10 +211,68 @@ class Engine:
             self._producer_sweeper = asyncio.create_task(
                 self._producer_sweep_loop(), name="durastream-producers"
             )
+        if not self._recovery.done.is_set():
+            self._recovery.start()
+
+    # ------------------------------------------------------------------ recovery after start
+
+    @property
+    def recovering(self) -> bool:
+        """Streams of the data directory are still being recovered (``recovery.py``)."""
+        return self._recovery.active
+
+    @property
+    def streams_pending(self) -> int:
+        """Stream directories not recovered yet (``/healthz``)."""
+        return self._recovery.remaining
+
+    async def prepare(self, path: str) -> None:
+        """Recover ``path``'s streams now if they are still pending: a request naming a path calls
+        this before anything else while ``recovering`` (the HTTP layer does)."""
+        await self._recovery.prepare(path)
+
+    async def recovered(self) -> None:
+        """Return once every stream is recovered: for what looks at all of them (listing, changes,
+        subscriptions, staged-append requests, the census)."""
+        await self._recovery.done.wait()
+
+    async def after_recovery(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run ``hook`` once every stream is recovered: now if they are, else before ``recovered``
+        returns to anyone (the subscription service starts this way)."""
+        if not self._recovery.done.is_set():
+            self._after_recovery.append(hook)
+        else:
+            await hook()
+
+    async def _adopt(self, logs: list[StreamLog]) -> None:
+        """Register one batch of recovered units, as start-up registers what it recovered: the
+        incarnations, their listeners, quarantine of unusable headers, staged appends, and the
+        collection of deleted streams no fork reads any more (a cascade a crash interrupted)."""
+        unusable = adopt(self._registry, logs, self._started_at)
+        adopted = [inc for log in logs if (inc := self._registry.by_id.get(log.id)) is not None]
+        for inc in adopted:
+            self._subscribe(inc)
+        for log, reason in unusable:
+            await self._data.quarantine(log.id, log.header.path, reason)
+        for inc, reason in await self._txns.start([inc.id for inc in adopted]):
+            await self._quarantine(inc, reason)
+        for inc in adopted:
+            if not inc.removed and inc.soft_deleted and self._registry.refcount(inc) == 0:
+                logger.info("collecting unreferenced deleted stream %r (%s)", inc.path, inc.id)
+                await self._collect(inc)
+
+    async def _recovery_complete(self) -> None:
+        for hook in self._after_recovery:
+            try:
+                await hook()
+            except Exception:
+                logger.exception("start-up step after recovery failed: %r", hook)
+        self._after_recovery = []
 
     async def close(self) -> None:
         """Release waiters (they answer as at a timeout) and flush storage."""
         self._closed = True
+        await self._recovery.close()
         self.changes.shutdown()
         for task in (self._sweeper, self._producer_sweeper):
             if task is not None:
@@ -226,7 +293,9 @@ class Engine:
 
     async def census(self) -> census.Census:
         """Streams, producers, staged handles and bytes, quarantine and free disk, for ``/metrics``
-        (``census.py``: a walk over the streams in slices, yielding to the loop between them)."""
+        (``census.py``: a walk over the streams in slices, yielding to the loop between them).
+        Waits for recovery: the counts are of every stream."""
+        await self.recovered()
         current = list(self._registry.by_path.values())
         producers = await census.count_producers(inc.log.state for inc in current)
         handles, staged = await census.count_staged(self._txns.spaces())
@@ -477,7 +546,10 @@ class Engine:
                 return loop.create_task(self._append_offloaded(request, inc, request_type))
             producer = request.producer
             digest = b""
-            if producer is not None:
+            if request.key is not None:
+                producers.check_tuple_syntax(producer)
+                digest = txnspace.commit_digest((), request.close, request.key)
+            elif producer is not None:
                 producers.check_tuple_syntax(producer)
                 digest = producers.request_digest(
                     request_type.essence if request_type else None, body, request.close
@@ -520,7 +592,10 @@ class Engine:
         producer = request.producer
         digest = b""
         pending_digest: Awaitable[bytes] | None = None
-        if producer is not None:
+        if request.key is not None:
+            producers.check_tuple_syntax(producer)
+            digest = txnspace.commit_digest((), request.close, request.key)
+        elif producer is not None:
             producers.check_tuple_syntax(producer)
             pending_digest = producers.request_digest_soon(
                 request_type.essence if request_type else None, body, request.close

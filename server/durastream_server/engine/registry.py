@@ -161,17 +161,24 @@ class Registry:
 
 
 def build(logs: dict[str, StreamLog], now: float) -> tuple[Registry, list[tuple[StreamLog, str]]]:
-    """Rebuild the registry from the recovered logs. One incarnation per path is current: the live one
-    (a soft-deleted path blocks re-creation, so normally there is exactly one); others are kept only
-    for the forks that still read from them.
-
-    Also returns the logs whose header the engine cannot use (e.g. an Expires-At that does not parse),
-    with the reason, for the caller to quarantine: they are left out, and every other stream is served.
-    """
+    """Rebuild the registry from the recovered logs (``Registry.adopt``)."""
     registry = Registry()
+    unusable = adopt(registry, logs.values(), now)
+    return registry, unusable
+
+
+def adopt(registry: Registry, logs: Iterable[StreamLog], now: float) -> list[tuple[StreamLog, str]]:
+    """Register recovered logs: at start-up all of them, or one recovery unit at a time
+    (``storage/pending.py``: every incarnation of a path, with its forks and sources, comes in the same
+    call). One incarnation per path is current: the live one (a soft-deleted path blocks re-creation,
+    so normally there is exactly one); others are kept only for the forks that still read from them.
+
+    Returns the logs whose header the engine cannot use (e.g. an Expires-At that does not parse), with
+    the reason, for the caller to quarantine: they are left out, and every other stream is served.
+    """
     unusable: list[tuple[StreamLog, str]] = []
     by_path: dict[str, list[Incarnation]] = {}
-    for log in logs.values():
+    for log in logs:
         try:
             inc = Incarnation.of(log, now)
         except Exception as exc:  # anything: one bad header must not stop the server (hazard 32)
@@ -191,7 +198,7 @@ def build(logs: dict[str, StreamLog], now: float) -> tuple[Registry, list[tuple[
             )
         for inc in incs:
             registry.add(inc, current=inc is current)
-    return registry, unusable
+    return unusable
 
 
 class KeyedLocks:

@@ -9,6 +9,7 @@ a file and tests can start the app on any backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -60,6 +61,9 @@ _NOT_DIRECT = frozenset(
     name.encode()
     for name in ("transfer-encoding", "expect", txn.TXN, txn.COMMIT, txn.ABORT, txn.TTL)
 )
+
+# Headers of staged-append requests (they may name handles of many streams).
+_TXN = (txn.TXN, txn.COMMIT, txn.ABORT, txn.TTL)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -245,6 +249,8 @@ class DurastreamApp:
         (``Expect``, chunked framing, staged-append headers)."""
         if scope["method"] != "POST" or self._streams is None:
             return False
+        if self._backend is not None and self._backend.engine.recovering:
+            return False  # the ordinary path recovers the stream first
         if not scope["raw_path"].startswith(_STREAM_PREFIX):
             return False
         length = None
@@ -381,6 +387,8 @@ class DurastreamApp:
             request.token = self._auth.authorize(request, target)  # 401 / 403: http/auth.py
         if target.kind in (paths.RouteKind.HEALTH, paths.RouteKind.METRICS):
             check_declared_length(request.headers, self.config.max_body_bytes)
+        elif self._backend is not None and self._backend.engine.recovering:
+            await self._recovered_for(request, target)
         if target.kind is paths.RouteKind.HEALTH:
             request.route = "health"
             await self._health(request)
@@ -401,6 +409,24 @@ class DurastreamApp:
             await subscriptions.handle(service, request, target.target, self.config.max_body_bytes)
         else:
             raise NotFound(f"no resource at {request.raw_path.decode('latin-1')}")
+
+    async def _recovered_for(self, request: Request, target: paths.Route) -> None:
+        """While streams are still recovering after a start (``engine/recovery.py``): wait until
+        what ``request`` touches is. A request on one stream waits for that stream (and a fork
+        create for its source too); staged-append requests, listings, the change feed and
+        subscriptions look at many streams and wait for all of them."""
+        assert self._backend is not None
+        engine = self._backend.engine
+        headers = request.headers
+        if target.kind is not paths.RouteKind.STREAM or any(name in headers for name in _TXN):
+            await engine.recovered()
+            return
+        await engine.prepare(target.target)
+        source = headers.get("stream-forked-from") if request.method == "PUT" else None
+        if source is not None:
+            # A malformed source: the create refuses it as it always does.
+            with contextlib.suppress(paths.InvalidPath):
+                await engine.prepare(paths.forked_from_path(source))
 
     async def _census(self) -> Census:
         """What the backend holds, for a scrape (asked then: not every backend offers it)."""
@@ -449,7 +475,11 @@ class DurastreamApp:
             "waiters": live.parked if live else 0,
         }
         if self._backend is not None:
-            count, entries = self._backend.engine.quarantined(HEALTH_QUARANTINE_LIST)
+            engine = self._backend.engine
+            # Serving while streams still recover (engine/recovery.py): how many are left.
+            document["recovering"] = engine.recovering
+            document["streams_pending"] = engine.streams_pending
+            count, entries = engine.quarantined(HEALTH_QUARANTINE_LIST)
             document["quarantined_count"] = count
             document["quarantined"] = self._quarantined(entries)
         body = json.dumps(document, ensure_ascii=False).encode()

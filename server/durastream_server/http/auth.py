@@ -20,6 +20,8 @@ request                                                    needs
 ``POST __ds/x-durastream/lookups`` and ``.../reads``       any valid token; each listed range whose stream
 (multi-range)                                              the token does not cover is answered 403 on its
                                                            own
+``POST __ds/x-durastream/ensure``, ``.../stages``,         a read-write token; each listed stream it does
+``.../commits`` (bulk-write)                               not cover is answered 403 on its own
 ``GET __ds/jwks.json``                                     nothing (public keys, for webhook receivers)
 ``POST __ds/subscriptions/{id}/callback|ack|release``      no server token: these carry the callback or
                                                            claim token the server minted (section 7)
@@ -82,7 +84,9 @@ def requirement(request: Request, target: paths.Route | None) -> Need | None:
     subpath = target.target
     if discovery.owns(subpath):
         resource = subpath[len(discovery.NAMESPACE) + 1 :]
-        return Need(listing=resource in discovery.SCOPED_BY_QUERY)
+        return Need(
+            write=resource in discovery.WRITES, listing=resource in discovery.SCOPED_BY_QUERY
+        )
     parts = subpath.split("/")
     if parts == ["jwks.json"]:
         return None

@@ -66,7 +66,11 @@ async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> by
 async def read_json_body(receive: Receive, headers: dict[str, str], limit: int, shape: str) -> Any:
     """A JSON request body (at most ``limit`` bytes, nested at most 32 levels), parsed in a worker
     thread when it is larger than 64 KiB. A body that is not JSON is a 400 saying ``shape``."""
-    body = await read_body(receive, headers, limit)
+    return await parse_json(await read_body(receive, headers, limit), shape)
+
+
+async def parse_json(body: bytes, shape: str) -> Any:
+    """``body`` as JSON, parsed in a worker thread when it is larger than 64 KiB; 400 saying ``shape``."""
     if len(body) > INLINE_JSON_BYTES:
         return await asyncio.get_running_loop().run_in_executor(None, _parse_json, body, shape)
     return _parse_json(body, shape)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from durastream_server import extensions
 from durastream_server.errors import MethodNotAllowed, NotFound
-from durastream_server.http import changes, multirange, responses
+from durastream_server.http import bulk, changes, multirange, responses
 from durastream_server.http.query import bounded_int, glob_parameter, query_values
 
 if TYPE_CHECKING:
@@ -28,7 +28,20 @@ MAX_LIMIT: Final = 10000
 # Paths a page may examine beyond its limit before it answers with what it found and a ``next``:
 # bounds the cost of a pattern that matches few streams (docs/extensions.md section 4).
 EXAMINE_ALLOWANCE: Final = 1000
-RESOURCES: Final = ("extensions", "streams", "changes", "selections", "lookups", "reads")
+RESOURCES: Final = (
+    "extensions",
+    "streams",
+    "changes",
+    "selections",
+    "lookups",
+    "reads",
+    "ensure",
+    "stages",
+    "commits",
+)
+# Resources that write (bulk-write, ``bulk.py``): a read-only token is refused; each listed stream is
+# checked against a prefixed token's prefix on its own.
+WRITES: Final = frozenset({"ensure", "stages", "commits"})
 # Resources that answer stream paths and tails: a token limited to a prefix must stay inside it with
 # ``prefix=`` or ``pattern=`` (http/auth.py).
 SCOPED_BY_QUERY: Final = frozenset({"streams", "changes"})
@@ -62,6 +75,12 @@ class ExtensionResources:
             document = await changes.serve_selections(self._engine, request, self._max_body_bytes)
         elif name == "lookups":
             document = await multirange.serve_lookups(self._engine, request, self._max_body_bytes)
+        elif name == "ensure":
+            document = await bulk.serve_ensure(self._engine, request, self._max_body_bytes)
+        elif name == "stages":
+            document = await bulk.serve_stages(self._engine, request, self._max_body_bytes)
+        elif name == "commits":
+            document = await bulk.serve_commits(self._engine, request, self._max_body_bytes)
         elif name not in ("extensions", "streams", "changes"):
             raise NotFound(
                 f"no extension resource {subpath!r}; known: "

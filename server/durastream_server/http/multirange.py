@@ -51,7 +51,7 @@ _READS_SHAPE: Final = (
 
 async def serve_lookups(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
     """Limit lookups of every listed range, each answered or failed on its own, in request order."""
-    _require_post(request)
+    require_post(request)
     document = await read_json_body(
         request.receive, request.headers, max_body_bytes, _LOOKUPS_SHAPE
     )
@@ -69,7 +69,7 @@ async def serve_lookups(engine: Engine, request: Request, max_body_bytes: int) -
     results: list[dict[str, Any]] = []
     for lookup in lookups:
         try:
-            _check_scope(request, lookup.path)
+            check_scope(request, lookup.path)
             found = await engine.lookup_limit(lookup)
         except ProtocolError as exc:
             results.append(_error(exc))
@@ -91,7 +91,7 @@ async def serve_reads(
     engine: Engine, request: Request, max_body_bytes: int, chunk_bytes: int
 ) -> None:
     """Bounded frames reads of a prefix of the listed ranges, within one chunk (module docstring)."""
-    _require_post(request)
+    require_post(request)
     document = await read_json_body(request.receive, request.headers, max_body_bytes, _READS_SHAPE)
     items = _list(document, "ranges", _READS_SHAPE, ("format",))
     fmt = document.get("format", "frames")
@@ -111,7 +111,7 @@ async def serve_reads(
         if budget <= 0:
             break  # the rest is for the next request
         try:
-            _check_scope(request, path)
+            check_scope(request, path)
             if lines and not contenttype.is_json(engine.head(path).content_type):
                 raise BadRequest(
                     f"format=frames-lines is only for JSON streams; '{path}' is not one"
@@ -157,7 +157,7 @@ def _error(exc: ProtocolError) -> dict[str, Any]:
     return {"error": error}
 
 
-def _check_scope(request: Request, path: str) -> None:
+def check_scope(request: Request, path: str) -> None:
     """A token limited to a prefix reads only streams under it (http/auth.py)."""
     token = request.token
     if token is not None and not token.covers(path):
@@ -166,7 +166,7 @@ def _check_scope(request: Request, path: str) -> None:
         )
 
 
-def _require_post(request: Request) -> None:
+def require_post(request: Request) -> None:
     if request.method != "POST":
         raise MethodNotAllowed("send the ranges with POST", headers={"Allow": "POST"})
 

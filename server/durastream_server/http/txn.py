@@ -217,6 +217,13 @@ def _rfc3339_ms(ms: int) -> str:
 
 async def serve(engine: Engine, send: Send, request: TxnRequest) -> None:
     """Run ``request`` and send its answer (errors propagate to the app's error mapping)."""
+    status, headers = await answer(engine, request)
+    await responses.send_response(send, status, headers)
+
+
+async def answer(engine: Engine, request: TxnRequest) -> tuple[int, Headers]:
+    """Run ``request``; the status and headers of its answer (which has no body). Bulk requests
+    (``bulk.py``) answer each of their entries with this, so an entry is answered as its own request."""
     headers: Headers = [("Cache-Control", responses.CACHE_NO_STORE)]
     if isinstance(request, StageRequest):
         staged = await engine.stage(request)
@@ -229,8 +236,8 @@ async def serve(engine: Engine, send: Send, request: TxnRequest) -> None:
         if staged.producer_epoch is not None:
             headers.append(("Producer-Epoch", str(staged.producer_epoch)))
             headers.append(("Producer-Seq", str(staged.producer_seq)))
-        await responses.send_response(send, 204 if staged.duplicate else 200, headers)
-    elif isinstance(request, CommitRequest):
+        return 204 if staged.duplicate else 200, headers
+    if isinstance(request, CommitRequest):
         committed = await engine.commit(request)
         headers.append(("Stream-Next-Offset", committed.next_offset))
         if committed.closed:
@@ -246,8 +253,7 @@ async def serve(engine: Engine, send: Send, request: TxnRequest) -> None:
         else:
             headers.append(("Durastream-Txn-Messages", str(committed.messages)))
             headers.append(("Durastream-Txn-Bytes", str(committed.bytes)))
-        await responses.send_response(send, 204 if committed.duplicate else 200, headers)
-    else:
-        aborted = await engine.abort(request)
-        headers.append(("Stream-Next-Offset", aborted.next_offset))
-        await responses.send_response(send, 204, headers)
+        return 204 if committed.duplicate else 200, headers
+    aborted = await engine.abort(request)
+    headers.append(("Stream-Next-Offset", aborted.next_offset))
+    return 204, headers

@@ -10,6 +10,8 @@
   ``trash/``       delete renames a stream directory here (atomic), then removes it in the background.
   ``meta/``        other components' durable files (e.g. subscriptions), via ``meta_path()``.
   ``quarantine/``  streams set aside because they cannot be served (``quarantine.py``), never deleted.
+  ``catalog``      path and fork source of each stream directory, a hint that spares start-up opening
+                   every directory (``catalog.py``).
   ``wal/``         the write-ahead log of the shared commit rounds (``wal.py``, ``committer.py``); empty
                    after a clean shutdown, replayed into the segment files at start-up otherwise.
 
@@ -18,6 +20,10 @@ a checksum failure *followed by valid data* is mid-file corruption: the stream i
 (``quarantine()``: moved into ``quarantine/``, its path reserved in ``corrupt``), never served, never reset
 to offset 0 (hazard 32). One stream that cannot be recovered never stops the others from being served.
 Empty ``staging/`` and ``trash/``.
+
+``open(lazy=True)`` (the server) only plans recovery: it lists ``streams/``, reads the catalog and leaves
+every stream in ``pending`` (``pending.py``) for ``recover`` to recover unit by unit, in the background
+or first for the path a request names (``engine/recovery.py``). ``open()`` recovers everything at once.
 """
 
 from __future__ import annotations
@@ -36,16 +42,17 @@ from enum import Enum
 from pathlib import Path
 
 from durastream_server import errors
-from durastream_server.storage import codec
+from durastream_server.storage import catalog, codec
 from durastream_server.storage.committer import Committer
 from durastream_server.storage.files import FdCache, fsync_dir, is_out_of_space, write_file
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.log import LogContext, StreamLog
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
+from durastream_server.storage.pending import Pending, plan
 from durastream_server.storage.quarantine import QuarantinedStream, free_name, set_aside
 from durastream_server.storage.quarantine import load as load_quarantine
 from durastream_server.storage.records import AppendEntry, StreamHeader
-from durastream_server.storage.recovery import Quarantine, Recovered, recover_batch
+from durastream_server.storage.recovery import Quarantine, Recovered, read_headers, recover_batch
 from durastream_server.storage.segments import SegmentTable, segment_name
 from durastream_server.storage.state import StreamState, apply_entry
 from durastream_server.storage.wal import WAL_DIR
@@ -98,6 +105,7 @@ class DataDir:
     never re-created empty). A stream whose header is unreadable has no known path.
     ``with_staging``: ids of the logs recovered with a ``txn/`` directory (staged appends to load), so
     start-up looks at those only, not at every stream's directory.
+    ``pending``: the stream directories not recovered yet (``open(lazy=True)``; ``recover``).
     """
 
     logs: dict[str, StreamLog]
@@ -114,6 +122,8 @@ class DataDir:
         self.quarantined = {}
         self.corrupt = {}
         self.with_staging = set()
+        self.pending = Pending()
+        self._catalog: catalog.Catalog | None = None
         self._lock_fd = lock_fd
         self._executor = ThreadPoolExecutor(
             max_workers=max(1, config.io_threads), thread_name_prefix="durastream-io"
@@ -155,9 +165,12 @@ class DataDir:
     # ------------------------------------------------------------------------------------------- open
 
     @classmethod
-    async def open(cls, config: StorageConfig, metrics: WriteMetrics = NO_METRICS) -> DataDir:
+    async def open(
+        cls, config: StorageConfig, metrics: WriteMetrics = NO_METRICS, *, lazy: bool = False
+    ) -> DataDir:
         """Lock, recover every stream (snapshot + replay), return. Raises ``AlreadyLocked``.
-        ``metrics`` hears of every group commit and fsync (``storage/metrics.py``)."""
+        ``metrics`` hears of every group commit and fsync (``storage/metrics.py``). ``lazy``: recover
+        nothing yet, leave every stream in ``pending`` for ``recover``."""
         root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
         lock_fd = _lock(root)
@@ -179,16 +192,21 @@ class DataDir:
                     report.entries,
                     report.repaired,
                 )
-            await self._recover_all()
+            await self._plan_recovery()
+            if not lazy:
+                await self._recover_everything()
         except BaseException:
+            if self._catalog is not None:
+                self._catalog.close()
             self._executor.shutdown(wait=True)
             self._read_executor.shutdown(wait=True)
             os.close(lock_fd)
             raise
         log.info(
-            "data dir %s: %d streams recovered, %d quarantined (in %s)",
+            "data dir %s: %d streams recovered, %d to recover, %d quarantined (in %s)",
             root,
             len(self.logs),
+            len(self.pending),
             len(self.quarantined),
             self._dir("quarantine"),
         )
@@ -204,7 +222,9 @@ class DataDir:
         if self._ctx.sync:
             fsync_dir(self.root)
 
-    async def _recover_all(self) -> None:
+    async def _plan_recovery(self) -> None:
+        """Quarantine records, the catalog, ``streams/``'s listing: the units to recover (``pending``).
+        Opens only the directories the catalog does not name (for their header)."""
         for entry in await self._run(load_quarantine, self.root):
             self._note_quarantined(entry)
         if self.quarantined:
@@ -214,22 +234,59 @@ class DataDir:
                 len(self.quarantined),
             )
         streams = str(self._dir("streams"))
-        ids = sorted(await self._run(os.listdir, streams))
-        interval = self.config.index_interval_bytes
-        batches = [ids[i : i + _RECOVERY_BATCH] for i in range(0, len(ids), _RECOVERY_BATCH)]
-        results = await asyncio.gather(
-            *(self._run(recover_batch, streams, b, interval, sync=self._ctx.sync) for b in batches)
+        listed, loaded = await asyncio.gather(
+            self._run(_sorted_listing, streams), self._run(catalog.load, self.root)
         )
-        set_aside: list[asyncio.Future[None]] = []
-        for batch, recovered in zip(batches, results, strict=True):
-            for log_id, result in zip(batch, recovered, strict=True):
-                if isinstance(result, Quarantine):
-                    set_aside.append(self.quarantine(log_id, result.path, result.reason))
-                else:
-                    self._adopt(result)
-        await asyncio.gather(*set_aside)
+        ids, hints = listed, loaded.entries
+        unnamed = [i for i in ids if i not in hints]
+        if unnamed:
+            log.info("data dir %s: reading the headers of %d streams", self.root, len(unnamed))
+            batches = _batches(unnamed)
+            for batch, headers in zip(
+                batches,
+                await asyncio.gather(*(self._run(read_headers, streams, b) for b in batches)),
+                strict=True,
+            ):
+                for log_id, header in zip(batch, headers, strict=True):
+                    if header is not None:
+                        hints[log_id] = catalog.Entry(header.path, header.fork_source_id)
+        self.pending = await self._run(plan, ids, hints)
+        self._catalog = await self._run(catalog.Catalog, self.root)
+        if unnamed or loaded.lines != len(self.pending.hints):
+            # Lines of streams that are gone, damaged or missing ones: rewritten once serving.
+            rewrite = asyncio.get_running_loop().run_in_executor(
+                self._executor, self._catalog.rewrite, dict(self.pending.hints)
+            )
+            self._background.add(rewrite)
+            rewrite.add_done_callback(self._background.discard)
 
-    def _adopt(self, result: Recovered) -> None:
+    async def _recover_everything(self) -> None:
+        await asyncio.gather(*(self.recover(batch) for batch in _batches(self.pending.order)))
+        self.pending.clear()
+
+    async def recover(self, ids: list[str]) -> list[StreamLog]:
+        """Recover the stream directories ``ids`` (pending ones) on the I/O pool: the logs recovered,
+        now in ``logs``; those that cannot be are quarantined (their catalog path reserved when the
+        header itself is lost). The caller marks their units recovered (``pending.recovered``)."""
+        streams = str(self._dir("streams"))
+        interval = self.config.index_interval_bytes
+        results = await self._run(recover_batch, streams, ids, interval, sync=self._ctx.sync)
+        adopted: list[StreamLog] = []
+        for log_id, result in zip(ids, results, strict=True):
+            if isinstance(result, Quarantine):
+                hint = self.pending.hints.get(log_id)
+                path = result.path if result.path is not None or hint is None else hint.path
+                self.quarantine(log_id, path, result.reason)
+            else:
+                adopted.append(self._adopt(result))
+        return adopted
+
+    def correct_catalog(self, log_id: str, path: str, source_id: str | None) -> None:
+        """Record what a stream's header says, where the catalog said otherwise (one line)."""
+        if self._catalog is not None:
+            self._catalog.add(log_id, catalog.Entry(path, source_id))
+
+    def _adopt(self, result: Recovered) -> StreamLog:
         stream = StreamLog(
             self._ctx,
             result.log_id,
@@ -246,6 +303,7 @@ class DataDir:
         self.logs[result.log_id] = stream
         if result.has_staging:
             self.with_staging.add(result.log_id)
+        return stream
 
     # ------------------------------------------------------------------------------------- quarantine
 
@@ -313,7 +371,13 @@ class DataDir:
         header_frame = codec.encode_header(header)
         initial_frame = codec.encode_append(initial) if initial is not None else None
         try:
-            directory = await self._run(self._build_stream, log_id, header_frame, initial_frame)
+            directory = await self._run(
+                self._build_stream,
+                log_id,
+                catalog.Entry(header.path, header.fork_source_id),
+                header_frame,
+                initial_frame,
+            )
         except OSError as exc:
             log.error("create of %r failed: %r", header.path, exc)
             if is_out_of_space(exc):
@@ -344,7 +408,13 @@ class DataDir:
         self.logs[log_id] = stream
         return stream
 
-    def _build_stream(self, log_id: str, header_frame: bytes, initial_frame: bytes | None) -> str:
+    def _build_stream(
+        self,
+        log_id: str,
+        entry: catalog.Entry,
+        header_frame: bytes,
+        initial_frame: bytes | None,
+    ) -> str:
         """Build the stream under staging/, fsync it, then rename it into streams/ (hazard 20)."""
         staged = self._dir("staging") / log_id
         final = self._dir("streams") / log_id
@@ -365,6 +435,8 @@ class DataDir:
         except BaseException:
             _remove(final if renamed else staged)  # a failed create leaves nothing (hazard 20)
             raise
+        if self._catalog is not None:
+            self._catalog.add(log_id, entry)
         return str(final)
 
     # ----------------------------------------------------------------------------------------- delete
@@ -437,6 +509,8 @@ class DataDir:
         self._executor.shutdown(wait=True)
         self._read_executor.shutdown(wait=True)
         self._ctx.cache.close_all()
+        if self._catalog is not None:
+            self._catalog.close()
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         finally:
@@ -460,6 +534,14 @@ class DataDir:
         if kwargs:
             return await loop.run_in_executor(self._executor, lambda: func(*args, **kwargs))
         return await loop.run_in_executor(self._executor, func, *args)
+
+
+def _sorted_listing(directory: str) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+def _batches(ids: list[str]) -> list[list[str]]:
+    return [ids[i : i + _RECOVERY_BATCH] for i in range(0, len(ids), _RECOVERY_BATCH)]
 
 
 def _lock(root: Path) -> int:

@@ -265,6 +265,25 @@ def recover_batch(
     return results
 
 
+def read_headers(streams: str, log_ids: list[str]) -> list[StreamHeader | None]:
+    """The header of each stream directory under ``streams`` (None where it cannot be read: its
+    recovery will say why). For directories the catalog does not name (``catalog.py``)."""
+    headers: list[StreamHeader | None] = []
+    for log_id in log_ids:
+        directory = os.path.join(streams, log_id)
+        try:
+            segs = _Segments(
+                directory, [0], [os.stat(os.path.join(directory, segment_name(0))).st_size]
+            )
+            try:
+                headers.append(_read_header(segs)[0])
+            finally:
+                segs.close()
+        except (OSError, Quarantine):
+            headers.append(None)
+    return headers
+
+
 def segment_listing(directory: str) -> tuple[list[int], list[str]]:
     """The segment bases in a stream directory (sorted), and the names of the other entries that are
     neither the snapshot nor ``txn/``. Reads only (``datacheck.py`` uses it too)."""

@@ -23,6 +23,7 @@ EXPECTED = {
     "time-lookup": 1,
     "changes": 1,
     "multi-range": 1,
+    "bulk-write": 1,
 }
 
 

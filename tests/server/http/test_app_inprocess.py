@@ -23,6 +23,8 @@ from durastream_server.subscriptions.http_types import (
 class _ExplodingEngine:
     """Reads blow up with a non-protocol error; HEAD works; unknown streams are NotFound."""
 
+    recovering = False  # every stream recovered (engine/recovery.py)
+
     async def read(self, request: Any) -> Any:
         raise RuntimeError("disk on fire: /secret/path")
 

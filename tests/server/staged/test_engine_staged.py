@@ -501,3 +501,35 @@ def test_crash_in_the_middle_of_a_commit_then_retry_succeeds_once(
 
     run(tmp_path, first)
     run(tmp_path, second)
+
+
+def test_the_sweep_visits_only_streams_with_something_to_expire(tmp_path: Path) -> None:
+    """Issue 16: a sink that routed one batch to many streams left a staged-append space per stream, and
+    the sweep (4 times a second) walked all of them forever. Committed streams leave the sweep; a handle,
+    a tombstone or a fence brings its stream back, and expiry still works."""
+    clock = FakeClock()
+
+    async def scenario(engine) -> None:
+        txns = engine._txns
+        for n in range(40):
+            await create(engine, f"fan/{n}")
+            await stage(engine, f"fan/{n}", f"h{n}", b"x")
+        assert txns.sweepable() == 40
+        for n in range(40):
+            await commit(engine, f"fan/{n}", f"h{n}", producer=("w", 0, 0))
+        await engine.sweep_expired()
+        assert txns.sweepable() == 0  # nothing can expire: the sweep walks no stream
+        await stage(engine, "fan/3", "short", b"y", ttl=10)
+        await abort(engine, "fan/5", "never-staged")  # a fence, forgotten after an hour
+        assert txns.sweepable() == 2
+        clock.advance(11)
+        await engine.sweep_expired()
+        with pytest.raises(errors.TxnExpired):
+            await commit(engine, "fan/3", "short", producer=("w", 1, 0))
+        assert staging_files(tmp_path) == []
+        clock.advance(8 * 24 * 3600)  # past every tombstone and fence
+        await engine.sweep_expired()
+        assert txns.sweepable() == 0
+        assert await read_all(engine, "fan/3") == b"x"
+
+    run(tmp_path, scenario, clock=clock)

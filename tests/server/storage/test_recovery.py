@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from durastream_server import errors
-from durastream_server.storage import AlreadyLocked, DataDir, StreamState, codec, recovery
+from durastream_server.storage import AlreadyLocked, DataDir, StreamState, catalog, codec, recovery
 from durastream_server.storage.records import ProducerTuple
 
 from ._util import (
@@ -222,15 +222,20 @@ def test_missing_middle_segment_quarantines(tmp_path: Path) -> None:
     run(go)
 
 
-def test_damaged_header_quarantines_by_storage_id(tmp_path: Path) -> None:
+@pytest.mark.parametrize("with_catalog", [True, False])
+def test_damaged_header_quarantines_by_storage_id(tmp_path: Path, with_catalog: bool) -> None:
     log_id = _write_records(tmp_path, [b"1"])
     (seg,) = segment_files(tmp_path, log_id)
     _flip(seg, 20)
+    if not with_catalog:
+        (tmp_path / catalog.CATALOG_NAME).unlink()
 
     async def go() -> None:
         dd = await open_dd(tmp_path)
-        assert dd.logs == {} and dd.corrupt == {}  # its path is unknown
-        assert dd.quarantined[log_id].path is None
+        # The catalog (storage/catalog.py) still knows its path: reserved, never re-created empty.
+        known = "/s" if with_catalog else None
+        assert dd.logs == {} and list(dd.corrupt) == ([known] if known else [])
+        assert dd.quarantined[log_id].path == known
         assert "header" in dd.quarantined[log_id].reason
         await dd.close()
 

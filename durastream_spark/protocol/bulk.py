@@ -1,0 +1,274 @@
+"""The writes of many streams in a few requests: durastream-server's ``bulk-write`` extension
+(docs/extensions.md section 11).
+
+A sink task that routes rows to 2,000 streams would otherwise send, per stream, a ``HEAD`` (and a ``PUT``),
+a stage, and the driver a commit: one HTTP exchange each, about a millisecond of CPU on both sides, which
+made routing 40,000 rows to 2,000 streams 7.7x slower than to one stream. ``BulkWrites`` sends them in
+bulk: ``ensure`` (exists with this content type, created if missing), ``stage``, ``commit`` and ``abort``,
+each entry built exactly as its single request (``StreamClient.commit_request``, ``stage_headers``) and
+answered on its own: per entry its result, or the typed error its single request would have raised.
+
+Every entry is safe to repeat (stages and commits carry producer headers, ensure and abort are
+idempotent), so a whole bulk request is retried like any idempotent request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from requests.structures import CaseInsensitiveDict
+
+from durastream_spark.errors import MalformedResponse, RequestContext, error_from_response
+from durastream_spark.protocol import extensions as ext
+from durastream_spark.protocol.body import RequestBody, wire_body
+from durastream_spark.protocol.client import (
+    ProducerLike,
+    Reply,
+    StreamClient,
+    _handles,
+    _producer,
+    _producer_headers,
+    stage_headers,
+    stage_result,
+)
+from durastream_spark.protocol.models import AppendResult, StageResult
+
+# Entries per bulk request. The server takes 10,000, but each entry is a durable write (about 1-5 ms
+# of the server's wall time here for a staged commit, an fsync of its own), and a request must stay
+# well within requestTimeoutMs (30 s): 4,000 staged commits in one request took 20 s on this machine.
+MAX_ENTRIES = 1_000
+# Bodies per bulk request: well under the server's default --max-body-bytes (64 MiB); an entry larger
+# than this travels alone.
+MAX_BULK_BYTES = 8 * 1024 * 1024
+MAGIC = b"DSR1"
+
+
+@dataclass(frozen=True)
+class EnsuredStream:
+    """A stream that exists (``created``: by this request): its content type, tail and closure."""
+
+    path: str
+    content_type: str
+    next_offset: str
+    closed: bool
+    created: bool
+
+
+@dataclass(frozen=True)
+class StageEntry:
+    path: str
+    handle: str
+    body: bytes | RequestBody
+    producer: ProducerLike
+    ttl_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class CommitEntry:
+    """A commit of staged ``handles``, or with ``inline`` data instead (then ``key`` is required: an
+    inline commit is deduplicated by its key, as a keyed commit of handles is)."""
+
+    path: str
+    handles: tuple[str, ...]
+    producer: ProducerLike
+    key: str | None = None
+    inline: bytes | None = None
+
+
+class BulkWrites:
+    """Bulk requests through one ``StreamClient`` (its connection, retries and request counts)."""
+
+    def __init__(self, client: StreamClient, content_type: str) -> None:
+        self._client = client
+        self._content_type = content_type
+
+    def supported(self) -> bool:
+        return self._client.extensions().supports(ext.BULK_WRITE)
+
+    def ensure(self, paths: Sequence[str], *, create: bool) -> list[EnsuredStream | Exception]:
+        """Per path: the stream as it is (created first with this content type when missing and
+        ``create``), or the error (``StreamNotFound``, ``ContentTypeMismatch`` from a racing create)."""
+        client = self._client
+        url = client.connection.url + ext.ENSURE_PATH
+        out: list[EnsuredStream | Exception] = []
+        for first in range(0, len(paths), MAX_ENTRIES):
+            part = paths[first : first + MAX_ENTRIES]
+            body = json.dumps(
+                {
+                    "streams": [self._wire_path(p) for p in part],
+                    "content_type": self._content_type,
+                    "create": create,
+                },
+                separators=(",", ":"),
+            ).encode()
+            context = RequestContext("POST", url)
+            headers = {"Content-Type": "application/json"}
+            reply = client._checked(
+                "POST", url, context, headers, body=body, ok=(200,), read_only=True
+            )
+            for path, result in zip(part, self._results(reply, context, len(part)), strict=True):
+                where = RequestContext("PUT", client.stream_url(path), stream=path)
+                error = self._error(where, result)
+                if error is not None:
+                    out.append(error)
+                    continue
+                try:
+                    out.append(
+                        EnsuredStream(
+                            path,
+                            str(result["content_type"]),
+                            str(result["next_offset"]),
+                            bool(result["closed"]),
+                            bool(result["created"]),
+                        )
+                    )
+                except KeyError as exc:
+                    raise MalformedResponse(f"{context.describe()}: missing {exc}") from None
+        return out
+
+    def stage(self, entries: Sequence[StageEntry]) -> list[StageResult | Exception]:
+        requests = []
+        for entry in entries:
+            (handle,) = _handles(entry.handle)
+            producer = _producer(entry.producer)
+            headers = stage_headers(handle, self._content_type, producer, entry.ttl_seconds)
+            requests.append((entry.path, headers, wire_body(entry.body)))
+
+        def result(index: int, reply: Reply) -> StageResult:
+            entry = entries[index]
+            return stage_result(reply, entry.handle, _producer(entry.producer))
+
+        return self._send(ext.STAGES_PATH, requests, result)
+
+    def commit(self, entries: Sequence[CommitEntry]) -> list[AppendResult | Exception]:
+        """Keyed (or plain) commits, each as ``StreamClient.commit`` sends it; per entry its result
+        (``duplicate`` for a 204) or its typed error (``DuplicatePayloadMismatch``, ...)."""
+        requests = []
+        for entry in entries:
+            producer = _producer(entry.producer)
+            assert producer is not None
+            if entry.inline is not None:
+                if entry.key is None or not entry.inline:
+                    raise ValueError("an inline commit needs a key and a non-empty body")
+                headers = {"Content-Type": self._content_type, "Durastream-Commit-Key": entry.key}
+                headers.update(_producer_headers(producer, refuse_forgotten=True))
+                requests.append((entry.path, headers, entry.inline))
+                continue
+            headers, body = self._client.commit_request(entry.handles, producer, key=entry.key)
+            requests.append((entry.path, headers, body))
+
+        def result(index: int, reply: Reply) -> AppendResult:
+            return StreamClient._append_result(reply, _producer(entries[index].producer))
+
+        return self._send(ext.COMMITS_PATH, requests, result)
+
+    def abort(self, entries: Sequence[tuple[str, Sequence[str]]]) -> list[None | Exception]:
+        requests = []
+        for path, handles in entries:
+            headers, body = self._client._handle_list("Durastream-Abort", _handles(handles))
+            requests.append((path, headers, body))
+        return self._send(ext.COMMITS_PATH, requests, lambda index, reply: None)
+
+    # ---- internals ---------------------------------------------------------------------------------------
+
+    def _wire_path(self, path: str) -> str:
+        """The path as in the stream's URL (root-relative, percent-encoded): the server decodes it so."""
+        return self._client.stream_url(path)[len(self._client.connection.url) + 1 :]
+
+    def _send(
+        self, resource: str, requests: list[tuple[str, dict[str, str], bytes]], result: Any
+    ) -> list:
+        client = self._client
+        url = client.connection.url + resource
+        out: list[Any] = []
+        for first, last in _chunks([len(body) for _, _, body in requests]):
+            part = requests[first:last]
+            header = json.dumps(
+                {
+                    "requests": [
+                        {"path": self._wire_path(p), "headers": h, "bytes": len(b)}
+                        for p, h, b in part
+                    ]
+                },
+                separators=(",", ":"),
+            ).encode()
+            pieces: list[Any] = [MAGIC, len(header).to_bytes(4, "little"), header]
+            for _, _, entry_body in part:
+                pieces.extend(entry_body if isinstance(entry_body, RequestBody) else (entry_body,))
+            body = RequestBody(pieces)
+            context = RequestContext("POST", url, body_bytes=len(body))
+            headers = {"Content-Type": "application/vnd.durastream.multi-request"}
+            reply = client._checked(
+                "POST", url, context, headers, body=body, ok=(200,), read_only=True
+            )
+            for index, (entry, answer) in enumerate(
+                zip(part, self._results(reply, context, len(part)), strict=True), first
+            ):
+                path, entry_headers, _ = entry
+                where = RequestContext(
+                    "POST",
+                    client.stream_url(path),
+                    stream=path,
+                    producer=_producer_of(entry_headers),
+                )
+                error = self._error(where, answer)
+                if error is not None:
+                    out.append(error)
+                    continue
+                try:
+                    status = int(answer["status"])
+                    answered = CaseInsensitiveDict(answer.get("headers") or {})
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise MalformedResponse(f"{context.describe()}: bad entry {exc!r}") from None
+                out.append(result(index, Reply(status, answered, b"")))
+        return out
+
+    @staticmethod
+    def _results(reply: Reply, context: RequestContext, count: int) -> list[dict[str, Any]]:
+        try:
+            results = json.loads(reply.body)["results"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MalformedResponse(f"{context.describe()}: not a bulk answer: {exc!r}") from None
+        if not isinstance(results, list) or len(results) != count:
+            raise MalformedResponse(f"{context.describe()}: expected {count} results")
+        return results
+
+    def _error(self, where: RequestContext, result: Any) -> Exception | None:
+        if not isinstance(result, dict):
+            raise MalformedResponse(f"{where.describe()}: a bulk result is not an object")
+        error = result.get("error")
+        if error is None:
+            return None
+        headers = CaseInsensitiveDict(result.get("headers") or {})
+        headers["Content-Type"] = "application/json"  # the error body below, as a single request's
+        return error_from_response(
+            where,
+            int(result.get("status", 500)),
+            headers,
+            json.dumps({"error": error}).encode(),
+            root=self._client.connection.url,
+        )
+
+
+def _chunks(sizes: list[int]) -> list[tuple[int, int]]:
+    """``[first, last)`` index ranges of at most ``MAX_ENTRIES`` entries and ``MAX_BULK_BYTES`` bodies."""
+    out: list[tuple[int, int]] = []
+    first, total = 0, 0
+    for index, size in enumerate(sizes):
+        if index > first and (index - first == MAX_ENTRIES or total + size > MAX_BULK_BYTES):
+            out.append((first, index))
+            first, total = index, 0
+        total += size
+    if first < len(sizes):
+        out.append((first, len(sizes)))
+    return out
+
+
+def _producer_of(headers: dict[str, str]) -> tuple[str, int, int] | None:
+    """The producer tuple of an entry's headers (for its error messages)."""
+    if "Producer-Id" not in headers:
+        return None
+    return headers["Producer-Id"], int(headers["Producer-Epoch"]), int(headers["Producer-Seq"])

@@ -1,0 +1,279 @@
+"""``POST {root}/__ds/x-durastream/ensure``, ``.../stages`` and ``.../commits``: the writes of many streams
+in one request (extension ``bulk-write``, docs/extensions.md section 11).
+
+A Spark batch that routes its rows to 2,000 streams made, per task and stream, a ``HEAD`` (and a ``PUT``
+for a new stream), a stage, and on the driver a commit: about 14,000 HTTP exchanges for 40,000 small rows,
+each costing about a millisecond of server CPU, where the same rows to one stream took a handful. These
+resources carry those requests in bulk; each entry is still the request it stands for:
+
+- ``ensure``: "this stream exists with this content type (create it if missing), is it open?" for many
+  paths: the ``HEAD``-then-``PUT`` a writer does before writing, in one JSON request.
+- ``stages`` and ``commits``: staged-append requests (section 5) of many streams in one body. Each entry
+  carries the path and the headers of its single request, and its body; it is parsed by ``txn.py`` and
+  answered by ``txn.answer`` exactly as that single request would be (status and headers, or the error),
+  so every rule of section 5 (producer dedup, commit keys, handle fences) holds per entry unchanged.
+  ``stages`` takes only stages, ``commits`` commits and aborts, and *inline* commits: a commit key with
+  the data as the body and no handles, appended as one record and deduplicated by the key exactly as a
+  keyed commit is (so a writer whose part is one small request stages nothing: no staging file, and the
+  append goes into the shared commit rounds of ``storage/committer.py``).
+
+Entries run concurrently (at most ``CONCURRENCY`` at a time, in request order): their order is not an order
+of application, so a body must not hold two requests where one depends on the other (two stages of one
+handle, a stage and the commit of its handle). One entry failing does not fail the others.
+
+Body of ``stages``/``commits`` (``application/vnd.durastream.multi-request``)::
+
+    offset  size  field
+    0       4     magic "DSR1"
+    4       4     u32 little-endian: H, the header's length
+    8       H     header: JSON {"requests": [{"path": ..., "headers": {...}, "bytes": n}, ...]}
+    8 + H   ...   the entries' bodies, concatenated in order (entry i's is its "bytes" long)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from durastream_server.engine.api import AppendRequest, CreateRequest
+from durastream_server.engine.txnapi import (
+    HANDLE_RE,
+    HANDLE_SYNTAX,
+    AbortRequest,
+    CommitRequest,
+    StageRequest,
+)
+from durastream_server.errors import BadRequest, NotFound, ProtocolError
+from durastream_server.http import parse, paths, txn
+from durastream_server.http.body import parse_json, read_body, read_json_body
+from durastream_server.http.handlers import StreamHandlers
+from durastream_server.http.multirange import check_scope, require_post
+
+if TYPE_CHECKING:
+    from durastream_server.engine.engine import Engine
+    from durastream_server.http.handlers import Request
+
+MAX_ENTRIES: Final = 10_000
+CONCURRENCY: Final = 64
+MAGIC: Final = b"DSR1"
+CONTENT_TYPE: Final = "application/vnd.durastream.multi-request"
+_ENSURE_SHAPE: Final = (
+    'a JSON object {"streams": [<path>, ...], "content_type": "...", "create": true} with 1 to '
+    f"{MAX_ENTRIES} paths"
+)
+_REQUESTS_SHAPE: Final = (
+    f'"DSR1", a u32 header length, a JSON header {{"requests": [{{"path": ..., "headers": {{...}}, '
+    f'"bytes": n}}, ...]}} with 1 to {MAX_ENTRIES} requests, then their bodies'
+)
+
+_T = TypeVar("_T")
+
+
+async def serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
+    """Per path: the stream's content type, tail and closure, creating it first when missing (and
+    ``create`` is true) with ``content_type``, as ``PUT`` would."""
+    require_post(request)
+    document = await read_json_body(request.receive, request.headers, max_body_bytes, _ENSURE_SHAPE)
+    if not isinstance(document, dict) or not {"streams", "content_type"} <= set(document) <= {
+        "streams",
+        "content_type",
+        "create",
+    }:
+        raise BadRequest(f"the body must be {_ENSURE_SHAPE}")
+    listed, content_type, create = (
+        document["streams"],
+        document["content_type"],
+        document.get("create", True),
+    )
+    if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_ENTRIES:
+        raise BadRequest(f"'streams' must be a list of 1 to {MAX_ENTRIES} paths")
+    if not isinstance(content_type, str) or not content_type.strip():
+        raise BadRequest(f"'content_type' must be a non-empty string, got {content_type!r}")
+    if not isinstance(create, bool):
+        raise BadRequest(f"'create' must be true or false, got {create!r}")
+
+    async def ensure(index: int, raw: Any) -> dict[str, Any]:
+        path = _path(raw, f"streams[{index}]")
+        check_scope(request, path)
+        created = False
+        try:
+            info = engine.head(path)
+        except NotFound:
+            if not create:
+                raise
+            result = await engine.create(CreateRequest(path=path, content_type=content_type))
+            info, created = result.info, result.created
+        return {
+            "content_type": info.content_type,
+            "next_offset": info.next_offset,
+            "closed": info.closed,
+            "created": created,
+        }
+
+    return {"results": await _each(list(enumerate(listed)), lambda item: ensure(*item))}
+
+
+async def serve_stages(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
+    """Stages (``Durastream-Txn``) of many streams; each answered as its own request."""
+    return await _serve_txn(engine, request, max_body_bytes, (StageRequest,), "a stage")
+
+
+async def serve_commits(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
+    """Commits and aborts (``Durastream-Commit``/``-Abort``) of many streams; each answered as its own
+    request: one durable record group per stream, as a single commit makes."""
+    return await _serve_txn(
+        engine, request, max_body_bytes, (CommitRequest, AbortRequest), "a commit or an abort"
+    )
+
+
+async def _serve_txn(
+    engine: Engine, request: Request, max_body_bytes: int, kinds: tuple[type, ...], what: str
+) -> dict[str, Any]:
+    require_post(request)
+    body = await read_body(request.receive, request.headers, max_body_bytes)
+    entries = await _requests(body)
+
+    async def run(item: tuple[int, tuple[str, dict[str, str], bytes]]) -> dict[str, Any]:
+        index, (raw_path, headers, entry_body) = item
+        path = _path(raw_path, f"requests[{index}].path")
+        check_scope(request, path)
+        if CommitRequest in kinds and _is_inline_commit(headers):
+            append = _inline_commit(path, headers, entry_body, index)
+            status, answer = StreamHandlers.append_answer(append, await engine.append(append))
+            return {"status": status, "headers": dict(answer)}
+        parsed = txn.parse_request(path, headers, entry_body)
+        if not isinstance(parsed, kinds):
+            raise BadRequest(f"requests[{index}] must be {what} here")
+        status, answer = await txn.answer(engine, parsed)
+        return {"status": status, "headers": dict(answer)}
+
+    return {"results": await _each(list(enumerate(entries)), run)}
+
+
+async def _each(
+    items: list[_T], run: Callable[[_T], Awaitable[dict[str, Any]]]
+) -> list[dict[str, Any]]:
+    """``run`` every item, at most ``CONCURRENCY`` at a time, started in order; an item whose run
+    raises a protocol error is answered with that error (``{"status", "headers", "error"}``)."""
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(item: _T) -> dict[str, Any]:
+        async with gate:
+            try:
+                return await run(item)
+            except ProtocolError as exc:
+                return _error(exc)
+
+    return list(await asyncio.gather(*(one(item) for item in items)))
+
+
+def _is_inline_commit(headers: dict[str, str]) -> bool:
+    """A commit key without ``Durastream-Commit`` (nor a stage or abort): the data is the body."""
+    return txn.KEY in headers and not any(h in headers for h in (txn.TXN, txn.COMMIT, txn.ABORT))
+
+
+def _inline_commit(path: str, headers: dict[str, str], body: bytes, index: int) -> AppendRequest:
+    """An inline keyed commit: the body appended as one record under the producer tuple, deduplicated
+    by the commit key as a keyed ``Durastream-Commit`` is (a writer that staged nothing, because all it
+    had was one small request, commits its data directly; docs/extensions.md section 11)."""
+    if not body:
+        raise BadRequest(
+            f"requests[{index}]: an inline commit (Durastream-Commit-Key) needs a body"
+        )
+    append = parse.append_request(path, headers, body)
+    if append.producer is None:
+        raise BadRequest(
+            f"requests[{index}]: an inline commit (Durastream-Commit-Key) requires the producer "
+            "headers Producer-Id, Producer-Epoch and Producer-Seq (it is deduplicated by them)"
+        )
+    key = headers[txn.KEY].strip()
+    if not HANDLE_RE.match(key):
+        raise BadRequest(f"Durastream-Commit-Key must be {HANDLE_SYNTAX}, got {headers[txn.KEY]!r}")
+    return dataclasses.replace(append, key=key)
+
+
+def _error(exc: ProtocolError) -> dict[str, Any]:
+    return {
+        "status": exc.status,
+        "headers": dict(exc.headers),
+        "error": {"code": exc.code, "message": exc.message},
+    }
+
+
+def _path(raw: Any, where: str) -> str:
+    """The canonical path of a root-relative, percent-encoded path (as in a stream URL)."""
+    if not isinstance(raw, str) or not raw:
+        raise BadRequest(
+            f"{where} must be a non-empty string (a stream path), got {str(raw)[:100]!r}"
+        )
+    try:
+        path = paths.stream_path(raw.strip("/").encode("utf-8"))
+    except paths.InvalidPath as exc:
+        raise BadRequest(f"{where} is not a stream path: {exc} (got {raw[:100]!r})") from None
+    if path.split("/", 1)[0] == paths.RESERVED_SEGMENT:
+        raise BadRequest(f"{where}: '{paths.RESERVED_SEGMENT}' is reserved, not a stream path")
+    return path
+
+
+async def _requests(body: bytes) -> list[tuple[str, dict[str, str], bytes]]:
+    """The entries of a ``DSR1`` body: ``(path, lower-cased headers, body)``; ``BadRequest`` naming
+    what is wrong with the framing."""
+    if len(body) < 8 or body[:4] != MAGIC:
+        raise BadRequest(f"the body must be {_REQUESTS_SHAPE}")
+    size = int.from_bytes(body[4:8], "little")
+    if 8 + size > len(body):
+        raise BadRequest(f"the header length {size} runs past the body ({len(body)} bytes)")
+    document = await parse_json(body[8 : 8 + size], _REQUESTS_SHAPE)
+    if not isinstance(document, dict) or set(document) != {"requests"}:
+        raise BadRequest(f"the body must be {_REQUESTS_SHAPE}")
+    listed = document["requests"]
+    if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_ENTRIES:
+        raise BadRequest(f"'requests' must be a list of 1 to {MAX_ENTRIES} entries")
+    entries: list[tuple[str, dict[str, str], bytes]] = []
+    view = memoryview(body)
+    at = 8 + size
+    for index, item in enumerate(listed):
+        if not isinstance(item, dict) or not {"path", "headers"} <= set(item) <= {
+            "path",
+            "headers",
+            "bytes",
+        }:
+            raise BadRequest(
+                f'requests[{index}] must be an object {{"path": ..., "headers": {{...}}, "bytes": n}}'
+            )
+        headers = item["headers"]
+        if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            raise BadRequest(f"requests[{index}].headers must map header names to strings")
+        length = item.get("bytes", 0)
+        if not isinstance(length, int) or isinstance(length, bool) or length < 0:
+            raise BadRequest(
+                f"requests[{index}].bytes must be a non-negative integer, got {length!r}"
+            )
+        if at + length > len(body):
+            raise BadRequest(
+                f"requests[{index}].bytes ({length}) runs past the end of the body; the bodies "
+                "together must be exactly what follows the header"
+            )
+        lowered = {name.lower(): value for name, value in headers.items()}
+        entries.append((item["path"], lowered, bytes(view[at : at + length])))
+        at += length
+    if at != len(body):
+        raise BadRequest(
+            f"{len(body) - at} bytes follow the last entry's body; the bodies together must be "
+            "exactly what follows the header"
+        )
+    return entries
+
+
+def encode_requests(entries: list[tuple[str, dict[str, str], bytes]]) -> bytes:
+    """A ``DSR1`` body (for tests and benchmarks; the connector has its own writer)."""
+    header = json.dumps(
+        {"requests": [{"path": p, "headers": h, "bytes": len(b)} for p, h, b in entries]},
+        separators=(",", ":"),
+    ).encode()
+    return MAGIC + len(header).to_bytes(4, "little") + header + b"".join(b for _, _, b in entries)

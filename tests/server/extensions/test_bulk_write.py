@@ -1,0 +1,284 @@
+"""Bulk writes: ``POST {root}/__ds/x-durastream/ensure``, ``.../stages`` and ``.../commits``
+(docs/extensions.md section 11): the writes of many streams in one exchange, each entry answered as its
+single request would be."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import requests
+
+from durastream_server.http.bulk import encode_requests
+from tests.server.extensions.support import TIMEOUT, unique
+from tests.support.server_process import ServerProcess
+
+NS = "__ds/x-durastream"
+JSON = "application/json"
+
+
+def ensure(server: ServerProcess, body: Any) -> requests.Response:
+    return requests.post(server.stream_url(f"{NS}/ensure"), json=body, timeout=TIMEOUT)
+
+
+def bulk(
+    server: ServerProcess, resource: str, entries: list[tuple[str, dict[str, str], bytes]]
+) -> list[dict[str, Any]]:
+    response = requests.post(
+        server.stream_url(f"{NS}/{resource}"), data=encode_requests(entries), timeout=TIMEOUT
+    )
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert len(results) == len(entries)
+    return results
+
+
+def stage_entry(path: str, handle: str, body: bytes) -> tuple[str, dict[str, str], bytes]:
+    headers = {
+        "Durastream-Txn": handle,
+        "Content-Type": JSON,
+        "Producer-Id": handle,
+        "Producer-Epoch": "0",
+        "Producer-Seq": "0",
+    }
+    return path, headers, body
+
+
+def commit_entry(
+    path: str, handles: list[str], pid: str, epoch: int, key: str = "k"
+) -> tuple[str, dict[str, str], bytes]:
+    headers = {
+        "Durastream-Commit": "@body",
+        "Durastream-Commit-Key": key,
+        "Producer-Id": pid,
+        "Producer-Epoch": str(epoch),
+        "Producer-Seq": "0",
+    }
+    return path, headers, ",".join(handles).encode()
+
+
+def messages(server: ServerProcess, path: str) -> list[Any]:
+    response = requests.get(server.stream_url(path), params={"offset": "-1"}, timeout=TIMEOUT)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_ensure_creates_missing_streams_and_reports_existing_ones(
+    durastream_server: ServerProcess,
+) -> None:
+    base = unique("bulk-ensure")
+    existing, text, closed = f"{base}/old", f"{base}/text", f"{base}/closed"
+    assert requests.put(durastream_server.stream_url(existing), headers={"Content-Type": JSON}).ok
+    assert requests.put(
+        durastream_server.stream_url(text), headers={"Content-Type": "text/plain"}
+    ).ok
+    assert requests.put(
+        durastream_server.stream_url(closed),
+        headers={"Content-Type": JSON, "Stream-Closed": "true"},
+    ).ok
+    paths = [existing, f"{base}/new", text, closed, f"{base}/new"]
+    response = ensure(durastream_server, {"streams": paths, "content_type": JSON})
+    assert response.status_code == 200, response.text
+    old, new, other, shut, again = response.json()["results"]
+    assert old["created"] is False and old["content_type"] == JSON and old["closed"] is False
+    assert new["content_type"] == JSON and new["closed"] is False
+    assert new["created"] is not again["created"]  # listed twice: created once
+    assert other["content_type"] == "text/plain"  # reported, the caller compares
+    assert shut["closed"] is True
+    assert requests.head(durastream_server.stream_url(f"{base}/new")).status_code == 200
+
+
+def test_ensure_without_create_reports_missing_streams_on_their_own(
+    durastream_server: ServerProcess,
+) -> None:
+    path = unique("bulk-missing")
+    response = ensure(durastream_server, {"streams": [path], "content_type": JSON, "create": False})
+    (result,) = response.json()["results"]
+    assert result["status"] == 404 and result["error"]["code"] == "NOT_FOUND"
+    assert requests.head(durastream_server.stream_url(path)).status_code == 404
+
+
+def test_ensure_refuses_bad_bodies_naming_the_field(durastream_server: ServerProcess) -> None:
+    for body, named in (
+        ({"streams": [], "content_type": JSON}, "'streams'"),
+        ({"streams": ["a"], "content_type": ""}, "'content_type'"),
+        ({"streams": ["a"], "content_type": JSON, "create": "yes"}, "'create'"),
+        ({"streams": ["a"]}, "streams"),
+    ):
+        response = ensure(durastream_server, body)
+        assert response.status_code == 400, body
+        assert named in response.json()["error"]["message"]
+    response = ensure(durastream_server, {"streams": ["a/../b"], "content_type": JSON})
+    (result,) = response.json()["results"]
+    assert result["status"] == 400 and "streams[0]" in result["error"]["message"]
+
+
+def test_stages_and_commits_of_many_streams_in_two_requests(
+    durastream_server: ServerProcess,
+) -> None:
+    base = unique("bulk-txn")
+    paths = [f"{base}/s{n}" for n in range(50)]
+    ensure(durastream_server, {"streams": paths, "content_type": JSON})
+    staged = bulk(
+        durastream_server,
+        "stages",
+        [stage_entry(p, f"h-{n}", json.dumps([n, n + 1]).encode()) for n, p in enumerate(paths)],
+    )
+    assert {r["status"] for r in staged} == {200}
+    assert staged[3]["headers"]["Durastream-Txn-Messages"] == "2"
+    assert all(
+        messages(durastream_server, p) == [] for p in paths[:3]
+    )  # invisible until the commit
+    entries = [commit_entry(p, [f"h-{n}"], f"w-{n}", 7) for n, p in enumerate(paths)]
+    committed = bulk(durastream_server, "commits", entries)
+    assert {r["status"] for r in committed} == {200}
+    assert committed[0]["headers"]["Durastream-Txn-Messages"] == "2"
+    for n, path in enumerate(paths):
+        assert messages(durastream_server, path) == [n, n + 1]
+    # The whole request again (a client retry): every entry is a verified duplicate, nothing twice.
+    again = bulk(durastream_server, "commits", entries)
+    assert {r["status"] for r in again} == {204}
+    assert {r["headers"]["Durastream-Digest"] for r in again} == {"match"}
+    assert messages(durastream_server, paths[7]) == [7, 8]
+
+
+def test_one_failing_entry_does_not_fail_the_others(durastream_server: ServerProcess) -> None:
+    base = unique("bulk-mixed")
+    good, missing = f"{base}/good", f"{base}/missing"
+    ensure(durastream_server, {"streams": [good], "content_type": JSON})
+    staged = bulk(
+        durastream_server,
+        "stages",
+        [
+            stage_entry(good, "g", b"[1]"),
+            stage_entry(missing, "m", b"[2]"),
+            stage_entry(good, "e", b"[]"),
+        ],
+    )
+    assert [r["status"] for r in staged] == [200, 404, 400]
+    assert staged[1]["error"]["code"] == "NOT_FOUND"
+    results = bulk(
+        durastream_server,
+        "commits",
+        [
+            commit_entry(good, ["g"], "p-good", 1),
+            commit_entry(good, ["nobody"], "p-other", 1),  # no such handle
+            stage_entry(good, "x", b"[3]"),  # a stage is not accepted here
+        ],
+    )
+    assert results[0]["status"] == 200
+    assert results[1]["status"] == 404 and results[1]["error"]["code"] == "TXN_NOT_FOUND"
+    assert results[2]["status"] == 400 and "requests[2]" in results[2]["error"]["message"]
+    assert messages(durastream_server, good) == [1]
+
+
+def test_commit_entries_follow_the_commit_key_rules(durastream_server: ServerProcess) -> None:
+    """A replayed batch stages new handles and commits them under the same tuple and key: 204, and the
+    data is there once; the same tuple under another key is 409 DUPLICATE_PAYLOAD_MISMATCH."""
+    path = unique("bulk-key")
+    ensure(durastream_server, {"streams": [path], "content_type": JSON})
+    bulk(durastream_server, "stages", [stage_entry(path, "run1", b'["a"]')])
+    (first,) = bulk(durastream_server, "commits", [commit_entry(path, ["run1"], "q-0", 3)])
+    bulk(durastream_server, "stages", [stage_entry(path, "run2", b'["a"]')])
+    replay, other = bulk(
+        durastream_server,
+        "commits",
+        [commit_entry(path, ["run2"], "q-0", 3), commit_entry(path, ["run2"], "q-0", 3, key="z")],
+    )
+    assert first["status"] == 200 and replay["status"] == 204
+    assert other["status"] == 409 and other["error"]["code"] == "DUPLICATE_PAYLOAD_MISMATCH"
+    assert messages(durastream_server, path) == ["a"]
+
+
+def test_malformed_bulk_bodies_are_400_naming_the_problem(durastream_server: ServerProcess) -> None:
+    url = durastream_server.stream_url(f"{NS}/commits")
+    header = json.dumps({"requests": [{"path": "a", "headers": {}, "bytes": 5}]}).encode()
+    for body, named in (
+        (b"nope", "DSR1"),
+        (b"DSR1" + (999).to_bytes(4, "little") + b"{}", "header length"),
+        (b"DSR1" + len(header).to_bytes(4, "little") + header + b"abc", "requests[0].bytes"),
+        (b"DSR1" + len(header).to_bytes(4, "little") + header + b"abcdefg", "follow the last"),
+    ):
+        response = requests.post(url, data=body, timeout=TIMEOUT)
+        assert response.status_code == 400, body
+        assert named in response.json()["error"]["message"], response.text
+    assert requests.get(url, timeout=TIMEOUT).status_code == 405
+
+
+def inline_entry(path: str, body: bytes, pid: str, epoch: int, key: str = "k") -> tuple:
+    headers = {
+        "Durastream-Commit-Key": key,
+        "Content-Type": JSON,
+        "Producer-Id": pid,
+        "Producer-Epoch": str(epoch),
+        "Producer-Seq": "0",
+    }
+    return path, headers, body
+
+
+def test_inline_commits_are_deduplicated_by_their_key_like_keyed_commits(
+    durastream_server: ServerProcess,
+) -> None:
+    """A part small enough for one request is committed with its data inline: appended once under the
+    tuple; the same tuple and key again (inline, or staged by a replay) is a 204; another key, or a
+    plain append under the tuple, is refused; the single commit's probe (a keyed commit of a handle
+    nobody staged) says the tuple holds this keyed commit."""
+    path = unique("bulk-inline")
+    ensure(durastream_server, {"streams": [path], "content_type": JSON})
+    (first,) = bulk(durastream_server, "commits", [inline_entry(path, b'["a","b"]', "i-0", 4)])
+    assert first["status"] == 200 and first["headers"]["Producer-Seq"] == "0"
+    (again,) = bulk(durastream_server, "commits", [inline_entry(path, b'["a","b"]', "i-0", 4)])
+    assert again["status"] == 204 and again["headers"]["Durastream-Digest"] == "match"
+    bulk(durastream_server, "stages", [stage_entry(path, "replay", b'["a","b"]')])
+    replay, other = bulk(
+        durastream_server,
+        "commits",
+        [commit_entry(path, ["replay"], "i-0", 4), inline_entry(path, b'["c"]', "i-0", 4, key="z")],
+    )
+    assert replay["status"] == 204
+    assert other["status"] == 409 and other["error"]["code"] == "DUPLICATE_PAYLOAD_MISMATCH"
+    plain = requests.post(
+        durastream_server.stream_url(path),
+        data=b'["a","b"]',
+        headers={
+            "Content-Type": JSON,
+            "Producer-Id": "i-0",
+            "Producer-Epoch": "4",
+            "Producer-Seq": "0",
+        },
+        timeout=TIMEOUT,
+    )
+    assert plain.status_code == 409  # an ordered-mode append under the tuple: not this commit
+    probe = requests.post(
+        durastream_server.stream_url(path),
+        headers={
+            "Durastream-Commit": "never-staged",
+            "Durastream-Commit-Key": "k",
+            "Producer-Id": "i-0",
+            "Producer-Epoch": "4",
+            "Producer-Seq": "0",
+        },
+        timeout=TIMEOUT,
+    )
+    assert probe.status_code == 204
+    assert messages(durastream_server, path) == ["a", "b"]
+
+
+def test_inline_commits_need_a_body_and_a_producer(durastream_server: ServerProcess) -> None:
+    path = unique("bulk-inline-bad")
+    ensure(durastream_server, {"streams": [path], "content_type": JSON})
+    no_body, no_producer, bad_key = bulk(
+        durastream_server,
+        "commits",
+        [
+            inline_entry(path, b"", "p", 0),
+            (path, {"Durastream-Commit-Key": "k", "Content-Type": JSON}, b"[1]"),
+            inline_entry(path, b"[1]", "p", 0, key="bad key!"),
+        ],
+    )
+    assert no_body["status"] == 400 and "needs a body" in no_body["error"]["message"]
+    assert no_producer["status"] == 400 and "Producer-Id" in no_producer["error"]["message"]
+    assert bad_key["status"] == 400 and "Durastream-Commit-Key" in bad_key["error"]["message"]
+    (staged_here,) = bulk(durastream_server, "stages", [inline_entry(path, b"[1]", "p", 0)])
+    assert staged_here["status"] == 400  # not a stage: only the commits resource takes them
+    assert messages(durastream_server, path) == []

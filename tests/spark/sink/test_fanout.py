@@ -1,0 +1,165 @@
+"""Issue 16, the sink: routing rows to many streams costs requests per task and per batch, not per stream.
+
+The task-side and driver-side code run by hand (``WriterHarness``, ``commit_batch``) against a real server,
+so each test counts the requests the sink sent: with ``bulk-write`` a task routing to ``STREAMS`` streams
+sends a few requests (one ``ensure``, one bulk stage), and the driver commits the whole batch in one
+(main sent a ``HEAD``, a ``PUT``, a stage and a commit per stream and partition). The same writes with the
+extension hidden (what a server without it gets) still land exactly once, one request per stream.
+Exactly-once across a replay (new attempts, new handles, the same keyed commits) is checked per stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from durastream_spark.protocol import extensions as ext
+from durastream_spark.protocol.client import StreamClient
+from durastream_spark.sink.commit import BatchFigures, commit_batch
+from durastream_spark.sink.messages import SinkCommitMessage
+from tests.spark.sink.support import WriterHarness, read_stream, record_batches, unique
+
+STREAMS = 150
+ROWS_PER_STREAM = 4
+SCHEMA = StructType([StructField("n", LongType()), StructField("stream", StringType())])
+ARROW = pa.schema([("n", pa.int64()), ("stream", pa.string())])
+
+
+@contextmanager
+def without_bulk_write() -> Iterator[None]:
+    """A server without ``bulk-write``, as the connector sees it (the Node reference server and rakaia
+    are tested against the real thing in test_reference_server.py)."""
+    original = StreamClient.extensions
+
+    def hidden(self: StreamClient) -> ext.Extensions:
+        found = original(self)
+        return ext.Extensions(tuple((n, v) for n, v in found.versions if n != ext.BULK_WRITE))
+
+    StreamClient.extensions = hidden  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        StreamClient.extensions = original  # type: ignore[method-assign]
+
+
+def _rows(base: str, partition: int) -> list[dict]:
+    """Each partition writes ``ROWS_PER_STREAM`` rows to every stream, interleaved across streams."""
+    return [
+        {"n": partition * 10_000 + r * STREAMS + s, "stream": f"{base}/s{s:03d}"}
+        for r in range(ROWS_PER_STREAM)
+        for s in range(STREAMS)
+    ]
+
+
+def _write_batch(
+    harness: WriterHarness, base: str, epoch: int, attempt: int = 0
+) -> tuple[list[SinkCommitMessage], BatchFigures]:
+    messages = [
+        harness.write(
+            record_batches(ARROW, _rows(base, partition), 250),
+            epoch=epoch,
+            partition=partition,
+            attempt=attempt,
+        )
+        for partition in (0, 1)
+    ]
+    figures = commit_batch(harness.plan.client, harness.plan.options, messages, batch_id=epoch)
+    return messages, figures
+
+
+def _assert_every_stream_once(root: str, base: str) -> None:
+    for s in range(STREAMS):
+        got = sorted(m["n"] for m in read_stream(root, f"{base}/s{s:03d}"))
+        expected = sorted(
+            partition * 10_000 + r * STREAMS + s
+            for partition in (0, 1)
+            for r in range(ROWS_PER_STREAM)
+        )
+        assert got == expected, f"stream s{s:03d}"
+
+
+@pytest.fixture
+def harness(durastream_server) -> tuple[WriterHarness, str, str]:
+    root = durastream_server.base_url + "/v1/stream"
+    options = {"url": root, "exactlyOnce": "transactional"}
+    return WriterHarness(options, SCHEMA, unique("fanout-query")), root, unique("fanout")
+
+
+def test_a_task_routing_to_many_streams_sends_a_few_requests(harness) -> None:
+    writer, root, base = harness
+    messages, figures = _write_batch(writer, base, epoch=0)
+    for message in messages:
+        assert len(message.parts) == STREAMS
+        # Each small part travels inline: nothing staged, one ensure per task (main: HEAD + PUT +
+        # stage per stream: 450 requests).
+        assert all(part.inline and not part.handles for part in message.parts)
+        assert message.requests <= 2, message.requests
+    assert figures.commit_requests <= 2, figures.commit_requests  # main: 300 commits
+    assert figures.streams == STREAMS and figures.rows == 2 * STREAMS * ROWS_PER_STREAM
+    assert {s.committed for s in figures.per_stream} == {2}
+    _assert_every_stream_once(root, base)
+
+
+def test_a_replayed_batch_commits_nothing_twice(harness) -> None:
+    """The driver died after the commit: the batch runs again (new attempts stage new handles) and its
+    bulk commit finds every keyed commit already made: duplicates, the new handles aborted."""
+    writer, root, base = harness
+    _write_batch(writer, base, epoch=3)
+    _, figures = _write_batch(writer, base, epoch=3, attempt=1)
+    assert {(s.committed, s.duplicates) for s in figures.per_stream} == {(0, 2)}
+    _assert_every_stream_once(root, base)
+
+
+def test_a_commit_retried_whole_is_exactly_once(harness) -> None:
+    """The bulk commit's answer was lost: the same messages are committed again."""
+    writer, root, base = harness
+    messages, first = _write_batch(writer, base, epoch=1)
+    again = commit_batch(writer.plan.client, writer.plan.options, messages, batch_id=1)
+    assert {s.committed for s in first.per_stream} == {2}
+    assert {s.duplicates for s in again.per_stream} == {2}
+    _assert_every_stream_once(root, base)
+
+
+def test_without_bulk_write_the_sink_falls_back_to_one_request_per_stream(harness) -> None:
+    writer, root, base = harness
+    with without_bulk_write():
+        messages, figures = _write_batch(writer, base, epoch=0)
+    assert all(message.requests >= 2 * STREAMS for message in messages)  # HEAD (+PUT) and a stage
+    assert figures.commit_requests >= 2 * STREAMS
+    _assert_every_stream_once(root, base)
+
+
+def test_a_bulk_ensure_reports_a_target_of_another_content_type(harness) -> None:
+    writer, root, base = harness
+    client = StreamClient.__new__(StreamClient)
+    client.__setstate__({"connection": writer.plan.client.connection, "extensions": None})
+    client.create(f"{base}/s007", "text/plain")
+    with pytest.raises(Exception, match="s007") as failure:
+        writer.write(record_batches(ARROW, _rows(base, 0), 1000), epoch=0, partition=0, attempt=0)
+    assert "text/plain" in str(failure.value)
+
+
+def test_parts_with_full_requests_are_staged_and_committed_with_the_inline_ones(
+    durastream_server,
+) -> None:
+    """``maxMessagesPerRequest=3``: each stream's 4 rows of a partition are a full request (staged as
+    it fills) and a remainder, staged in bulk at the end of the task; the even streams get 2 rows,
+    one small request, committed inline. One bulk commit holds both kinds."""
+    root = durastream_server.base_url + "/v1/stream"
+    options = {"url": root, "exactlyOnce": "transactional", "maxMessagesPerRequest": "3"}
+    writer = WriterHarness(options, SCHEMA, unique("fanout-mixed"))
+    base = unique("fanout-mixed")
+    rows = [r for r in _rows(base, 0) if not (r["n"] // STREAMS >= 2 and r["n"] % 2 == 0)]
+    message = writer.write(record_batches(ARROW, rows, 250), epoch=0, partition=0, attempt=0)
+    kinds = {part.stream: (bool(part.inline), len(part.handles)) for part in message.parts}
+    assert kinds[f"{base}/s000"] == (True, 0) and kinds[f"{base}/s001"] == (False, 2)
+    commit_batch(writer.plan.client, writer.plan.options, [message], batch_id=0)
+    again = commit_batch(writer.plan.client, writer.plan.options, [message], batch_id=0)
+    assert {s.duplicates for s in again.per_stream} == {1}
+    for s in range(STREAMS):
+        got = [m["n"] for m in read_stream(root, f"{base}/s{s:03d}")]
+        assert got == [r * STREAMS + s for r in range(2 if s % 2 == 0 else ROWS_PER_STREAM)]
