@@ -385,9 +385,14 @@ class DurastreamApp:
             return
         if self._auth is not None:
             request.token = self._auth.authorize(request, target)  # 401 / 403: http/auth.py
-        if target.kind in (paths.RouteKind.HEALTH, paths.RouteKind.METRICS):
-            check_declared_length(request.headers, self.config.max_body_bytes)
-        elif self._backend is not None and self._backend.engine.recovering:
+        # Every route refuses a declared body over the limit before anything else, also those that
+        # never read a body (GET, HEAD, DELETE, /healthz): their answer must not depend on whether it
+        # was sent before the connection's guard saw the body pass the limit.
+        check_declared_length(request.headers, self.config.max_body_bytes)
+        answered_while_recovering = (paths.RouteKind.HEALTH, paths.RouteKind.METRICS)
+        if target.kind not in answered_while_recovering and (
+            self._backend is not None and self._backend.engine.recovering
+        ):
             await self._recovered_for(request, target)
         if target.kind is paths.RouteKind.HEALTH:
             request.route = "health"

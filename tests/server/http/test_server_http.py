@@ -49,17 +49,27 @@ def test_healthz(durastream_server: ServerProcess) -> None:
     assert isinstance(response.json()["waiters"], int)
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/metrics"])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/healthz"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/stream/body-limit/any"),
+        ("DELETE", "/v1/stream/body-limit/any"),
+    ],
+)
 def test_a_body_declared_over_the_limit_is_refused_on_routes_that_read_none(
-    durastream_server: ServerProcess, path: str
+    durastream_server: ServerProcess, method: str, path: str
 ) -> None:
     """Found by the hostile-request fuzz: a GET /healthz declaring a 64 MiB + 1 body was answered 200
-    (the body left unread on the connection) where every other route answers 413."""
+    (the body left unread on the connection) where every other route answers 413; later a stream GET
+    the same way, whenever the answer went out before the connection's guard saw the body pass the
+    limit."""
     connection = http.client.HTTPConnection(
         durastream_server.host, durastream_server.port, timeout=10
     )
     try:
-        connection.putrequest("GET", path)
+        connection.putrequest(method, path)
         connection.putheader("Content-Length", str((64 << 20) + 1))
         connection.endheaders()
         response = connection.getresponse()
