@@ -21,7 +21,12 @@ from typing import Any
 
 from requests.structures import CaseInsensitiveDict
 
-from durastream_spark.errors import MalformedResponse, RequestContext, error_from_response
+from durastream_spark.errors import (
+    REQUEST_ID,
+    MalformedResponse,
+    RequestContext,
+    error_from_response,
+)
 from durastream_spark.protocol import extensions as ext
 from durastream_spark.protocol.body import RequestBody, wire_body
 from durastream_spark.protocol.client import (
@@ -214,7 +219,7 @@ class BulkWrites:
                     stream=path,
                     producer=_producer_of(entry_headers),
                 )
-                error = self._error(where, answer)
+                error = self._error(where, answer, reply.header(REQUEST_ID))
                 if error is not None:
                     out.append(error)
                     continue
@@ -236,7 +241,11 @@ class BulkWrites:
             raise MalformedResponse(f"{context.describe()}: expected {count} results")
         return results
 
-    def _error(self, where: RequestContext, result: Any) -> Exception | None:
+    def _error(
+        self, where: RequestContext, result: Any, request_id: str | None
+    ) -> Exception | None:
+        """The typed error of a refused entry; it names the bulk request's id (the server logs the bulk
+        request, answered 200, not each entry), so the error can still be found in the server's log."""
         if not isinstance(result, dict):
             raise MalformedResponse(f"{where.describe()}: a bulk result is not an object")
         error = result.get("error")
@@ -244,6 +253,8 @@ class BulkWrites:
             return None
         headers = CaseInsensitiveDict(result.get("headers") or {})
         headers["Content-Type"] = "application/json"  # the error body below, as a single request's
+        if request_id and REQUEST_ID not in headers:
+            headers[REQUEST_ID] = request_id
         return error_from_response(
             where,
             int(result.get("status", 500)),
