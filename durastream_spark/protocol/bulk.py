@@ -116,7 +116,7 @@ class BulkWrites:
             )
             for path, result in zip(part, self._results(reply, context, len(part)), strict=True):
                 where = RequestContext("PUT", client.stream_url(path), stream=path)
-                error = self._error(where, result)
+                error = self._error(where, result, reply.header(REQUEST_ID))
                 if error is not None:
                     out.append(error)
                     continue
