@@ -54,6 +54,12 @@ try:
 except ImportError:  # pragma: no cover - httptools or uvicorn missing: no fast path
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
+# Whether this uvicorn lets the direct path take requests away from ASGI (``_start_asgi_task``, uvicorn 0.50
+# and later). Without it the server is correct, only slower per small append (test-compat runs uvicorn 0.30).
+DIRECT_SUPPORTED: Final = HttpToolsProtocol is not None and hasattr(
+    HttpToolsProtocol, "_start_asgi_task"
+)
+
 # What RawResponder touches on uvicorn's RequestResponseCycle. Checked once, on the first request.
 _CYCLE_ATTRIBUTES: Final = (
     "scope",
@@ -326,7 +332,7 @@ def with_fast_path(
         or not issubclass(base, HttpToolsProtocol)
     ):
         return base
-    direct = app if hasattr(HttpToolsProtocol, "_start_asgi_task") else None
+    direct = app if DIRECT_SUPPORTED else None
     return type(
         base.__name__, (FastPathMixin, base), {"__doc__": base.__doc__, "direct_app": direct}
     )

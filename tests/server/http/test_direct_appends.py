@@ -19,6 +19,7 @@ import pytest
 
 from durastream_server.auth import parse_token_spec
 from durastream_server.http.app import DIRECT_MAX_BODY
+from durastream_server.http.fastpath import DIRECT_SUPPORTED
 from tests.server.http.test_auth import RO, RW
 from tests.server.http.test_fastpath import (
     ORIGIN,
@@ -31,6 +32,13 @@ from tests.server.http.test_fastpath import (
 )
 
 JSON = b"Content-Type: application/json\r\n"
+
+# Tests that count direct answers need a uvicorn that can hand requests over (0.50 and later); on older ones
+# (make test-compat: uvicorn 0.30) every request takes the ordinary path, which the other tests still check.
+needs_direct = pytest.mark.skipif(
+    not DIRECT_SUPPORTED,
+    reason="this uvicorn has no _start_asgi_task (0.50 and later): no direct path to test",
+)
 
 
 def producer(pid: str, epoch: int, seq: int) -> bytes:
@@ -83,7 +91,10 @@ def test_direct_answers_are_byte_identical_to_the_ordinary_path(tmp_path: Path) 
         direct, taken = await _answers(tmp_path / "direct", direct=True)
         ordinary, none = await _answers(tmp_path / "ordinary", direct=False)
         assert none == 0
-        assert taken >= 4  # the new data, the plain and Stream-Seq appends, the close
+        if (
+            DIRECT_SUPPORTED
+        ):  # else both runs took the ordinary path: their answers must still agree
+            assert taken >= 4  # the new data, the plain and Stream-Seq appends, the close
         statuses = [status(a) for a in direct]
         assert statuses[:3] == [201, 200, 200] and 204 in statuses and 409 in statuses
         assert header(direct[2], b"access-control-allow-origin") == b"http://localhost:3000"
@@ -164,7 +175,10 @@ def test_http_1_0_and_connection_close_are_answered_the_ordinary_way(tmp_path: P
                     + b"\r\n{}"
                 )
                 answer = await conn.response()
-                assert status(answer) == 204 and b"\r\nconnection: close\r\n" in answer
+                assert status(answer) == 204
+                # HTTP/1.0 closes unless asked not to: uvicorn before 0.50 does not say so in a header.
+                if version == b"HTTP/1.1" or DIRECT_SUPPORTED:
+                    assert b"\r\nconnection: close\r\n" in answer
                 assert await conn.closed_by_server()
             assert app.direct_answers == 0
 
@@ -198,6 +212,7 @@ def test_uvicorns_own_503_over_the_concurrency_limit_is_not_bypassed(tmp_path: P
     asyncio.run(scenario())
 
 
+@needs_direct
 def test_pipelined_appends_are_answered_in_order(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path, direct=True) as (app, port):
@@ -270,6 +285,7 @@ def test_a_storage_failure_after_staging_is_a_503_with_a_json_body(
     asyncio.run(scenario())
 
 
+@needs_direct
 def test_tokens_are_checked_on_the_direct_path(tmp_path: Path) -> None:
     async def scenario() -> None:
         tokens = (parse_token_spec(f"{RW}:read-write"), parse_token_spec(f"{RO}:read-only"))
