@@ -952,6 +952,33 @@ class SmallProducer(NoDelayProtocol):
             self.done.set_result(None)
 
 
+async def run_small_producers(
+    producers: list[SmallProducer], servers: list[Server], seconds: float
+) -> tuple[float, float, float]:
+    """Run connected producers for a 0.5 s warm-up, then ``seconds`` counted; close them. Returns the
+    counted phase's length, the CPU seconds ``servers`` spent in it and this process's (the client's)."""
+
+    async def phase(length: float, *, counting: bool) -> float:
+        start = time.perf_counter()
+        await asyncio.gather(*(p.run_until(start + length, counting=counting) for p in producers))
+        for p in producers:
+            if p.error is not None:
+                raise p.error
+        return time.perf_counter() - start
+
+    try:
+        await phase(0.5, counting=False)  # warm-up, not counted
+        cpu0 = sum(s.cpu() for s in servers)
+        client0 = time.process_time()
+        elapsed = await phase(seconds, counting=True)
+        client = time.process_time() - client0
+        return elapsed, sum(s.cpu() for s in servers) - cpu0, client
+    finally:
+        for p in producers:
+            if p.transport is not None:
+                p.transport.close()
+
+
 async def bench_small_appends(server: Server, sizes: Sizes, *, streams: int, messages: int) -> dict:
     """SMALL_PRODUCERS idempotent producers, each with one request of ``messages`` x 200 B in flight,
     spread over ``streams`` JSON streams (producer p writes stream p % streams)."""
@@ -970,24 +997,7 @@ async def bench_small_appends(server: Server, sizes: Sizes, *, streams: int, mes
             server.port,
         )
         producers.append(protocol)
-
-    async def phase(seconds: float, *, counting: bool) -> float:
-        start = time.perf_counter()
-        await asyncio.gather(*(p.run_until(start + seconds, counting=counting) for p in producers))
-        for p in producers:
-            if p.error is not None:
-                raise p.error
-        return time.perf_counter() - start
-
-    try:
-        await phase(0.5, counting=False)  # warm-up, not counted
-        cpu0 = server.cpu()
-        elapsed = await phase(sizes.small_seconds, counting=True)
-        cpu = server.cpu() - cpu0
-    finally:
-        for p in producers:
-            if p.transport is not None:
-                p.transport.close()
+    elapsed, cpu, _ = await run_small_producers(producers, [server], sizes.small_seconds)
     latencies = sorted(x for p in producers for x in p.latencies)
     total = sum(p.acked for p in producers)
     requests = len(latencies)

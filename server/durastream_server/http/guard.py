@@ -144,8 +144,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._unset_keepalive_if_required()
         if self._awaiting_headers:
             self._header_bytes += len(data)
-            if self._header_timer is None:
-                self._arm_header_timer()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
@@ -168,8 +166,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
             return
-        if self._awaiting_headers and self._header_bytes > self.max_header_bytes:
-            self._headers_too_large()
+        if self._awaiting_headers and self._header_bytes:
+            if self._header_bytes > self.max_header_bytes:
+                self._headers_too_large()
+            elif self._header_timer is None:
+                self._arm_header_timer()
+        elif self._in_body and self._body_timer is None:
+            self._body_timer = self.loop.call_later(self.body_timeout, self._body_deadline)
 
     # -- parser callbacks ----------------------------------------------------------------------------
 
@@ -200,7 +203,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         now = self.loop.time()
         self._body_activity = self._rate_origin = now
         self._rate_received = 0
-        self._body_timer = self.loop.call_later(self.body_timeout, self._body_deadline)
 
     def on_body(self, body: bytes) -> None:
         # uvicorn's on_body, except for when the handler is woken (see the module docstring).
