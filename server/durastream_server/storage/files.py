@@ -75,6 +75,20 @@ class FdCache:
             os.close(extra)
         return handle
 
+    def adopt(self, key: Hashable, fd: int) -> Handle:
+        """Cache ``fd`` (just opened by the caller, e.g. a file it created) under ``key``, which must not
+        be cached yet; returns its handle, referenced once (pair with ``release``)."""
+        with self._lock:
+            if key in self._open:
+                raise ValueError(f"{key!r} is cached already")
+            handle = Handle(fd, key)
+            handle.refs = 1
+            self._open[key] = handle
+            to_close = self._evict_locked()
+        for extra in to_close:
+            os.close(extra)
+        return handle
+
     def release(self, handle: Handle) -> None:
         with self._lock:
             handle.refs -= 1
