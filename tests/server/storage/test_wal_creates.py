@@ -19,10 +19,15 @@ from pathlib import Path
 import pytest
 
 from durastream_server import errors
+from durastream_server.engine.api import CreateRequest
+from durastream_server.engine.engine import Engine
+from durastream_server.errors import NotFound
 from durastream_server.storage import AppendEntry, DataDir, committer, wal
 from durastream_server.storage.segments import segment_name
 
 from ._util import append, config, header, open_dd, read_all, run
+
+JSON = "application/json"
 
 
 @pytest.fixture(autouse=True)
@@ -194,5 +199,44 @@ def test_a_checkpoint_makes_new_streams_durable_and_removes_the_wal(tmp_path: Pa
         dd = await DataDir.open(config(tmp_path))
         assert sorted(log.header.path for log in dd.logs.values()) == [f"/c{i}" for i in range(8)]
         await dd.close()
+
+    run(go)
+
+
+def test_a_bulk_ensure_of_200_streams_costs_a_few_rounds_of_syncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's creates, 64 at a time as ``http/bulk.py`` runs an ``ensure``: 200 new streams (one
+    a fork of another, one with a TTL) cost a few syncs, not three per stream; a delete right after
+    works."""
+    syncs = _SyncCounter(monkeypatch)
+
+    async def go() -> None:
+        # Room for 200 pinned segments: no checkpoint runs during the burst (it is counted apart).
+        data = await DataDir.open(config(tmp_path, max_open_files=4096))
+        engine = Engine(data, sweep_interval=0)
+        await engine.start()
+        await engine.create(CreateRequest(path="source", content_type=JSON, body=b'[{"a":1}]'))
+        gate = asyncio.Semaphore(64)
+
+        async def ensure(i: int) -> None:
+            async with gate:
+                await engine.create(CreateRequest(path=f"ensure/{i}", content_type=JSON))
+
+        syncs.install()
+        await asyncio.gather(
+            *(ensure(i) for i in range(197)),
+            engine.create(CreateRequest(path="fork", content_type=JSON, forked_from="source")),
+            engine.create(CreateRequest(path="ttl", content_type=JSON, ttl_seconds=60)),
+        )
+        assert syncs.calls <= 24, syncs.calls  # main: 3 per create, 597
+        monkeypatch.undo()
+        assert engine.head("fork").next_offset == engine.head("source").next_offset
+        assert engine.head("ttl").ttl_seconds == 60
+        await engine.delete("ensure/0")
+        with pytest.raises(NotFound):
+            engine.head("ensure/0")
+        await engine.close()
+        await data.close()
 
     run(go)
