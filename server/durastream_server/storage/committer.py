@@ -236,6 +236,8 @@ class Committer:
                 if not jobs and not rotate and not creates and not drops:
                     if self._creates and self._checkpoint is not None:
                         await asyncio.shield(self._checkpoint)
+                    elif self._creates:
+                        self._rotate = True  # no room and nothing syncing it: start a new file
                     continue
                 try:
                     results, made, dropped, generation, retired = await loop.run_in_executor(

@@ -240,3 +240,27 @@ def test_a_bulk_ensure_of_200_streams_costs_a_few_rounds_of_syncs(
         await data.close()
 
     run(go)
+
+
+def test_a_burst_larger_than_the_pin_budget_waits_for_checkpoints(tmp_path: Path) -> None:
+    """With --max-open-files 16 a WAL file pins at most 8 new segments: 100 creates in flight go
+    through in many rounds and checkpoints, all made and readable after a restart."""
+
+    async def go() -> list[str]:
+        dd = await DataDir.open(config(tmp_path, max_open_files=16))
+        logs = await asyncio.gather(
+            *(dd.create_stream(header(f"/b{i}"), _initial(b"%d" % i)) for i in range(100))
+        )
+        assert dd._committer.rounds >= 100 // 8
+        await dd.close()
+        return [log.id for log in logs]
+
+    ids = run(go)
+
+    async def reopen() -> None:
+        dd = await DataDir.open(config(tmp_path))
+        for i, log_id in enumerate(ids):
+            assert await read_all(dd.logs[log_id]) == [b"%d" % i]
+        await dd.close()
+
+    run(reopen)
