@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from dataclasses import asdict, dataclass
 from enum import IntEnum
 
@@ -271,7 +272,13 @@ def decode_header(body: bytes | bytearray | memoryview) -> StreamHeader:
                 isinstance(value, bool) or not isinstance(value, expected)
             ):
                 raise TypeError(f"field {name!r} has the wrong type: {value!r}")
-        return StreamHeader(**{k: v for k, v in data.items() if k in _HEADER_TYPES})
+        fields = {k: v for k, v in data.items() if k in _HEADER_TYPES}
+        content_type = fields.get("content_type")
+        if isinstance(content_type, str):
+            # Most streams of a server share a few content types: one string each, not one per
+            # stream (issue 17).
+            fields["content_type"] = sys.intern(content_type)
+        return StreamHeader(**fields)
     except (ValueError, TypeError) as exc:
         raise CorruptRecord(f"bad stream header: {exc}") from exc
 
