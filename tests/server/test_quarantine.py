@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from durastream_server.storage import codec
+from durastream_server.storage import codec, wal
 from durastream_server.storage.records import StreamHeader
 from durastream_server.storage.segments import segment_name
+from tests.support.http import poll_until
 
 TEXT = "text/plain"
 RANGE = "0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z"
@@ -44,6 +45,16 @@ REJECTED = [
     "2030-01-01T00:00:00",
     "garbage",
 ]
+
+
+def _kill_once_checkpointed(server) -> None:  # noqa: ANN001
+    """SIGKILL once the write-ahead log is checkpointed (after 1 s idle): the headers edited below stand
+    for damage on disk after their creates were synced; while the WAL still held a create, the restart
+    would write its header back (storage/wal.py)."""
+    poll_until(
+        lambda: not list((server.data_dir / wal.WAL_DIR).glob("*.wal")), "the WAL checkpoint"
+    )
+    server.kill()
 
 
 def _stream_dirs(data_dir: Path) -> dict[str, Path]:
@@ -121,7 +132,7 @@ def test_unusable_stream_header_is_quarantined_while_the_others_are_served(
         response = requests.put(server.stream_url(name), headers={"Content-Type": TEXT})
         assert response.status_code == 201
     assert requests.post(server.stream_url("good"), data=b"ok", headers={"Content-Type": TEXT}).ok
-    server.kill()
+    _kill_once_checkpointed(server)
     dirs = _stream_dirs(server.data_dir)
     base = StreamHeader(path="victim/expiry", content_type=TEXT, created_at_ms=1)
     # What main wrote for "0999-12-31T00:00:00Z" (strftime's unpadded year), and two hand edits
@@ -203,7 +214,7 @@ def test_healthz_lists_quarantined_streams_without_paths_when_tokens_are_require
     server = server_factory(extra_args=args)
     headers = {"Authorization": "Bearer secret-token-1234", "Content-Type": TEXT}
     assert requests.put(server.stream_url("tenant-a/secret"), headers=headers).status_code == 201
-    server.kill()
+    _kill_once_checkpointed(server)
     directory = _stream_dirs(server.data_dir)["tenant-a/secret"]
     _write_header(
         directory,

@@ -44,7 +44,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from enum import IntEnum
 
 from durastream_server.storage.crc import crc32
@@ -107,8 +107,14 @@ def _frame(kind: int, parts: list[bytes] | tuple[bytes, ...]) -> bytearray:
     return buf
 
 
+# One encoder for every header (``json.dumps`` with options builds one per call), and the header's
+# fields read directly (``asdict`` deep-copies each value): a create paid ~40 us here for both.
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
+_HEADER_FIELDS = tuple(f.name for f in fields(StreamHeader))
+
+
 def encode_header(header: StreamHeader) -> bytearray:
-    body = json.dumps(asdict(header), separators=(",", ":"), sort_keys=True).encode()
+    body = _HEADER_JSON.encode({name: getattr(header, name) for name in _HEADER_FIELDS}).encode()
     return _frame(Kind.HEADER, (body,))
 
 
@@ -272,13 +278,13 @@ def decode_header(body: bytes | bytearray | memoryview) -> StreamHeader:
                 isinstance(value, bool) or not isinstance(value, expected)
             ):
                 raise TypeError(f"field {name!r} has the wrong type: {value!r}")
-        fields = {k: v for k, v in data.items() if k in _HEADER_TYPES}
-        content_type = fields.get("content_type")
+        values = {k: v for k, v in data.items() if k in _HEADER_TYPES}
+        content_type = values.get("content_type")
         if isinstance(content_type, str):
             # Most streams of a server share a few content types: one string each, not one per
             # stream (issue 17).
-            fields["content_type"] = sys.intern(content_type)
-        return StreamHeader(**fields)
+            values["content_type"] = sys.intern(content_type)
+        return StreamHeader(**values)
     except (ValueError, TypeError) as exc:
         raise CorruptRecord(f"bad stream header: {exc}") from exc
 

@@ -18,6 +18,17 @@ than ``ROUND_BATCH_BYTES`` are written by the log itself, synced in its segment 
 gains nothing from being written twice, and must not hold up the small appends of every other stream). A
 log has at most one batch in flight either way, so its records reach its file in order.
 
+Creates share the rounds too (``create``): a new stream's first segment (its header record and initial
+data) goes into the round's WAL file as a *create* entry; after the round's sync, the worker makes its
+directory in ``streams/`` and writes that segment through a handle pinned like the others, syncing nothing.
+So N creates in flight cost one sync, not three each (the segment, the staging directory, ``streams/``),
+and a bulk ``ensure`` of many streams costs about one round. The checkpoint that retires the WAL file syncs
+the new segments, then each new directory, then ``streams/`` once, and only then removes the file; until
+then a restart's replay makes whatever did not reach the disk again (``wal.py``). A delete of a stream whose
+create entry is still in a WAL file first writes a *drop* entry (``drop``), so the replay does not bring it
+back. Creates wait while the pins of the current WAL file reach twice the checkpoint size and a checkpoint
+is still syncing the previous one, so a burst of creates keeps the fds held bounded.
+
 Checkpoints keep the WAL short: once the current WAL file holds ``CHECKPOINT_WAL_BYTES``, or
 ``CHECKPOINT_FILES`` segment files were written since it started, or the committer has been idle for
 ``CHECKPOINT_IDLE_SECONDS``, the next round starts a new WAL file and the old one is retired: every segment
@@ -45,10 +56,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from durastream_server.storage.files import FdCache, Handle, is_out_of_space
+from durastream_server.storage.files import FdCache, Handle, fsync_dir, is_out_of_space
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.records import AppendEntry, SoftDelete
-from durastream_server.storage.wal import WalEntry, WalFile
+from durastream_server.storage.wal import Kind, WalEntry, WalFile
 from durastream_server.storage.writer import (
     BatchResult,
     WriteTarget,
@@ -81,6 +92,22 @@ class RoundJob:
     end: int  # the log's file end
 
 
+class Creation(Protocol):
+    """A new stream whose create rides a round (``DataDir``'s): its first segment, and how to make it."""
+
+    @property
+    def log_id(self) -> str: ...
+
+    @property
+    def data(self) -> bytes: ...  # the first segment's content: header record and initial data
+
+    def materialize(self) -> tuple[Handle, str]:
+        """Make the directory and its first segment, unsynced (after the round's WAL sync). Returns
+        the handle written through (referenced: the checkpoint syncs and releases it) and the
+        directory. On an OSError it leaves nothing behind."""
+        ...
+
+
 class Member(Protocol):
     """What the committer needs of a log (``StreamLog``)."""
 
@@ -95,6 +122,7 @@ class _Retired:
 
     wal: WalFile | None  # None if no round of it got as far as creating the file
     pins: dict[int, Handle] = field(default_factory=dict)
+    made: list[str] = field(default_factory=list)  # directories of the streams created during it
 
 
 class Committer:
@@ -121,6 +149,10 @@ class Committer:
         self.generation = 0  # of the next WAL file (set after the start-up replay)
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durastream-commit")
         self._ready: dict[Member, None] = {}  # logs waiting for a turn, in order (a set)
+        self._creates: list[tuple[Creation, asyncio.Future[None]]] = []  # waiting for a round
+        self._drops: list[tuple[str, asyncio.Future[None]]] = []
+        # Streams whose create entry is in a WAL file not yet removed: WAL generation -> log ids.
+        self._fresh: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._rotate = False  # the next round starts a new WAL file
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -128,6 +160,7 @@ class Committer:
         # Worker-thread state (touched only by the round in flight, one at a time):
         self._wal: WalFile | None = None
         self._pins: dict[int, Handle] = {}  # handles written through in the current WAL file
+        self._made: list[str] = []  # directories created in the current WAL file
         self._failure: BaseException | None = None
         self._closed = False
         self.rounds = 0  # rounds written (observability, tests)
@@ -142,6 +175,35 @@ class Committer:
     def schedule(self, member: Member) -> None:
         """``member`` has a batch to write: it gets a turn in the next round (or the one starting)."""
         self._ready[member] = None
+        self._start()
+
+    async def create(self, creation: Creation) -> None:
+        """Make ``creation``'s stream durable in the next round, then materialize it (module
+        docstring). Raises the OSError that failed it; then nothing of it is left, now or after a
+        restart (unless even the drop entry that says so could not be written: then a restart may
+        bring the whole stream back, never half of it)."""
+        assert self._wal_dir is not None, "creates ride rounds only with a WAL"
+        done = asyncio.get_running_loop().create_future()
+        self._creates.append((creation, done))
+        self._start()
+        await done
+
+    def is_fresh(self, log_id: str) -> bool:
+        """True while ``log_id``'s create entry is in a WAL file (a delete must ``drop`` it first)."""
+        return log_id in self._fresh
+
+    async def drop(self, log_id: str) -> None:
+        """Before the directory of a fresh stream goes: a durable drop entry, so that a restart does
+        not make it again from its create entry (a no-op for a stream that is not fresh)."""
+        if log_id not in self._fresh:
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._drops.append((log_id, done))
+        self._start()
+        await done
+        self._fresh.pop(log_id, None)
+
+    def _start(self) -> None:
         if self._task is None:
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
@@ -151,7 +213,7 @@ class Committer:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while self._ready or self._rotate:
+            while self._ready or self._rotate or self._creates or self._drops:
                 members = list(self._ready)
                 self._ready.clear()
                 jobs: list[tuple[Member, RoundJob]] = []
@@ -166,22 +228,45 @@ class Committer:
                         budget += sum(getattr(item, "cost", 64) for item in job.items)
                 rotate = self._rotate or self._checkpoint_due()
                 self._rotate = False
-                if not jobs and not rotate:
+                # Pins stay bounded: creates wait while the WAL file's pins reach twice the
+                # checkpoint size (then a checkpoint is in flight, or this round rotates).
+                room = max(0, 2 * self._checkpoint_files - (0 if rotate else len(self._pins)))
+                creates, self._creates = self._creates[:room], self._creates[room:]
+                drops, self._drops = self._drops, []
+                if not jobs and not rotate and not creates and not drops:
+                    if self._creates and self._checkpoint is not None:
+                        await asyncio.shield(self._checkpoint)
+                    elif self._creates:
+                        self._rotate = True  # no room and nothing syncing it: start a new file
                     continue
                 try:
-                    results, retired = await loop.run_in_executor(
-                        self._thread, self._write_round, [job for _, job in jobs], rotate
+                    results, made, dropped, generation, retired = await loop.run_in_executor(
+                        self._thread,
+                        self._write_round,
+                        [job for _, job in jobs],
+                        rotate,
+                        [creation for creation, _ in creates],
+                        [log_id for log_id, _ in drops],
                     )
                 except BaseException as exc:  # a bug (or cancellation): never leave a log waiting
                     failure = exc if isinstance(exc, Exception) else RuntimeError("round cancelled")
                     for member, _ in jobs:
                         member.round_done(failure)
+                    for _, done in creates + drops:
+                        if not done.done():
+                            done.set_exception(failure)
                     raise
                 self.rounds += 1
                 if retired is not None:
                     self._checkpoint = loop.create_task(self._run_checkpoint(retired))
                 for (member, _), result in zip(jobs, results, strict=True):
                     member.round_done(result)
+                for (creation, done), outcome in zip(creates, made, strict=True):
+                    if outcome is None:
+                        self._fresh[creation.log_id] = generation
+                    _settle(done, outcome)
+                for _, done in drops:
+                    _settle(done, dropped)
         finally:
             self._task = None
             self._arm_idle_timer()
@@ -218,8 +303,17 @@ class Committer:
                 handles[i : i + _SYNCS_PER_JOB] for i in range(0, len(handles), _SYNCS_PER_JOB)
             ]
             await asyncio.gather(*(loop.run_in_executor(self._io, _sync, g) for g in groups))
+            made = retired.made
+            if made:
+                # The new segments' names, then the new directories' names (streams/ once).
+                dirs = [made[i : i + _SYNCS_PER_JOB] for i in range(0, len(made), _SYNCS_PER_JOB)]
+                await asyncio.gather(*(loop.run_in_executor(self._io, _sync_dirs, d) for d in dirs))
+                await loop.run_in_executor(self._io, fsync_dir, os.path.dirname(made[0]))
             if retired.wal is not None:
                 await loop.run_in_executor(self._io, retired.wal.remove)
+                generation = retired.wal.generation
+                for log_id in [i for i, g in self._fresh.items() if g <= generation]:
+                    del self._fresh[log_id]
         except OSError as exc:
             self._fail(exc, "a checkpoint (syncing segment files before removing their WAL) failed")
             if retired.wal is not None:
@@ -254,9 +348,9 @@ class Committer:
             await asyncio.shield(self._task)
         if self._checkpoint is not None:
             await asyncio.shield(self._checkpoint)
-        if (self._wal is not None or self._pins) and self._failure is None:
-            _, retired = await asyncio.get_running_loop().run_in_executor(
-                self._thread, self._write_round, [], True
+        if (self._wal is not None or self._pins or self._made) and self._failure is None:
+            *_, retired = await asyncio.get_running_loop().run_in_executor(
+                self._thread, self._write_round, [], True, [], []
             )
             if retired is not None:
                 await self._run_checkpoint(retired)
@@ -267,18 +361,32 @@ class Committer:
     # ------------------------------------------------------------------------- the worker thread
 
     def _write_round(
-        self, jobs: list[RoundJob], rotate: bool
-    ) -> tuple[list[BatchResult | BaseException], _Retired | None]:
-        """Write every job's records into its segment file, then (fsync durability) into the WAL, synced
-        once. Returns one result per job (a ``BatchResult``, or the OSError that failed it) and the WAL
-        file this round retired, if it started a new one."""
+        self,
+        jobs: list[RoundJob],
+        rotate: bool,
+        creates: list[Creation],
+        drops: list[str],
+    ) -> tuple[
+        list[BatchResult | BaseException],
+        list[BaseException | None],
+        BaseException | None,
+        int,
+        _Retired | None,
+    ]:
+        """Write every job's records into its segment file, then (fsync durability) into the WAL with
+        the creates and drops, synced once; then make the created streams. Returns one result per job
+        (a ``BatchResult``, or the OSError that failed it), one per create (None: made), the drops'
+        (None: durable), the WAL generation written, and the WAL file this round retired, if it
+        started a new one."""
         retired = None
-        if rotate and (self._wal is not None or self._pins):
-            retired = _Retired(self._wal, self._pins)
+        if rotate and (self._wal is not None or self._pins or self._made):
+            retired = _Retired(self._wal, self._pins, self._made)
             self._wal = None
             self._pins = {}
+            self._made = []
         if self._failure is not None:
-            return [self._failure] * len(jobs), retired
+            failure = self._failure
+            return [failure] * len(jobs), [failure] * len(creates), failure, -1, retired
         wal = self._wal_dir is not None
         results: list[BatchResult | BaseException] = []
         entries: list[WalEntry] = []
@@ -300,6 +408,8 @@ class Committer:
             if wal:
                 written.append((i, job.target, chunks))
                 entries += [WalEntry(job.target.log_id, c.base, c.start, c.frames) for c in chunks]
+        entries += [WalEntry(c.log_id, 0, 0, [c.data], Kind.CREATE) for c in creates]
+        entries += [WalEntry(log_id, 0, 0, [], Kind.DROP) for log_id in drops]
         if entries:
             try:
                 self._wal_append(entries)
@@ -307,10 +417,28 @@ class Committer:
                 for i, target, chunks in written:
                     undo_chunks(target, chunks)
                     results[i] = exc
-                return results, retired
+                return results, [exc] * len(creates), exc, -1, retired
         if records:
             self._metrics.batch(records, round_messages, round_bytes)
-        return results, retired
+        made = [self._make(creation) for creation in creates]
+        failed = [c.log_id for c, outcome in zip(creates, made, strict=True) if outcome is not None]
+        if failed:
+            # Not acknowledged, and removed: a restart must not make them from their create entries.
+            try:
+                self._wal_append([WalEntry(log_id, 0, 0, [], Kind.DROP) for log_id in failed])
+            except OSError as exc:
+                log.error("could not record that %d failed creates are gone: %r", len(failed), exc)
+        generation = self._wal.generation if self._wal is not None else -1
+        return results, made, None, generation, retired
+
+    def _make(self, creation: Creation) -> BaseException | None:
+        try:
+            handle, directory = creation.materialize()
+        except OSError as exc:
+            return exc
+        self._pins[id(handle)] = handle  # a new handle: its one reference is the pin
+        self._made.append(directory)
+        return None
 
     def _wal_append(self, entries: list[WalEntry]) -> None:
         assert self._wal_dir is not None
@@ -345,6 +473,21 @@ class Committer:
             return False
         self._pins[key] = handle
         return True
+
+
+def _settle(done: asyncio.Future[None], outcome: BaseException | None) -> None:
+    if done.done():  # the waiter was cancelled
+        return
+    if outcome is None:
+        done.set_result(None)
+    else:
+        done.set_exception(outcome)
+
+
+def _sync_dirs(directories: list[str]) -> None:
+    for directory in directories:
+        with contextlib.suppress(FileNotFoundError):  # deleted since (after its drop entry)
+            fsync_dir(directory)
 
 
 def _sync(handles: list[Handle]) -> None:

@@ -5,8 +5,12 @@
   ``streams/``     one directory per stream incarnation, named by a fresh unique id (never derived from the
                    path, so any UTF-8 path is safe and ``a/b`` never meets ``a%2Fb``). The path lives in the
                    header record.
-  ``staging/``     a new stream is built here (header + initial data, fsynced) and renamed into
-                   ``streams/`` only when complete, so a failed or crashed create leaves no stream (hazard 20).
+  ``staging/``     with ``--durability none``, a new stream is built here (header + initial data) and
+                   renamed into ``streams/`` only when complete, so a failed or crashed create leaves no
+                   stream (hazard 20). With fsync durability a create rides a shared commit round
+                   instead (``committer.py``): its first segment is synced in the WAL, then its directory
+                   is made in ``streams/`` unsynced; a restart's WAL replay makes again whatever of it
+                   did not reach the disk, so a stream is there whole or not at all (hazard 20).
   ``trash/``       delete renames a stream directory here (atomic), then removes it in the background.
   ``meta/``        other components' durable files (e.g. subscriptions), via ``meta_path()``.
   ``quarantine/``  streams set aside because they cannot be served (``quarantine.py``), never deleted.
@@ -33,6 +37,7 @@ import errno
 import fcntl
 import logging
 import os
+import random
 import secrets
 import shutil
 import time
@@ -44,7 +49,14 @@ from pathlib import Path
 from durastream_server import errors
 from durastream_server.storage import catalog, codec
 from durastream_server.storage.committer import Committer
-from durastream_server.storage.files import FdCache, fsync_dir, is_out_of_space, write_file
+from durastream_server.storage.files import (
+    FdCache,
+    Handle,
+    fsync_dir,
+    is_out_of_space,
+    pwrite_all,
+    write_file,
+)
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.log import LogContext, StreamLog
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
@@ -91,9 +103,14 @@ class AlreadyLocked(RuntimeError):
     """Another server holds the data directory."""
 
 
+# The ids' random half: drawn from a generator seeded once per process by the OS (reading the OS's
+# random source for each create cost ~30 us here). Ids need to be unique, not unguessable.
+_ID_BITS = random.Random(secrets.randbits(128))
+
+
 def new_storage_id() -> str:
     """Unique per incarnation and time-ordered (sorts by creation), never derived from the path."""
-    return f"{time.time_ns():016x}{secrets.token_hex(8)}"
+    return f"{time.time_ns():016x}{_ID_BITS.getrandbits(64):016x}"
 
 
 class DataDir:
@@ -123,6 +140,7 @@ class DataDir:
         self.corrupt = {}
         self.with_staging = set()
         self.pending = Pending()
+        self._streams = str(self.root / "streams")
         self._catalog: catalog.Catalog | None = None
         self._lock_fd = lock_fd
         self._executor = ThreadPoolExecutor(
@@ -186,11 +204,14 @@ class DataDir:
             self._committer.generation = report.next_generation
             if report.files:
                 log.info(
-                    "data dir %s: write-ahead log replayed (%d files, %d entries, %d written back)",
+                    "data dir %s: write-ahead log replayed (%d files, %d entries, %d written back; "
+                    "%d creates, %d streams made again)",
                     root,
                     report.files,
                     report.entries,
                     report.repaired,
+                    report.creates,
+                    report.made,
                 )
             await self._plan_recovery()
             if not lazy:
@@ -334,9 +355,7 @@ class DataDir:
             self.root / entry.location,
         )
         source = self._dir("streams") / storage_id
-        move = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._set_aside, source, entry
-        )
+        move = asyncio.ensure_future(self._move_aside(source, entry))
         self._background.add(move)
         move.add_done_callback(self._background.discard)
         return move
@@ -345,6 +364,16 @@ class DataDir:
         self.quarantined[entry.name] = entry
         if entry.path is not None:
             self.corrupt[entry.path] = entry.reason
+
+    async def _move_aside(self, source: Path, entry: QuarantinedStream) -> None:
+        try:
+            await self._committer.drop(entry.id)  # (a stream created by this process: never so far)
+        except OSError as exc:
+            log.error("could not record that %s is set aside: %s", source, exc)
+            return
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._set_aside, source, entry
+        )
 
     def _set_aside(self, source: Path, entry: QuarantinedStream) -> None:
         try:
@@ -369,14 +398,16 @@ class DataDir:
         log_id = new_storage_id()
         header_frame = codec.encode_header(header)
         initial_frame = codec.encode_append(initial) if initial is not None else None
+        entry = catalog.Entry(header.path, header.fork_source_id)
         try:
-            directory = await self._run(
-                self._build_stream,
-                log_id,
-                catalog.Entry(header.path, header.fork_source_id),
-                header_frame,
-                initial_frame,
-            )
+            if self._ctx.sync:  # one shared WAL sync for every create in flight (committer.py)
+                creation = _NewStream(self, log_id, entry, header_frame, initial_frame)
+                await self._committer.create(creation)
+                directory = creation.directory
+            else:
+                directory = await self._run(
+                    self._build_stream, log_id, entry, header_frame, initial_frame
+                )
         except OSError as exc:
             log.error("create of %r failed: %r", header.path, exc)
             if is_out_of_space(exc):
@@ -413,7 +444,8 @@ class DataDir:
         header_frame: bytes,
         initial_frame: bytes | None,
     ) -> str:
-        """Build the stream under staging/, fsync it, then rename it into streams/ (hazard 20)."""
+        """Build the stream under staging/, fsync it (if syncing), then rename it into streams/
+        (hazard 20)."""
         staged = self._dir("staging") / log_id
         final = self._dir("streams") / log_id
         sync = self._ctx.sync
@@ -453,6 +485,7 @@ class DataDir:
         dst = self._dir("trash") / log.id
         log._deleted = True  # from here on, readers get NotFound rather than a missing-file error
         try:
+            await self._committer.drop(log.id)  # a restart must not make it again (committer.py)
             await self._run(self._move_to_trash, src, dst)
         except OSError as exc:
             log._closed = log._deleted = False  # still on disk and intact: keep serving it
@@ -532,6 +565,47 @@ class DataDir:
         if kwargs:
             return await loop.run_in_executor(self._executor, lambda: func(*args, **kwargs))
         return await loop.run_in_executor(self._executor, func, *args)
+
+
+class _NewStream:
+    """A create riding a commit round (``committer.Creation``): made after the round's WAL sync."""
+
+    __slots__ = ("_owner", "log_id", "data", "directory", "_entry")
+
+    def __init__(
+        self,
+        owner: DataDir,
+        log_id: str,
+        entry: catalog.Entry,
+        header_frame: bytes,
+        initial_frame: bytes | None,
+    ) -> None:
+        self._owner = owner
+        self.log_id = log_id
+        self.data = header_frame if initial_frame is None else header_frame + initial_frame
+        self.directory = os.path.join(owner._streams, log_id)
+        self._entry = entry
+
+    def materialize(self) -> tuple[Handle, str]:
+        """Make the directory and the first segment, unsynced (the WAL holds them; the checkpoint
+        syncs them); the catalog line after. Leaves nothing behind on an OSError (hazard 20)."""
+        os.mkdir(self.directory)
+        try:
+            path = os.path.join(self.directory, segment_name(0))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+            try:
+                pwrite_all(fd, [self.data], 0)
+            except BaseException:
+                os.close(fd)
+                raise
+        except BaseException:
+            _remove(self.directory)
+            raise
+        handle = self._owner._ctx.cache.adopt((self.log_id, 0), fd)
+        owner_catalog = self._owner._catalog
+        if owner_catalog is not None:
+            owner_catalog.add(self.log_id, self._entry)
+        return handle, self.directory
 
 
 def _sorted_listing(directory: str) -> list[str]:

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,20 @@ class FdCache:
             os.close(extra)
         return handle
 
+    def adopt(self, key: Hashable, fd: int) -> Handle:
+        """Cache ``fd`` (just opened by the caller, e.g. a file it created) under ``key``, which must not
+        be cached yet; returns its handle, referenced once (pair with ``release``)."""
+        with self._lock:
+            if key in self._open:
+                raise ValueError(f"{key!r} is cached already")
+            handle = Handle(fd, key)
+            handle.refs = 1
+            self._open[key] = handle
+            to_close = self._evict_locked()
+        for extra in to_close:
+            os.close(extra)
+        return handle
+
     def release(self, handle: Handle) -> None:
         with self._lock:
             handle.refs -= 1
@@ -91,6 +105,18 @@ class FdCache:
         with self._lock:
             for key in [k for k in self._open if predicate(k)]:
                 to_close.extend(self._retire_locked(self._open.pop(key)))
+        for fd in to_close:
+            os.close(fd)
+
+    def discard_keys(self, keys: Iterable[Hashable]) -> None:
+        """``discard`` of the handles of ``keys``: a log forgetting its own segments costs its number
+        of segments, not the cache's size (closing 100,000 logs must not scan the cache each time)."""
+        to_close: list[int] = []
+        with self._lock:
+            for key in keys:
+                handle = self._open.pop(key, None)
+                if handle is not None:
+                    to_close.extend(self._retire_locked(handle))
         for fd in to_close:
             os.close(fd)
 

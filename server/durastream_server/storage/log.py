@@ -1013,5 +1013,5 @@ class StreamLog:
 
     def _forget_files(self) -> None:
         self._drop_hot()
-        log_id = self.id
-        self._ctx.cache.discard(lambda key: key[0] == log_id)
+        segments = self._segments
+        self._ctx.cache.discard_keys([segments.key(base) for base in segments.bases])

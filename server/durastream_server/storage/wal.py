@@ -20,11 +20,19 @@ entry that does not check out: a round's entries are written together and acknow
 sync, so a torn end is a round that was never acknowledged. Entries of streams no longer in ``streams/``
 (deleted, or quarantined) are skipped.
 
+Creates share the rounds too (``committer.py``): a *create* entry carries a new stream's first segment
+(header record and initial data) and is synced before its directory is made, unsynced; so a directory in
+``streams/`` whose content did not reach the disk always has its create entry in a WAL file, and the replay
+writes the segment back, or makes the directory when even its name was lost. A *drop* entry (written by a
+delete or a failed create of a stream whose create entry is still in a WAL file) says the directory must not
+be made again: replay collects the drops of every WAL file first. A drop never removes anything: a
+directory that is there (its delete was not acknowledged) is replayed as any other.
+
 Entry (little-endian)::
 
     magic        2 bytes  b"\\xd5\\x77"
     version      u8       1
-    reserved     u8       0
+    kind         u8       0 records, 1 create, 2 drop (``Kind``)
     length       u32      body length
     crc          u32      crc32(body)
     body:
@@ -45,6 +53,7 @@ import struct
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
 
 from durastream_server.storage.crc import crc32
@@ -73,6 +82,14 @@ def wal_name(generation: int) -> str:
     return f"{generation:020d}.wal"
 
 
+class Kind(IntEnum):
+    """What an entry says (the byte after the version; 0 in every entry before creates had kinds)."""
+
+    RECORDS = 0  # these records are at this place in this segment file
+    CREATE = 1  # the same, and the stream directory is to be made if it is not there
+    DROP = 2  # the stream's directory must not be made again (it was deleted, or its create failed)
+
+
 @dataclass(frozen=True, slots=True)
 class WalEntry:
     """Records bound for one segment file: where they go, and the bytes."""
@@ -81,6 +98,7 @@ class WalEntry:
     segment: int
     offset: int
     records: Sequence[bytes | bytearray | memoryview]
+    kind: Kind = Kind.RECORDS
 
 
 def encode_entry(generation: int, entry: WalEntry) -> list[bytes | bytearray | memoryview]:
@@ -92,7 +110,7 @@ def encode_entry(generation: int, entry: WalEntry) -> list[bytes | bytearray | m
     for record in entry.records:
         crc = crc32(record, crc)
         size += len(record)
-    return [HEAD.pack(MAGIC, VERSION, 0, size, crc), fixed, name, *entry.records]
+    return [HEAD.pack(MAGIC, VERSION, entry.kind, size, crc), fixed, name, *entry.records]
 
 
 class WalFile:
@@ -154,10 +172,16 @@ class WalFile:
 @dataclass(frozen=True, slots=True)
 class ReplayReport:
     files: int  # WAL files found
-    entries: int  # entries that checked out
-    repaired: int  # entries whose bytes the segment did not hold, and that were written back
+    entries: int  # records entries that checked out
+    repaired: (
+        int  # records entries whose bytes the segment did not hold, and that were written back
+    )
     skipped: int  # entries of streams that are gone (deleted or quarantined)
     next_generation: int
+    creates: int = (
+        0  # create entries that checked out (written back when needed: not in ``repaired``)
+    )
+    made: int = 0  # stream directories made again from their create entries
 
 
 def generations(directory: Path) -> list[int]:
@@ -171,18 +195,25 @@ def generations(directory: Path) -> list[int]:
 
 
 def read_entries(path: Path, generation: int) -> list[tuple[str, int, int, bytes]]:
+    """The records entries (and creates) of one WAL file up to its first damaged one, as ``(log id,
+    segment base, offset, records)``."""
+    return [found[:4] for found in read_kinds(path, generation) if found[4] != Kind.DROP]
+
+
+def read_kinds(path: Path, generation: int) -> list[tuple[str, int, int, bytes, int]]:
     """The entries of one WAL file up to its first damaged one, as ``(log id, segment base, offset,
-    records)``."""
+    records, kind)``."""
     with open(path, "rb", buffering=0) as fh:
         data = fh.read()
     found = []
     at = 0
     while at + HEAD_SIZE <= len(data):
-        magic, version, _, length, crc = HEAD.unpack_from(data, at)
+        magic, version, kind, length, crc = HEAD.unpack_from(data, at)
         body_at = at + HEAD_SIZE
         if (
             magic != MAGIC
             or version != VERSION
+            or kind > Kind.DROP
             or length < FIXED_SIZE
             or length > MAX_ENTRY_BYTES
             or body_at + length > len(data)
@@ -195,7 +226,7 @@ def read_entries(path: Path, generation: int) -> list[tuple[str, int, int, bytes
         if gen != generation or FIXED_SIZE + id_len > length:
             break
         log_id = bytes(body[FIXED_SIZE : FIXED_SIZE + id_len]).decode("ascii", "replace")
-        found.append((log_id, segment, offset, bytes(body[FIXED_SIZE + id_len :])))
+        found.append((log_id, segment, offset, bytes(body[FIXED_SIZE + id_len :]), kind))
         at = body_at + length
     if at < len(data):
         log.warning(
@@ -222,21 +253,31 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
     stream_dirs: dict[str, str | None] = {}  # log id -> its directory, None if it is gone
     segments: dict[tuple[str, int], _SegmentFile] = {}
     created_dirs: set[str] = set()
+    creates = made = 0
+    files = [(g, read_kinds(directory / wal_name(g), g)) for g in found]
+    dropped = {e[0] for _, kinds in files for e in kinds if e[4] == Kind.DROP}
     try:
-        for generation in found:
-            for log_id, segment, offset, records in read_entries(
-                directory / wal_name(generation), generation
-            ):
-                entries += 1
+        for _generation, kinds in files:
+            for log_id, segment, offset, records, kind in kinds:
+                if kind == Kind.DROP:
+                    continue
+                if kind == Kind.CREATE:
+                    creates += 1
+                else:
+                    entries += 1
                 target = segments.get((log_id, segment))
                 if target is None:
                     if log_id not in stream_dirs:
                         stream_dir = os.path.join(streams, log_id)
                         usable = log_id and "/" not in log_id and os.path.isdir(stream_dir)
+                        if not usable and kind == Kind.CREATE and _makeable(log_id, dropped):
+                            os.mkdir(stream_dir)  # acknowledged, or at least fully there
+                            made += 1
+                            usable = True
                         stream_dirs[log_id] = stream_dir if usable else None
                     stream_dir = stream_dirs[log_id]
                     if stream_dir is None:
-                        skipped += 1
+                        skipped += kind == Kind.RECORDS
                         continue
                     target = _SegmentFile.open(os.path.join(stream_dir, segment_name(segment)))
                     segments[(log_id, segment)] = target
@@ -244,13 +285,15 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
                         created_dirs.add(stream_dir)
                 if not target.holds(offset, records):
                     target.write(offset, records)
-                    repaired += 1
+                    repaired += kind == Kind.RECORDS
         if sync:
             # Concurrent syncs share journal commits (as the checkpoints' do, committer.py).
             with ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="durastream-replay") as pool:
                 list(pool.map(os.fdatasync, [target.fd for target in segments.values()]))
             for stream_dir in created_dirs:
                 fsync_dir(stream_dir)
+            if made:
+                fsync_dir(streams)
     finally:
         for target in segments.values():
             os.close(target.fd)
@@ -270,6 +313,15 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
         repaired=repaired,
         skipped=skipped,
         next_generation=(found[-1] + 1) if found else 0,
+        creates=creates,
+        made=made,
+    )
+
+
+def _makeable(log_id: str, dropped: set[str]) -> bool:
+    """A create entry's directory may be made: a plain name, not dropped later."""
+    return (
+        bool(log_id) and "/" not in log_id and log_id not in (".", "..") and log_id not in dropped
     )
 
 

@@ -1,0 +1,140 @@
+"""Stream creation rate (issue 17: >= 5,000 creates/s), for one or more servers in the same run.
+
+For each server (``--server-src DIR`` repeated; this checkout when none is given), on a fresh data directory
+with fsync durability (the defaults), driven over loopback by ``scale_bench``'s lean client:
+
+``put``       ``--streams`` creates with ``PUT`` alone, by ``--clients`` connections, one request in flight each;
+``put+post``  ``--streams`` more, each created with ``PUT`` and given one small message with ``POST`` (the
+              issue's method);
+``ensure``    one bulk ``ensure`` request creating ``--ensure`` streams (docs/extensions.md section 11), as
+              the connector's routed sink does; reported as creates/s of that request.
+
+Figures: creates/s and the server's CPU per create (user + system of the server process: robust under
+load). Compare servers by their ratio in the same run, and note ``uptime`` beside the figures.
+
+Run: ``python bench/create_bench.py --server-src /work/main --server-src . [--streams 4000] [--ensure 2000]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+
+from scale_bench import ScaleServer, raw_request, run_clients  # noqa: E402
+
+ENSURE = "__ds/x-durastream/ensure"  # under /v1/stream/ (raw_request)
+
+
+async def measure(server: ScaleServer, args: argparse.Namespace) -> dict:
+    figures: dict = {}
+
+    async def put(conn, i: int) -> None:  # noqa: ANN001
+        status, _ = await conn.request(
+            raw_request("PUT", f"put/s{i:06d}", content_type="application/json")
+        )
+        if status != 201:
+            raise RuntimeError(f"PUT: HTTP {status}")
+
+    async def put_post(conn, i: int) -> None:  # noqa: ANN001
+        path = f"pp/s{i:06d}"
+        status, _ = await conn.request(raw_request("PUT", path, content_type="application/json"))
+        if status != 201:
+            raise RuntimeError(f"PUT: HTTP {status}")
+        body = b'{"i":%d,"pad":"0123456789abcdef"}' % i
+        status, _ = await conn.request(raw_request("POST", path, body, "application/json"))
+        if status not in (200, 204):
+            raise RuntimeError(f"POST: HTTP {status}")
+
+    for name, work in (("put", put), ("put+post", put_post)):
+        cpu0 = server.cpu()
+        elapsed = await run_clients(server.port, args.clients, range(args.streams), work)
+        cpu = server.cpu() - cpu0
+        figures[name] = {
+            "creates_per_s": round(args.streams / elapsed),
+            "server_cpu_us_per_create": round(1e6 * cpu / args.streams),
+        }
+    if args.ensure:
+        body = json.dumps(
+            {
+                "streams": [f"ensure/s{i:06d}" for i in range(args.ensure)],
+                "content_type": "application/json",
+            }
+        ).encode()
+        cpu0 = server.cpu()
+        started = time.perf_counter()
+        status, text = await run_one(
+            server.port, raw_request("POST", ENSURE, body, "application/json")
+        )
+        elapsed = time.perf_counter() - started
+        cpu = server.cpu() - cpu0
+        if status != 200:
+            raise RuntimeError(f"ensure: HTTP {status}")
+        figures["ensure"] = {
+            "streams": args.ensure,
+            "seconds": round(elapsed, 3),
+            "creates_per_s": round(args.ensure / elapsed),
+            "server_cpu_us_per_create": round(1e6 * cpu / args.ensure),
+        }
+    return figures
+
+
+async def run_one(port: int, raw: bytes) -> tuple[int, str]:
+    from scale_bench import connect
+
+    conn = await connect(port)
+    try:
+        return await conn.request(raw)
+    finally:
+        conn.transport.close()
+
+
+async def run(args: argparse.Namespace) -> dict:
+    results = {"load_before": os.getloadavg()}
+    for src in args.server_src or [None]:
+        with tempfile.TemporaryDirectory(prefix="create-bench-") as workdir:
+            server = ScaleServer(Path(workdir) / "data", src and str(Path(src).resolve()), [])
+            try:
+                server.spawn()
+                await asyncio.to_thread(server.wait_healthy)
+                figures = await measure(server, args)
+            finally:
+                server.stop()
+        results[src or "this checkout"] = figures
+        print(src or "this checkout", json.dumps(figures), flush=True)
+    results["load_after"] = os.getloadavg()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--server-src", action="append", help="checkout whose server to run (repeatable)"
+    )
+    parser.add_argument(
+        "--streams", type=int, default=4000, help="streams per phase (put, put+post)"
+    )
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument(
+        "--ensure", type=int, default=2000, help="streams in the bulk ensure (0: skip)"
+    )
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    results = asyncio.run(run(args))
+    print(json.dumps(results, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
