@@ -6,7 +6,9 @@ once per server so both start from the same bytes. For each server (``--baseline
 main, then this tree): start, wait until every stream is recovered, SIGKILL; then ``--rounds`` times:
 start, and measure the seconds (and the server's CPU seconds) until ``/healthz`` answers, until the first of ``--reads`` random streams
 has read back its message, until all of them have, and (when ``/healthz`` reports ``recovering``) until
-every stream is recovered; RSS then; SIGKILL again. The load average is printed beside each round.
+every stream is recovered; RSS then (after a few idle seconds), also after the first start, and per stream
+above the same server's RSS on an empty directory; SIGKILL again. The load average is printed beside
+each round.
 
 A full run (``--streams 100000``) saves ``bench/results/restart.json`` and renders
 ``docs/img/bench-restart.png`` (``bench/charts.py``).
@@ -141,7 +143,26 @@ class Server:
         self.proc.wait()
 
 
-def one_restart(server: Server, streams: int, reads: int, seed: int) -> dict:
+SETTLE_SECONDS = 3.0  # idle time before an RSS reading
+
+
+def settled_rss(server: Server) -> int:
+    time.sleep(SETTLE_SECONDS)
+    return rss_bytes(server.proc.pid)  # type: ignore[union-attr]
+
+
+def empty_rss(src: str | None, work: Path) -> int:
+    """RSS of the same server on an empty data directory (what idle streams are counted above)."""
+    server = Server(src, work / ("baseline-empty" if src else "ours-empty"))
+    server.data_dir.mkdir()
+    server.start()
+    server.wait(lambda h: not h.get("recovering"))
+    rss = settled_rss(server)
+    server.kill()
+    return rss
+
+
+def one_restart(server: Server, streams: int, reads: int, seed: int, empty: int) -> dict:
     started = server.start()
     healthy = server.wait(lambda h: True)
     cpu_healthy = cpu_seconds(server.proc.pid)  # type: ignore[union-attr]
@@ -161,9 +182,11 @@ def one_restart(server: Server, streams: int, reads: int, seed: int) -> dict:
         "reads_done_seconds": read_all - started,
         "all_recovered_seconds": recovered - started,
         "all_recovered_cpu_seconds": cpu_recovered,
-        "rss_mib": rss_bytes(server.proc.pid) / MiB,  # type: ignore[union-attr]
         "load": os.getloadavg()[0],
     }
+    rss = settled_rss(server)
+    figures["rss_mib"] = rss / MiB
+    figures["rss_per_stream_bytes"] = (rss - empty) / streams
     server.kill()
     print(json.dumps({"src": server.src or "this tree", **figures}), flush=True)
     return figures
@@ -172,14 +195,24 @@ def one_restart(server: Server, streams: int, reads: int, seed: int) -> dict:
 def bench(src: str | None, origin: Path, work: Path, args: argparse.Namespace) -> dict:
     data_dir = work / ("baseline" if src else "ours")
     shutil.copytree(origin, data_dir, symlinks=True)
+    empty = empty_rss(src, work)
     server = Server(src, data_dir)
     started = server.start()
     server.wait(lambda h: not h.get("recovering"))
     first_start = time.perf_counter() - started
+    rss = settled_rss(server)
     server.kill()
-    rounds = [one_restart(server, args.streams, args.reads, n) for n in range(args.rounds)]
+    start_figures = {
+        "first_start_seconds": first_start,
+        "empty_rss_mib": empty / MiB,
+        "rss_mib": rss / MiB,
+        "rss_per_stream_bytes": (rss - empty) / args.streams,
+        "load": os.getloadavg()[0],
+    }
+    print(json.dumps({"src": src or "this tree", "start": start_figures}), flush=True)
+    rounds = [one_restart(server, args.streams, args.reads, n, empty) for n in range(args.rounds)]
     medians = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
-    return {"first_start_seconds": first_start, "rounds": rounds, "median": medians}
+    return {**start_figures, "rounds": rounds, "median": medians}
 
 
 def chart_figures(results: dict) -> dict:

@@ -13,6 +13,7 @@ import concurrent.futures
 import random
 
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.http import poll_until
 
@@ -40,6 +41,17 @@ def _read(server, path: str) -> bytes:
     return response.content
 
 
+def _metrics(server) -> dict[str, float]:
+    response = requests.get(server.base_url + "/metrics", timeout=30)
+    assert response.status_code == 200, response.text
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(response.text)
+        for sample in family.samples
+        if not sample.labels
+    }
+
+
 def test_streams_are_served_while_the_server_recovers(server_factory) -> None:
     server = server_factory()
     expected = _create_all(server, 0, STREAMS)
@@ -56,6 +68,10 @@ def test_streams_are_served_while_the_server_recovers(server_factory) -> None:
     server.restart(recovered=False)
     health = server.health()
     assert "recovering" in health and "streams_pending" in health
+    # /metrics answers at once during recovery (the partial figures: test_metrics_while_recovering).
+    during = _metrics(server)
+    assert during["durastream_streams_pending"] >= 0
+    assert during["durastream_recovering"] in (0, 1)
     order = list(expected)
     random.Random(17).shuffle(order)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -93,6 +109,8 @@ def test_streams_are_served_while_the_server_recovers(server_factory) -> None:
     assert sorted(s["path"] for s in listing.json()["streams"]) == sorted(expected)
     poll_until(lambda: not server.health()["recovering"], "recovery to finish", timeout=60)
     assert server.health()["streams_pending"] == 0
+    after = _metrics(server)
+    assert after["durastream_streams_pending"] == 0 and after["durastream_recovering"] == 0
 
     server.kill()
     server.restart()

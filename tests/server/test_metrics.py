@@ -56,6 +56,8 @@ def test_every_family_parses_with_prometheus_clients_parser(server_factory) -> N
         "durastream_staged_handles",
         "durastream_staged_bytes",
         "durastream_quarantined_streams",
+        "durastream_recovering",
+        "durastream_streams_pending",
         "durastream_data_dir_free_bytes",
         "durastream_build_info",
         "process_resident_memory_bytes",

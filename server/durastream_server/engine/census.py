@@ -1,5 +1,7 @@
 """How much the server holds right now: streams, producers, staged handles and bytes, quarantined
-streams, free disk. Taken when ``/metrics`` is scraped, not kept up to date on the hot paths.
+streams, free disk, and how many streams are still recovering. Taken when ``/metrics`` is scraped, not
+kept up to date on the hot paths; a scrape during the background recovery after a start does not wait
+for it, and counts what is recovered so far.
 
 Producers and staged handles live per stream, so counting them visits every stream: that is done in
 slices of ``SLICE`` streams with a yield to the event loop between them, so a scrape of 100,000
@@ -35,6 +37,10 @@ class Census:
     staged_bytes: int  # payload bytes they hold
     quarantined: int  # streams set aside under quarantine/
     disk_free_bytes: int | None  # free bytes on the data directory's file system (None: unknown)
+    # Taken during the background recovery after a start (engine/recovery.py): then ``streams``,
+    # ``producers`` and the staged counts are of the streams recovered so far only.
+    recovering: bool = False
+    streams_pending: int = 0  # stream directories not recovered yet
 
 
 async def count_producers(states: Iterable[_HasProducers]) -> int:

@@ -51,6 +51,7 @@ from durastream_server.engine import (
     lookup,
     producer_sweep,
     producers,
+    readmemo,
     rendering,
     time_lookup,
     txnspace,
@@ -88,7 +89,6 @@ from durastream_server.engine.txnapi import (
     TxnLimits,
 )
 from durastream_server.engine.view import StreamView
-from durastream_server.engine.waiters import WaitSet
 from durastream_server.errors import (
     BadRequest,
     ConfigMismatch,
@@ -118,7 +118,6 @@ DEFAULT_SWEEP_INTERVAL = 0.25  # seconds between expiry sweeps
 # Append bodies below this are hashed and validated on the loop without a coroutine (``append_nowait``);
 # larger ones are hashed in a worker thread while they are validated.
 INLINE_BODY_BYTES = 16 * 1024
-READ_MEMO_BYTES = 4096  # largest read result kept per stream for the next identical read
 SELECTION_INLINE_PATHS = 1000  # larger selections are sorted and hashed in the read executor
 
 
@@ -180,6 +179,8 @@ class Engine:
         self._observers: list[StreamObserver] = []
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
+        self._on_commit = self._committed  # one bound method, shared by every log
+        self._read_memos = readmemo.ReadMemos()  # last small read results (readmemo.py)
         for inc in self._registry.by_id.values():
             self._subscribe(inc)
         self._txns = TxnManager(self, txn_limits)  # staged appends (staging.py)
@@ -281,7 +282,7 @@ class Engine:
                     await task
         self._sweeper = self._producer_sweeper = None
         for inc in list(self._registry.by_id.values()):
-            inc.waiters.shutdown()
+            inc.waitset().shutdown()
         results = await asyncio.gather(
             *(inc.log.flush() for inc in list(self._registry.by_id.values())),
             return_exceptions=True,
@@ -294,8 +295,10 @@ class Engine:
     async def census(self) -> census.Census:
         """Streams, producers, staged handles and bytes, quarantine and free disk, for ``/metrics``
         (``census.py``: a walk over the streams in slices, yielding to the loop between them).
-        Waits for recovery: the counts are of every stream."""
-        await self.recovered()
+        Never waits for recovery (``recovery.py``): while streams are still pending, the counts are
+        of the streams recovered so far, and ``pending`` says how many directories are left."""
+        recovering = self.recovering
+        pending = self.streams_pending
         current = list(self._registry.by_path.values())
         producers = await census.count_producers(inc.log.state for inc in current)
         handles, staged = await census.count_staged(self._txns.spaces())
@@ -310,6 +313,8 @@ class Engine:
             staged_bytes=staged,
             quarantined=len(self._data.quarantined),
             disk_free_bytes=free,
+            recovering=recovering,
+            streams_pending=pending,
         )
 
     def add_observer(self, observer: StreamObserver) -> None:
@@ -740,7 +745,7 @@ class Engine:
         inc = self._lookup(request.path)
         self._touch(inc)
         log = inc.log
-        memo = inc.read_memo
+        memo = self._read_memos.get(inc)
         if (
             memo is not None
             and memo[1] == log.durable_tail
@@ -805,9 +810,9 @@ class Engine:
             request.end_offset is None
             and durable_tail == tail
             and log.durable_closed == closed_before
-            and next_position - start <= READ_MEMO_BYTES
+            and next_position - start <= readmemo.MAX_BYTES
         ):
-            inc.read_memo = (request, tail, closed_before, result)
+            self._read_memos.put(inc, (request, tail, closed_before, result))
         return result
 
     # ------------------------------------------------------------------ read extensions
@@ -939,7 +944,7 @@ class Engine:
                 raise BadRequest("offset is beyond the tail of the stream")
         inc.active_waits += 1
         try:
-            return await inc.waiters.wait_until(
+            return await inc.waitset().wait_until(
                 lambda: log.durable_tail > target or log.durable_closed, timeout, release
             )
         finally:
@@ -1038,7 +1043,7 @@ class Engine:
         # Flag first (synchronously): from here on every direct request answers 410.
         inc.soft_deleted = True
         self.changes.touch(inc.path, live=False)
-        inc.waiters.fail(lambda: Gone("the stream was deleted"))
+        inc.waitset().fail(lambda: Gone("the stream was deleted"))
         await inc.log.stage_soft_delete()
         # The last fork may have gone while the record was being written.
         await self._collect(inc)
@@ -1047,17 +1052,15 @@ class Engine:
         if inc.removed:
             return
         self._registry.remove(inc)
-        if inc.unsubscribe is not None:
-            inc.unsubscribe()
-            inc.unsubscribe = None
-        inc.waiters.fail(lambda: NotFound("the stream was deleted"))
+        self._unsubscribe(inc)
+        inc.waitset().fail(lambda: NotFound("the stream was deleted"))
         try:
             await self._data.delete_stream(inc.log)
         except ProtocolError:
             # Storage keeps serving a log it could not move to the trash; so do we, unless the path
             # was re-created meanwhile (then it stays reachable only for its forks).
             inc.removed = False
-            inc.waiters = WaitSet()
+            inc.waiters = None
             self._registry.add(inc, current=inc.path not in self._registry.by_path)
             self._subscribe(inc)
             raise
@@ -1065,9 +1068,7 @@ class Engine:
     async def _quarantine(self, inc: Incarnation, reason: str) -> None:
         """Stop serving ``inc`` and set it aside (start-up only: nothing was served from it yet)."""
         self._registry.remove(inc)
-        if inc.unsubscribe is not None:
-            inc.unsubscribe()
-            inc.unsubscribe = None
+        self._unsubscribe(inc)
         await self._data.quarantine(inc.id, inc.path, reason)
 
     async def _collect(self, inc: Incarnation) -> None:
@@ -1268,12 +1269,21 @@ class Engine:
         return inc
 
     def _subscribe(self, inc: Incarnation) -> None:
-        inc.unsubscribe = inc.log.add_listener(functools.partial(self._committed, inc))
+        # The same bound method for every log (made once in __init__): no closure per stream.
+        inc.log.on_commit = self._on_commit
 
-    def _committed(self, inc: Incarnation) -> None:
-        """A durable commit of ``inc``'s log: wake its readers, and number the change if the path
-        still names ``inc`` (a soft-deleted source that serves its forks changes nothing visible)."""
-        inc.waiters.notify()
+    @staticmethod
+    def _unsubscribe(inc: Incarnation) -> None:
+        inc.log.on_commit = None
+
+    def _committed(self, log: StreamLog) -> None:
+        """A durable commit of ``log``: wake its incarnation's readers, and number the change if the
+        path still names it (a soft-deleted source that serves its forks changes nothing visible)."""
+        inc = self._registry.by_id.get(log.id)
+        if inc is None or inc.log is not log:
+            return
+        if inc.waiters is not None:
+            inc.waiters.notify()
         if not inc.soft_deleted and self._registry.by_path.get(inc.path) is inc:
             self.changes.touch(inc.path)
 

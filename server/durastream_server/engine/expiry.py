@@ -30,6 +30,9 @@ class Lifetime:
         return self.ttl_seconds is not None or self.expires_at is not None
 
 
+FOREVER = Lifetime()  # no TTL, no Expires-At (immutable, so one for every such stream)
+
+
 # Every instant a datetime can hold in UTC: RFC 3339 years are four digits, and Python has no year 0.
 # A requested Expires-At outside this range (``9999-12-31T23:59:59-23:59`` is in year 10000 in UTC) is
 # rejected at parse time: nothing outside it can be stored, formatted or compared.

@@ -13,7 +13,8 @@ forks), and this module recovers them:
 
 Never serving wrong data: a path's unit is registered in one step on the loop (``Engine._adopt``), with
 everything a request for it consults (state, fork graph, staged appends); what needs every stream at once
-(listing, the change feed, subscriptions, ``/metrics``, staged-append requests) waits for ``done``.
+(listing, the change feed, subscriptions, staged-append requests) waits for ``done``. ``/metrics`` does
+not: it counts what is recovered so far and says how many streams are pending (``census.py``).
 A header that disagrees with the catalog's hint (``storage/catalog.py``) means the hints cannot be trusted:
 from then on ``prepare`` waits for ``done`` as well, and the catalog is corrected. (A request for the
 header's real path that comes before that directory is recovered is answered from the hints: the catalog's

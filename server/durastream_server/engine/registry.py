@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
@@ -35,14 +36,17 @@ class Incarnation:
     soft_deleted: bool = False
     removed: bool = False  # hard-deleted (or being deleted): no longer reachable
     active_waits: int = 0  # long-polls/SSE parked on it: they count as access (hazard 26)
-    waiters: WaitSet = field(default_factory=WaitSet)
-    unsubscribe: Callable[[], None] | None = None
+    # Made by the first wait (``waitset``): most streams never have a reader parked (issue 17).
+    waiters: WaitSet | None = None
     json: bool = False
     essence: str = ""  # media type essence of the stream's content type (append compares it)
     hard_deadline: float | None = None  # Expires-At as epoch seconds, parsed once
-    # The last small read's result and what it depended on (Engine.read): a commit wakes every
-    # parked reader at once, and they all read the same range.
-    read_memo: tuple[object, int, bool, object] | None = None
+
+    def waitset(self) -> WaitSet:
+        waiters = self.waiters
+        if waiters is None:
+            waiters = self.waiters = WaitSet()
+        return waiters
 
     @property
     def id(self) -> str:
@@ -71,14 +75,17 @@ class Incarnation:
     @classmethod
     def of(cls, log: StreamLog, now: float) -> Incarnation:
         header = log.header
-        lifetime = expiry.Lifetime(header.ttl_seconds, header.expires_at)
+        if header.ttl_seconds is None and header.expires_at is None:
+            lifetime = expiry.FOREVER  # shared: most streams never expire (issue 17)
+        else:
+            lifetime = expiry.Lifetime(header.ttl_seconds, header.expires_at)
         return cls(
             log=log,
             lifetime=lifetime,
             last_access=now,
             soft_deleted=log.state.soft_deleted,
             json=contenttype.is_json(header.content_type),
-            essence=contenttype.essence(header.content_type),
+            essence=sys.intern(contenttype.essence(header.content_type)),
             hard_deadline=expiry.deadline(lifetime, now) if header.expires_at is not None else None,
         )
 

@@ -27,6 +27,8 @@ Every family, with its labels:
 ``durastream_staged_handles``               gauge      open staged-append handles
 ``durastream_staged_bytes``                 gauge      payload bytes they hold
 ``durastream_quarantined_streams``          gauge      streams set aside under quarantine/
+``durastream_recovering``                   gauge      1 while streams still recover after a start
+``durastream_streams_pending``              gauge      stream directories not recovered yet
 ``durastream_data_dir_free_bytes``          gauge      free space of the data directory's disk
 ``durastream_build_info``                   gauge      ``version``; always 1
 ``process_*``                               various    ``prometheus_client``'s process collector
@@ -169,6 +171,17 @@ def _census(census: Census) -> Iterator[Metric]:
         "durastream_quarantined_streams",
         "Streams set aside under quarantine/ (see /healthz and the start-up log).",
         value=census.quarantined,
+    )
+    yield GaugeMetricFamily(
+        "durastream_recovering",
+        "1 while streams are still recovering after a start: durastream_streams, "
+        "durastream_producers and durastream_staged_* then count the recovered streams only.",
+        value=1 if census.recovering else 0,
+    )
+    yield GaugeMetricFamily(
+        "durastream_streams_pending",
+        "Stream directories not recovered yet after a start (0 once recovery is complete).",
+        value=census.streams_pending,
     )
     if census.disk_free_bytes is not None:
         yield GaugeMetricFamily(

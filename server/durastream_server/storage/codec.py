@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from dataclasses import dataclass, fields
 from enum import IntEnum
 
@@ -277,7 +278,13 @@ def decode_header(body: bytes | bytearray | memoryview) -> StreamHeader:
                 isinstance(value, bool) or not isinstance(value, expected)
             ):
                 raise TypeError(f"field {name!r} has the wrong type: {value!r}")
-        return StreamHeader(**{k: v for k, v in data.items() if k in _HEADER_TYPES})
+        values = {k: v for k, v in data.items() if k in _HEADER_TYPES}
+        content_type = values.get("content_type")
+        if isinstance(content_type, str):
+            # Most streams of a server share a few content types: one string each, not one per
+            # stream (issue 17).
+            values["content_type"] = sys.intern(content_type)
+        return StreamHeader(**values)
     except (ValueError, TypeError) as exc:
         raise CorruptRecord(f"bad stream header: {exc}") from exc
 

@@ -311,7 +311,6 @@ class DataDir:
         stream = StreamLog(
             self._ctx,
             result.log_id,
-            result.directory,
             result.header,
             result.state,
             SegmentTable(result.directory, result.log_id, result.bases),
@@ -426,7 +425,6 @@ class DataDir:
         stream = StreamLog(
             self._ctx,
             log_id,
-            directory,
             header,
             state,
             SegmentTable(directory, log_id, [0]),

@@ -61,13 +61,41 @@ class _Points:
         return self.positions[i], self.offsets[i], self.ordinals[i]
 
 
+# Most streams are small: their sparse index has one point (the stream's start), and four arrays were
+# 320 bytes of each idle stream (issue 17). An index whose points fit here shares read-only one-point
+# arrays (by value: a start position of 0, a header's size, an ordinal of 0, a time floor of 0) until its
+# second point, when ``note`` copies them first; nothing else changes an index's arrays.
+_SHARED_MAX = 1 << 16
+_SHARED: dict[int, array] = {}
+_NO_POINTS = array("q")
+
+
+def _shared_point(value: int) -> array | None:
+    """A shared one-element array holding ``value`` (None: not a value that is shared)."""
+    if not 0 <= value < _SHARED_MAX:
+        return None
+    shared = _SHARED.get(value)
+    if shared is None:
+        shared = _SHARED.setdefault(value, array("q", (value,)))
+    return shared
+
+
 class SparseIndex(_Points):
     """(position, global file offset, message ordinal, effective append time) roughly every
     ``interval`` file bytes, in log order. ``messages`` counts every message noted so far (the durable
     message count of the log); ``last_time`` is the effective append time of the last message noted
     (or the stream's time floor, ``StreamHeader.append_time_floor_ms``, before any)."""
 
-    __slots__ = ("interval", "positions", "offsets", "ordinals", "times", "messages", "last_time")
+    __slots__ = (
+        "interval",
+        "positions",
+        "offsets",
+        "ordinals",
+        "times",
+        "messages",
+        "last_time",
+        "_shared",
+    )
 
     def __init__(
         self,
@@ -80,10 +108,12 @@ class SparseIndex(_Points):
         last_time: int = 0,
     ):
         self.interval = max(1, interval)
-        self.positions: array = positions if positions is not None else array("q")
-        self.offsets: array = offsets if offsets is not None else array("q")
-        self.ordinals: array = ordinals if ordinals is not None else array("q")
-        self.times: array = times if times is not None else array("q")
+        self.positions: array = positions if positions is not None else _NO_POINTS
+        self.offsets: array = offsets if offsets is not None else _NO_POINTS
+        self.ordinals: array = ordinals if ordinals is not None else _NO_POINTS
+        self.times: array = times if times is not None else _NO_POINTS
+        # The arrays are shared (``_shared_point``, ``_NO_POINTS``): copy before appending.
+        self._shared = positions is None or offsets is None or ordinals is None or times is None
         self.messages = messages
         self.last_time = last_time
         if not len(self.positions) == len(self.offsets) == len(self.ordinals) == len(self.times):
@@ -96,12 +126,38 @@ class SparseIndex(_Points):
         if n_messages and timestamp_ms > self.last_time:
             self.last_time = timestamp_ms
         offsets = self.offsets
-        if not offsets or offset - offsets[-1] >= self.interval:
+        new_point = not offsets or offset - offsets[-1] >= self.interval
+        # A first point may be made of shared arrays; any other is appended to the index's own.
+        if new_point and (offsets or not self._share_first(position, offset)):
+            if self._shared:
+                self._own()
             self.positions.append(position)
-            offsets.append(offset)
+            self.offsets.append(offset)
             self.ordinals.append(self.messages)
             self.times.append(self.last_time)
         self.messages += n_messages
+
+    def _share_first(self, position: int, offset: int) -> bool:
+        """Make the first point out of shared arrays, if its values are shared ones."""
+        shared = (
+            _shared_point(position),
+            _shared_point(offset),
+            _shared_point(self.messages),
+            _shared_point(self.last_time),
+        )
+        if None in shared:
+            return False
+        self.positions, self.offsets, self.ordinals, self.times = shared  # type: ignore[assignment]
+        self._shared = True
+        return True
+
+    def _own(self) -> None:
+        """Copies of the arrays, to append to (they were shared)."""
+        self.positions = array("q", self.positions)
+        self.offsets = array("q", self.offsets)
+        self.ordinals = array("q", self.ordinals)
+        self.times = array("q", self.times)
+        self._shared = False
 
     def floor_time(self, at_ms: int) -> tuple[int, int, int] | None:
         """The last point ``(position, offset, effective time)`` whose effective time is below
@@ -138,14 +194,22 @@ class RecentRecords(_Points):
             del self.ordinals[: self.limit]
 
 
+# The window of every index that has none: never noted into (``LogIndex.note`` makes a new one first).
+_NO_RECENT = RecentRecords(0)
+
+
 class LogIndex:
-    """The lookup a read uses: the closest known record start at or before a position."""
+    """The lookup a read uses: the closest known record start at or before a position.
+
+    The recent window is kept while the log is written to, and dropped (``forget_recent``) when it
+    goes idle: three arrays were about 240 bytes of each idle stream, and more for a stream with many
+    records (issue 17). Without it a lookup starts at the sparse point, at most one interval back."""
 
     __slots__ = ("sparse", "recent")
 
     def __init__(self, sparse: SparseIndex) -> None:
         self.sparse = sparse
-        self.recent = RecentRecords()
+        self.recent = _NO_RECENT
 
     def note(self, position: int, offset: int, n_messages: int, timestamp_ms: int) -> None:
         """A durable APPEND record starts at global ``offset`` with ``n_messages`` messages appended
@@ -153,7 +217,14 @@ class LogIndex:
         sparse = self.sparse
         ordinal = sparse.messages
         sparse.note(position, offset, n_messages, timestamp_ms)
-        self.recent.note(position, offset, ordinal)
+        recent = self.recent
+        if recent is _NO_RECENT:
+            recent = self.recent = RecentRecords()
+        recent.note(position, offset, ordinal)
+
+    def forget_recent(self) -> None:
+        """Drop the recent window (an idle log; the next ``note`` starts a new one)."""
+        self.recent = _NO_RECENT
 
     @property
     def messages(self) -> int:

@@ -140,13 +140,11 @@ class StreamLog:
         "state",
         "durable_tail",
         "durable_closed",
-        "directory",
         "_ctx",
         "_segments",
         "_index",
         "_file_end",
         "_last_record",
-        "_target",
         "_queue",
         "_inflight",
         "_writer",
@@ -160,6 +158,7 @@ class StreamLog:
         "_durable_count",
         "_flush_waiters",
         "_listeners",
+        "on_commit",
         "_next_listener",
         "_snapshot_entries",
         "_snapshot_end",
@@ -177,7 +176,6 @@ class StreamLog:
         self,
         ctx: LogContext,
         log_id: str,
-        directory: str,
         header: StreamHeader,
         state: StreamState,
         segments: SegmentTable,
@@ -190,28 +188,30 @@ class StreamLog:
         self.state = state
         self.durable_tail = state.tail
         self.durable_closed = state.closed
-        self.directory = directory
         self._ctx = ctx
         self._segments = segments
+        index.forget_recent()  # a log starts idle (recovery noted every record into it)
         self._index = index
         self._file_end = file_end
         self._last_record = last_record  # global offset of the last record on disk
-        self._target = WriteTarget(
-            directory, log_id, ctx.cache, ctx.segment_bytes, ctx.sync, ctx.metrics
-        )
-        self._queue: list[_Queued] = []
-        self._inflight: list[_Queued] = []
+        # Empty tuples, not lists, while nothing is queued or waits (shared: no memory per idle log,
+        # issue 17); a list is made when the first item comes.
+        self._queue: list[_Queued] | tuple[()] = ()
+        self._inflight: list[_Queued] | tuple[()] = ()
         self._writer: asyncio.Task[None] | None = None  # a batch written alone, or a snapshot
         self._busy = False  # something is queued or in flight (see round_job)
-        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._idle_waiters: list[asyncio.Future[None]] | tuple[()] = ()
         self._round_snapshot: StateImage | None = None  # to write after the batch in the round
         self._failure: BaseException | None = None
         self._closed = False  # closed by DataDir (delete or shutdown): no more stages or reads
         self._deleted = False
         self._staged_count = 0
         self._durable_count = 0
-        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._listeners: dict[int, Callable[[], None]] = {}
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] | tuple[()] = ()
+        self._listeners: dict[int, Callable[[], None]] | None = None  # add_listener (tests, tools)
+        # The owner's commit callback (the engine's): one function shared by every log and called
+        # with the log, so that it costs no closure per stream (issue 17).
+        self.on_commit: Callable[[StreamLog], None] | None = None
         self._next_listener = 0
         self._snapshot_entries = state.entries  # state.entries covered by the last snapshot
         self._snapshot_end = file_end
@@ -228,13 +228,30 @@ class StreamLog:
     # ----------------------------------------------------------------------------------------- writes
 
     @property
+    def directory(self) -> str:
+        """The stream directory (``<data-dir>/streams/<id>``)."""
+        return self._segments.directory
+
+    @property
     def base(self) -> int:
         """First logical position stored in this log (``header.fork_position``)."""
         return self.header.fork_position
 
     @property
+    def idle(self) -> bool:
+        """Nothing queued or in flight, and no hot tail kept: the log holds only its idle state."""
+        return not self._busy and not self._hot
+
+    @property
     def poisoned(self) -> bool:
         return self._failure is not None
+
+    def _write_target(self) -> WriteTarget:
+        """Made per batch, not kept: a log that is not written to holds none (issue 17)."""
+        ctx = self._ctx
+        return WriteTarget(
+            self.directory, self.id, ctx.cache, ctx.segment_bytes, ctx.sync, ctx.metrics
+        )
 
     def _writable(self) -> bool:
         """Not poisoned, not closed, and the data directory's WAL has not failed (``committer.py``)."""
@@ -286,22 +303,31 @@ class StreamLog:
         if self._durable_count >= self._staged_count:
             return
         waiter = asyncio.get_running_loop().create_future()
-        self._flush_waiters.append((self._staged_count, waiter))
+        if self._flush_waiters:
+            self._flush_waiters.append((self._staged_count, waiter))  # type: ignore[union-attr]
+        else:
+            self._flush_waiters = [(self._staged_count, waiter)]
         await waiter
 
     def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call ``callback`` (on the loop) after each durable commit; returns an unsubscribe function."""
         key = self._next_listener
         self._next_listener += 1
+        if self._listeners is None:
+            self._listeners = {}
         self._listeners[key] = callback
 
         def unsubscribe() -> None:
-            self._listeners.pop(key, None)
+            if self._listeners is not None:
+                self._listeners.pop(key, None)
 
         return unsubscribe
 
     def _enqueue(self, item: _Item, fut: asyncio.Future[None]) -> None:
-        self._queue.append((item, fut))
+        if self._queue:
+            self._queue.append((item, fut))  # type: ignore[union-attr]
+        else:
+            self._queue = [(item, fut)]
         self._staged_count += 1
         if not self._busy:
             self._busy = True
@@ -324,7 +350,7 @@ class StreamLog:
         # A record group (staged-append commit) is written alone; a snapshot is taken only when the
         # batch leaves nothing queued (the state then matches the disk).
         batch, rest = split_batch(self._queue)
-        self._queue = rest
+        self._queue = rest or ()
         self._inflight = batch
         snapshot_state = capture(self.state) if not rest and self._snapshot_due() else None
         if is_group_batch(batch) or _batch_bytes(batch) > ROUND_BATCH_BYTES:
@@ -334,7 +360,7 @@ class StreamLog:
             return None
         self._round_snapshot = snapshot_state
         return RoundJob(
-            self._target, [item for item, _ in batch], self._segments.last, self._file_end
+            self._write_target(), [item for item, _ in batch], self._segments.last, self._file_end
         )
 
     def round_done(self, result: BatchResult | BaseException) -> None:
@@ -353,7 +379,7 @@ class StreamLog:
             result: BatchResult | BaseException = await asyncio.get_running_loop().run_in_executor(
                 self._ctx.executor,
                 write_group if is_group_batch(batch) else write_batch,
-                self._target,
+                self._write_target(),
                 [item for item, _ in batch],
                 self._segments.last,
                 self._file_end,
@@ -378,7 +404,7 @@ class StreamLog:
         if isinstance(result, BaseException):
             self._poison(result)
             return False
-        self._inflight = []
+        self._inflight = ()
         try:
             self._commit(batch, result)
         except Exception as exc:  # a bug; never leave stagers waiting forever
@@ -403,7 +429,7 @@ class StreamLog:
 
     def _set_idle(self) -> None:
         self._busy = False
-        waiters, self._idle_waiters = self._idle_waiters, []
+        waiters, self._idle_waiters = self._idle_waiters, ()
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -412,7 +438,10 @@ class StreamLog:
         """Until no batch of this log is queued or in flight (nor the snapshot after one)."""
         while self._busy:
             waiter = asyncio.get_running_loop().create_future()
-            self._idle_waiters.append(waiter)
+            if self._idle_waiters:
+                self._idle_waiters.append(waiter)  # type: ignore[union-attr]
+            else:
+                self._idle_waiters = [waiter]
             await waiter
 
     def _commit(self, batch: list[_Queued], result: BatchResult) -> None:
@@ -453,13 +482,24 @@ class StreamLog:
                         waiter.set_result(None)
                 else:
                     still.append((target, waiter))
-            self._flush_waiters = still
+            self._flush_waiters = still or ()
         self._keep_hot(batch)
-        for callback in list(self._listeners.values()):
+        self._notify_committed()
+
+    def _notify_committed(self) -> None:
+        """Tell the owner (``on_commit``) and the listeners that more of the log is durable."""
+        on_commit = self.on_commit
+        if on_commit is not None:
             try:
-                callback()
+                on_commit(self)
             except Exception:
-                log.exception("stream %s: commit listener failed", self.id)
+                log.exception("stream %s: commit callback failed", self.id)
+        if self._listeners:
+            for callback in list(self._listeners.values()):
+                try:
+                    callback()
+                except Exception:
+                    log.exception("stream %s: commit listener failed", self.id)
 
     def _keep_hot(self, batch: list[_Queued]) -> None:
         """Keep the data this commit made durable in memory for a moment (bounded, see HOT_*).
@@ -506,8 +546,11 @@ class StreamLog:
         self._drop_hot()
 
     def _drop_hot(self) -> None:
+        """The log is idle: drop what only its readers right after a commit need (the hot tail, the
+        index's recent window)."""
         self._hot = ()
         self._hot_bytes = 0
+        self._index.forget_recent()
         if self._hot_timer is not None:
             self._hot_timer.cancel()
             self._hot_timer = None
@@ -522,14 +565,14 @@ class StreamLog:
             exc,
             exc_info=not isinstance(exc, OSError | errors.StorageFailure),
         )
-        pending = self._inflight + self._queue
-        self._inflight = []
-        self._queue = []
+        pending = [*self._inflight, *self._queue]
+        self._inflight = ()
+        self._queue = ()
         self._round_snapshot = None
         for _, fut in pending:
             if not fut.done():
                 fut.set_exception(self._error())
-        waiters, self._flush_waiters = self._flush_waiters, []
+        waiters, self._flush_waiters = self._flush_waiters, ()
         for _, waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(self._error())
@@ -603,11 +646,7 @@ class StreamLog:
                 self.durable_tail,
             )
             if grew:  # a failed batch whose undo failed was complete on disk: it is data now
-                for callback in list(self._listeners.values()):
-                    try:
-                        callback()
-                    except Exception:
-                        log.exception("stream %s: commit listener failed", self.id)
+                self._notify_committed()
         except asyncio.CancelledError:
             pass
         finally:
@@ -896,7 +935,7 @@ class StreamLog:
 
     def _staged(self) -> list[AppendEntry]:
         """Entries accepted but not yet durable, in log order."""
-        return [item for item, _ in self._inflight + self._queue if type(item) is AppendEntry]
+        return [item for item, _ in [*self._inflight, *self._queue] if type(item) is AppendEntry]
 
     def _staged_ordinal(self, position: int, staged: list[AppendEntry]) -> int | None:
         """Ordinal (counted from the first staged message) of the staged message starting at

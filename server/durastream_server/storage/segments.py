@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,12 +36,23 @@ def segment_name(base: int) -> str:
 class SegmentTable:
     """The segment bases of one log. Mutated only on the loop; readers work on a ``view()`` copy."""
 
-    __slots__ = ("directory", "log_id", "bases")
+    # The stream directory is the data directory's ``streams/`` (one interned string for every log)
+    # joined with the log id when asked for: not a ~100-byte path string per stream (issue 17).
+    __slots__ = ("_root", "log_id", "bases")
 
     def __init__(self, directory: str, log_id: str, bases: list[int]) -> None:
-        self.directory = directory
+        root, name = os.path.split(directory)
+        if name != log_id:
+            raise ValueError(
+                f"segment directory {directory!r} is not named after its log {log_id!r}"
+            )
+        self._root = sys.intern(root)
         self.log_id = log_id
         self.bases = bases
+
+    @property
+    def directory(self) -> str:
+        return os.path.join(self._root, self.log_id)
 
     def path(self, base: int) -> str:
         return os.path.join(self.directory, segment_name(base))

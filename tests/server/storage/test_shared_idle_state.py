@@ -1,0 +1,60 @@
+"""What idle streams share instead of holding one each (issue 17): empty producer tables and one-point
+sparse indexes. Sharing must never let one stream's change show in another's."""
+
+from __future__ import annotations
+
+from durastream_server.storage.index import LogIndex, SparseIndex
+from durastream_server.storage.table import CowTable
+
+
+def test_empty_tables_share_nothing_once_written() -> None:
+    a: CowTable[int] = CowTable()
+    b: CowTable[int] = CowTable()
+    frozen = b.freeze()
+    a["x"] = 1
+    assert dict(a.items()) == {"x": 1}
+    assert len(b) == 0 and "x" not in b and list(b.items()) == []
+    assert frozen == ({},)
+    b["y"] = 2
+    assert dict(b.items()) == {"y": 2} and dict(a.items()) == {"x": 1}
+    assert frozen == ({},)  # a picture taken before the write stays as it was
+    del b["y"]
+    assert len(b) == 0 and CowTable() == {}
+
+
+def test_one_point_indexes_share_arrays_until_their_second_point() -> None:
+    a, b = SparseIndex(100), SparseIndex(100)
+    a.note(0, 120, 0)
+    b.note(0, 120, 0)
+    assert a.positions is b.positions and a.offsets is b.offsets  # shared, read-only
+    a.note(0, 150, 1, 5)  # within the interval: counted, no new point
+    a.note(10, 400, 2, 7)  # a second point: a's own arrays from now on
+    assert list(a.positions) == [0, 10] and list(a.offsets) == [120, 400]
+    assert list(a.ordinals) == [0, 1] and list(a.times) == [0, 7]
+    assert list(b.positions) == [0] and list(b.offsets) == [120]
+    assert list(b.ordinals) == [0] and list(b.times) == [0]
+    assert b.floor_entry(50) == (0, 120, 0) and a.floor_entry(50) == (10, 400, 1)
+    c = SparseIndex(100)
+    c.note(0, 120, 0)
+    assert list(c.offsets) == [120]  # the shared array did not grow
+
+
+def test_a_first_point_that_is_not_shared_is_the_indexs_own() -> None:
+    big = SparseIndex(100, last_time=1_900_000_000_000)
+    big.note(5_000_000, 300, 0)
+    big.note(5_000_100, 500, 1, 1_900_000_000_001)
+    assert list(big.positions) == [5_000_000, 5_000_100]
+    assert list(big.times) == [1_900_000_000_000, 1_900_000_000_001]
+
+
+def test_the_recent_window_is_dropped_when_idle_and_made_again_by_the_next_record() -> None:
+    index = LogIndex(SparseIndex(1 << 20))
+    index.sparse.note(0, 100, 0)
+    index.note(0, 100, 1, 1)
+    index.note(5, 140, 1, 2)
+    assert index.exact(5) == 1 and index.floor(7) == (5, 140)
+    index.forget_recent()
+    assert index.exact(5) is None  # not known exactly any more: a lookup scans from a sparse point
+    assert index.floor(7) == (0, 100)
+    index.note(9, 180, 1, 3)
+    assert index.exact(9) == 2 and index.floor(10) == (9, 180)
