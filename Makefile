@@ -65,7 +65,7 @@ $(COMPAT_BIN)/.installed: pyproject.toml server/pyproject.toml constraints/minim
 	touch $@
 
 .PHONY: test-compat
-test-compat: $(COMPAT_BIN)/.installed $(BENCH_NPM_DIR)/node_modules/.installed
+test-compat: $(COMPAT_BIN)/.installed npm
 	$(COMPAT_BIN)/python -c "import pyspark, pyarrow, requests; print('test-compat: pyspark', \
 	pyspark.__version__, 'pyarrow', pyarrow.__version__, 'requests', requests.__version__)"
 	PYSPARK_PYTHON=$(abspath $(COMPAT_BIN)/python) $(COMPAT_BIN)/pytest -p no:cacheprovider \
