@@ -127,25 +127,33 @@ async def sweep(logs: Iterable[StreamLog], now_ms: int, policy: ProducerPolicy) 
     yielding to the loop every ``SLICE`` streams or producers."""
     counts = SweepCounts()
     slices = _Slices()
+    # One int for the pass: every stream with nothing sooner shares it (a new one per stream was 32
+    # bytes of each idle stream's memory; issue 17).
+    revisit = now_ms + int(policy.revisit_seconds * 1000)
     for log in logs:
         await slices.step()
         if log.state.producers_due_ms <= now_ms:
             counts.streams += 1
             before = counts.forgotten + counts.groups_dropped
-            await _sweep_stream(log, now_ms, policy, counts, slices)
+            await _sweep_stream(log, now_ms, policy, counts, slices, revisit)
             if counts.forgotten + counts.groups_dropped != before:
                 log.note_pruned()
     return counts
 
 
 async def _sweep_stream(
-    log: StreamLog, now_ms: int, policy: ProducerPolicy, counts: SweepCounts, slices: _Slices
+    log: StreamLog,
+    now_ms: int,
+    policy: ProducerPolicy,
+    counts: SweepCounts,
+    slices: _Slices,
+    revisit: int,
 ) -> None:
     state = log.state
     quiet_ms = int(policy.quiet_seconds * 1000)
     expiry_ms = int(policy.expiry_seconds * 1000)
     group_ms = int(policy.group_expiry_seconds * 1000) if expiry_ms else 0
-    due = now_ms + int(policy.revisit_seconds * 1000)
+    due = revisit
     producers = state.producers
     for pid in _keys_in_slices(producers):
         if await slices.step() and log.state is not state:

@@ -30,6 +30,7 @@ import gc
 import logging
 from collections.abc import Awaitable, Callable
 
+from durastream_server import allocator
 from durastream_server.storage import DataDir
 from durastream_server.storage.log import StreamLog
 
@@ -138,6 +139,11 @@ class Recovery:
             if was_enabled:
                 gc.enable()
                 gc.freeze()
+        # What recovery freed (file buffers, batch lists, decoded records) sits in the malloc heaps
+        # between and above what it kept: hand it back, off the loop (allocator.py; issue 17).
+        await asyncio.get_running_loop().run_in_executor(
+            self._data.read_executor, allocator.release_free_memory
+        )
 
     async def _recover_all(self) -> None:
         try:

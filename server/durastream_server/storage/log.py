@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from durastream_server import errors
 from durastream_server.storage import codec
@@ -123,6 +123,80 @@ def _batch_bytes(batch: list[_Queued]) -> int:
     return sum(item.cost if type(item) is AppendEntry else 64 for item, _ in batch)  # type: ignore[union-attr]
 
 
+class _Rare:
+    """The part of a ``StreamLog`` that only a log being written, waited on or healed needs, with the
+    defaults an idle log has: an idle log holds ``None`` in its place, not twelve slots (100 bytes of
+    each of 100,000 idle streams; issue 17). ``StreamLog`` reads and writes these through properties
+    of the same names (``_rare_field``)."""
+
+    __slots__ = (
+        "_idle_waiters",
+        "_round_snapshot",
+        "_flush_waiters",
+        "_listeners",
+        "_next_listener",
+        "_pruned",
+        "_snapshot_pruned",
+        "_hot_bytes",
+        "_hot_at",
+        "_hot_timer",
+        "_healing",
+        "_heal_failures",
+    )
+
+    def __init__(self) -> None:
+        self._idle_waiters: list[asyncio.Future[None]] | tuple[()] = ()
+        self._round_snapshot: StateImage | None = None  # to write after the batch in the round
+        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] | tuple[()] = ()
+        self._listeners: dict[int, Callable[[], None]] | None = None  # add_listener (tests, tools)
+        self._next_listener = 0
+        self._pruned = 0  # changes to the state that are not in the log (``note_pruned``)
+        self._snapshot_pruned = 0  # ... of them, covered by the last snapshot
+        self._hot_bytes = 0  # see _keep_hot
+        self._hot_at = 0.0  # loop time of the last commit that added to _hot
+        self._hot_timer: asyncio.TimerHandle | None = None
+        self._healing: asyncio.Task[None] | None = None  # see _heal
+        self._heal_failures = 0  # out-of-space poisonings since the last successful commit
+
+    def at_defaults(self) -> bool:
+        return (
+            not self._idle_waiters
+            and self._round_snapshot is None
+            and not self._flush_waiters
+            and not self._listeners
+            and self._pruned == self._snapshot_pruned == 0
+            and self._hot_bytes == 0
+            and self._hot_timer is None
+            and self._healing is None
+            and self._heal_failures == 0
+        )
+
+
+_IDLE = _Rare()  # the defaults, read while a log has no _Rare (never written)
+
+
+def _rare_field(name: str) -> property:
+    """A ``StreamLog`` property for the ``_Rare`` slot ``name``: the default while the log has none;
+    the first write of another value makes its ``_Rare``."""
+    default = getattr(_IDLE, name)
+    get_slot = getattr(_Rare, name).__get__
+    set_slot = getattr(_Rare, name).__set__
+
+    def get(self: StreamLog) -> Any:
+        rare = self._rare
+        return default if rare is None else get_slot(rare)
+
+    def put(self: StreamLog, value: Any) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is default or value == default:
+                return
+            rare = self._rare = _Rare()
+        set_slot(rare, value)
+
+    return property(get, put)
+
+
 class StreamLog:
     """Append-only log of one stream incarnation.
 
@@ -149,27 +223,16 @@ class StreamLog:
         "_inflight",
         "_writer",
         "_busy",
-        "_idle_waiters",
-        "_round_snapshot",
         "_failure",
         "_closed",
         "_deleted",
         "_staged_count",
         "_durable_count",
-        "_flush_waiters",
-        "_listeners",
         "on_commit",
-        "_next_listener",
         "_snapshot_entries",
         "_snapshot_end",
-        "_pruned",
-        "_snapshot_pruned",
         "_hot",
-        "_hot_bytes",
-        "_hot_at",
-        "_hot_timer",
-        "_healing",
-        "_heal_failures",
+        "_rare",
     )
 
     def __init__(
@@ -200,30 +263,34 @@ class StreamLog:
         self._inflight: list[_Queued] | tuple[()] = ()
         self._writer: asyncio.Task[None] | None = None  # a batch written alone, or a snapshot
         self._busy = False  # something is queued or in flight (see round_job)
-        self._idle_waiters: list[asyncio.Future[None]] | tuple[()] = ()
-        self._round_snapshot: StateImage | None = None  # to write after the batch in the round
         self._failure: BaseException | None = None
         self._closed = False  # closed by DataDir (delete or shutdown): no more stages or reads
         self._deleted = False
         self._staged_count = 0
         self._durable_count = 0
-        self._flush_waiters: list[tuple[int, asyncio.Future[None]]] | tuple[()] = ()
-        self._listeners: dict[int, Callable[[], None]] | None = None  # add_listener (tests, tools)
         # The owner's commit callback (the engine's): one function shared by every log and called
         # with the log, so that it costs no closure per stream (issue 17).
         self.on_commit: Callable[[StreamLog], None] | None = None
-        self._next_listener = 0
         self._snapshot_entries = state.entries  # state.entries covered by the last snapshot
         self._snapshot_end = file_end
-        self._pruned = 0  # changes to the state that are not in the log (``note_pruned``)
-        self._snapshot_pruned = 0  # ... of them, covered by the last snapshot
         # See _keep_hot. An idle log holds no deque (an empty one is 600 bytes; issue 17).
         self._hot: collections.deque[AppendEntry] | tuple[()] = ()
-        self._hot_bytes = 0
-        self._hot_at = 0.0  # loop time of the last commit that added to _hot
-        self._hot_timer: asyncio.TimerHandle | None = None
-        self._healing: asyncio.Task[None] | None = None  # see _heal
-        self._heal_failures = 0  # out-of-space poisonings since the last successful commit
+        # What only a written, waited-on or healing log needs (``_Rare``): made on the first change
+        # from its defaults, dropped once the log is idle again (issue 17).
+        self._rare: _Rare | None = None
+
+    _idle_waiters = _rare_field("_idle_waiters")
+    _round_snapshot = _rare_field("_round_snapshot")
+    _flush_waiters = _rare_field("_flush_waiters")
+    _listeners = _rare_field("_listeners")
+    _next_listener = _rare_field("_next_listener")
+    _pruned = _rare_field("_pruned")
+    _snapshot_pruned = _rare_field("_snapshot_pruned")
+    _hot_bytes = _rare_field("_hot_bytes")
+    _hot_at = _rare_field("_hot_at")
+    _hot_timer = _rare_field("_hot_timer")
+    _healing = _rare_field("_healing")
+    _heal_failures = _rare_field("_heal_failures")
 
     # ----------------------------------------------------------------------------------------- writes
 
@@ -554,6 +621,9 @@ class StreamLog:
         if self._hot_timer is not None:
             self._hot_timer.cancel()
             self._hot_timer = None
+        rare = self._rare
+        if rare is not None and not self._busy and rare.at_defaults():
+            self._rare = None
 
     def _poison(self, exc: BaseException) -> None:
         self._failure = exc

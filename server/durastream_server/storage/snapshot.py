@@ -50,7 +50,7 @@ from durastream_server.storage.state import (
     ProducerState,
     StreamState,
 )
-from durastream_server.storage.table import CowTable, Frozen
+from durastream_server.storage.table import Frozen, table_of
 
 log = logging.getLogger(__name__)
 
@@ -326,15 +326,15 @@ def decode_snapshot(data: bytes) -> Snapshot:
         for size in sizes:
             sections.append(rest[:size])
             rest = rest[size:]
-        state.producers = CowTable(_read_named(sections[0], _read_producer))
+        state.producers = table_of(_read_named(sections[0], _read_producer))
         forgotten = _read_named(sections[1], _fixed_reader(_FORGOTTEN))
-        state.forgotten = CowTable({n: ForgottenGroup(*values) for n, values in forgotten.items()})
+        state.forgotten = table_of({n: ForgottenGroup(*values) for n, values in forgotten.items()})
         committed = _read_named(sections[2], _fixed_reader(_COMMITTED))
-        state.txn_committed = CowTable({n: expires for n, (expires,) in committed.items()})
+        state.txn_committed = table_of({n: expires for n, (expires,) in committed.items()})
     else:
         legacy = meta["state"]
-        state.producers = CowTable(_legacy_producers(legacy["producers"], state.last_timestamp_ms))
-        state.txn_committed = CowTable(
+        state.producers = table_of(_legacy_producers(legacy["producers"], state.last_timestamp_ms))
+        state.txn_committed = table_of(
             {str(name): int(expires) for name, expires in legacy.get("txn_committed", ())}
         )
     if len(rest) != 32 * count:

@@ -15,7 +15,7 @@ from durastream_server.storage.records import (
     GroupCommit,
     ProducerTuple,
 )
-from durastream_server.storage.table import CowTable
+from durastream_server.storage.table import EMPTY, CowTable, empty
 
 # Producer request digests (``engine/producers.py`` computes them; the fold only stores them).
 DIGEST_BYTES = 24
@@ -141,22 +141,47 @@ class StreamState:
     closed: bool = False
     closed_by: ProducerTuple | None = None
     last_stream_seq: str | None = None
-    # Tables a snapshot takes in O(1) (storage/table.py).
-    producers: CowTable[ProducerState] = field(default_factory=CowTable)
+    # Tables a snapshot takes in O(1) (storage/table.py). Each is the shared read-only ``EMPTY`` until
+    # its first entry: write through ``producers_of`` / ``forgotten_of`` / ``committed_of``.
+    producers: CowTable[ProducerState] = field(default_factory=empty)
     soft_deleted: bool = False
     last_timestamp_ms: int = 0
     entries: int = 0  # number of AppendEntry records applied (a record group counts once)
     # Staged-append handles committed into this stream -> when their names may be forgotten (their
     # expiry). Rebuilt by the fold, so a staging file left behind by a crash between a commit and its
     # cleanup is recognised at start-up (docs/decisions/0003-staged-appends.md).
-    txn_committed: CowTable[int] = field(default_factory=CowTable)
+    txn_committed: CowTable[int] = field(default_factory=empty)
     txn_pruned_size: int = 0  # size of ``txn_committed`` after its last pruning (not persisted)
     # Groups of producers that were forgotten after being idle (``forget_producer``), persisted in
     # snapshots (docs/decisions/0005-producer-state.md).
-    forgotten: CowTable[ForgottenGroup] = field(default_factory=CowTable)
+    forgotten: CowTable[ForgottenGroup] = field(default_factory=empty)
     # When the producer sweep next has something to do here (engine/producer_sweep.py; not persisted:
     # 0 means "look now", which is what a state rebuilt from disk needs).
     producers_due_ms: int = 0
+
+
+def producers_of(state: StreamState) -> CowTable[ProducerState]:
+    """``state.producers``, made writable (its own table in place of the shared empty one)."""
+    table = state.producers
+    if table is EMPTY:
+        table = state.producers = CowTable()
+    return table
+
+
+def forgotten_of(state: StreamState) -> CowTable[ForgottenGroup]:
+    """``state.forgotten``, made writable."""
+    table = state.forgotten
+    if table is EMPTY:
+        table = state.forgotten = CowTable()
+    return table
+
+
+def committed_of(state: StreamState) -> CowTable[int]:
+    """``state.txn_committed``, made writable."""
+    table = state.txn_committed
+    if table is EMPTY:
+        table = state.txn_committed = CowTable()
+    return table
 
 
 def apply_entry(state: StreamState, entry: AppendEntry | GroupCommit) -> None:
@@ -171,8 +196,9 @@ def apply_entry(state: StreamState, entry: AppendEntry | GroupCommit) -> None:
         state.last_stream_seq = entry.stream_seq
     producer = entry.producer
     if producer is not None:
-        state.producers[producer.producer_id] = _next_producer_state(
-            state.producers.get(producer.producer_id), producer, entry
+        producers = producers_of(state)
+        producers[producer.producer_id] = _next_producer_state(
+            producers.get(producer.producer_id), producer, entry
         )
     if entry.closes:
         state.closed = True
@@ -234,11 +260,12 @@ def forget_producer(state: StreamState, producer_id: str) -> None:
     if current is None:
         return
     group = producer_group(producer_id)
-    known = state.forgotten.get(group)
+    forgotten = forgotten_of(state)
+    known = forgotten.get(group)
     if known is None:
-        state.forgotten[group] = ForgottenGroup(current.epoch, current.last_ms)
+        forgotten[group] = ForgottenGroup(current.epoch, current.last_ms)
     else:
-        state.forgotten[group] = ForgottenGroup(
+        forgotten[group] = ForgottenGroup(
             max(known.epoch, current.epoch), max(known.last_ms, current.last_ms)
         )
 
@@ -249,7 +276,7 @@ def note_committed(
     """Remember committed handle names; forget expired ones whenever the table has doubled (amortized
     O(1) per name). Keeping an expired name a little longer is harmless: an expired handle can never be
     committed anyway."""
-    committed = state.txn_committed
+    committed = committed_of(state)
     for handle in handles:
         committed[handle.name] = handle.expires_at_ms
     if len(committed) > max(64, 2 * state.txn_pruned_size):
