@@ -527,7 +527,7 @@ class StreamLog:
                 tail = item.end
                 closed = closed or item.closes
         if result.new_segments:
-            self._segments.bases.extend(result.new_segments)
+            self._segments.extend(result.new_segments)
         self._file_end = result.end
         if result.offsets:
             self._last_record = result.offsets[-1]

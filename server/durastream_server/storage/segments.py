@@ -16,7 +16,7 @@ import os
 import re
 import sys
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from durastream_server.storage import codec
@@ -34,13 +34,19 @@ def segment_name(base: int) -> str:
 
 
 class SegmentTable:
-    """The segment bases of one log. Mutated only on the loop; readers work on a ``view()`` copy."""
+    """The segment bases of one log. Replaced (never changed in place) only on the loop; readers work
+    on a ``view()``.
+
+    ``bases`` is a tuple: most logs have one segment for life, and a tuple of one is half the memory of
+    a list of one (issue 17); a new segment (every ``--segment-bytes``) builds a new tuple (``extend``),
+    and a view shares it instead of copying it.
+    """
 
     # The stream directory is the data directory's ``streams/`` (one interned string for every log)
     # joined with the log id when asked for: not a ~100-byte path string per stream (issue 17).
     __slots__ = ("_root", "log_id", "bases")
 
-    def __init__(self, directory: str, log_id: str, bases: list[int]) -> None:
+    def __init__(self, directory: str, log_id: str, bases: Sequence[int]) -> None:
         root, name = os.path.split(directory)
         if name != log_id:
             raise ValueError(
@@ -48,7 +54,11 @@ class SegmentTable:
             )
         self._root = sys.intern(root)
         self.log_id = log_id
-        self.bases = bases
+        self.bases = tuple(bases)
+
+    def extend(self, bases: Sequence[int]) -> None:
+        """New segments (ascending, after the last)."""
+        self.bases += tuple(bases)
 
     @property
     def directory(self) -> str:
@@ -65,7 +75,7 @@ class SegmentTable:
         return self.bases[-1]
 
     def view(self, end: int) -> SegmentView:
-        return SegmentView(self.directory, self.log_id, tuple(self.bases), end)
+        return SegmentView(self.directory, self.log_id, self.bases, end)
 
 
 @dataclass(frozen=True, slots=True)
