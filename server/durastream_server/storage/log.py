@@ -124,12 +124,16 @@ def _batch_bytes(batch: list[_Queued]) -> int:
 
 
 class _Rare:
-    """The part of a ``StreamLog`` that only a log being written, waited on or healed needs, with the
-    defaults an idle log has: an idle log holds ``None`` in its place, not twelve slots (100 bytes of
+    """The part of a ``StreamLog`` that only a log being written, waited on, healed or closed needs, with the
+    defaults an idle log has: an idle log holds ``None`` in its place, not sixteen slots (128 bytes of
     each of 100,000 idle streams; issue 17). ``StreamLog`` reads and writes these through properties
     of the same names (``_rare_field``)."""
 
     __slots__ = (
+        "_writer",
+        "_failure",
+        "_closed",
+        "_deleted",
         "_idle_waiters",
         "_round_snapshot",
         "_flush_waiters",
@@ -145,6 +149,10 @@ class _Rare:
     )
 
     def __init__(self) -> None:
+        self._writer: asyncio.Task[None] | None = None  # a batch written alone, or a snapshot
+        self._failure: BaseException | None = None  # what poisoned the log
+        self._closed = False  # closed by DataDir (delete or shutdown): no more stages or reads
+        self._deleted = False
         self._idle_waiters: list[asyncio.Future[None]] | tuple[()] = ()
         self._round_snapshot: StateImage | None = None  # to write after the batch in the round
         self._flush_waiters: list[tuple[int, asyncio.Future[None]]] | tuple[()] = ()
@@ -160,7 +168,10 @@ class _Rare:
 
     def at_defaults(self) -> bool:
         return (
-            not self._idle_waiters
+            self._writer is None
+            and self._failure is None
+            and not self._closed
+            and not self._idle_waiters
             and self._round_snapshot is None
             and not self._flush_waiters
             and not self._listeners
@@ -221,11 +232,7 @@ class StreamLog:
         "_last_record",
         "_queue",
         "_inflight",
-        "_writer",
         "_busy",
-        "_failure",
-        "_closed",
-        "_deleted",
         "_staged_count",
         "_durable_count",
         "on_commit",
@@ -261,11 +268,7 @@ class StreamLog:
         # issue 17); a list is made when the first item comes.
         self._queue: list[_Queued] | tuple[()] = ()
         self._inflight: list[_Queued] | tuple[()] = ()
-        self._writer: asyncio.Task[None] | None = None  # a batch written alone, or a snapshot
         self._busy = False  # something is queued or in flight (see round_job)
-        self._failure: BaseException | None = None
-        self._closed = False  # closed by DataDir (delete or shutdown): no more stages or reads
-        self._deleted = False
         self._staged_count = 0
         self._durable_count = 0
         # The owner's commit callback (the engine's): one function shared by every log and called
@@ -279,6 +282,10 @@ class StreamLog:
         # from its defaults, dropped once the log is idle again (issue 17).
         self._rare: _Rare | None = None
 
+    _writer = _rare_field("_writer")
+    _failure = _rare_field("_failure")
+    _closed = _rare_field("_closed")
+    _deleted = _rare_field("_deleted")
     _idle_waiters = _rare_field("_idle_waiters")
     _round_snapshot = _rare_field("_round_snapshot")
     _flush_waiters = _rare_field("_flush_waiters")
