@@ -54,3 +54,39 @@ def test_large_blocks_come_from_the_heap_once_the_server_configured_malloc() -> 
     _, mapped = _probe("default")
     assert mapped >= 8 * 1024 * 1024
     assert _probe("server") == ("True", 0)
+
+
+# With the server's thresholds, 40 MB of small blocks freed at once stay resident (under the 64 MiB trim
+# threshold) until release_free_memory hands them back, as it does after background recovery.
+_TRIM_PROBE = textwrap.dedent(
+    """
+    import ctypes, os
+    from durastream_server import allocator
+
+    def rss():
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = (ctypes.c_size_t,)
+    libc.free.argtypes = (ctypes.c_void_p,)
+    assert allocator.keep_freed_memory()
+    blocks = [libc.malloc(1000) for _ in range(40_000)]
+    for block in blocks:
+        ctypes.memset(block, 1, 1000)
+    for block in blocks:
+        libc.free(block)
+    kept = rss()
+    released = allocator.release_free_memory()
+    print(released, kept - rss())
+    """
+)
+
+
+@pytest.mark.skipif(not _glibc_with_mallinfo2(), reason="needs glibc (malloc_trim)")
+def test_release_free_memory_hands_freed_heap_memory_back_to_the_kernel() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _TRIM_PROBE], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[0] == "True"
+    assert int(out[1]) >= 20 * 1024 * 1024, f"only {int(out[1])} bytes of RSS released"

@@ -1,9 +1,22 @@
 """What idle streams share instead of holding one each (issue 17): empty producer tables and one-point
-sparse indexes. Sharing must never let one stream's change show in another's."""
+sparse indexes, the side object of a log's rarely used state. Sharing must never let one stream's change
+show in another's."""
 
 from __future__ import annotations
 
+import pytest
+
+from durastream_server.storage import table
 from durastream_server.storage.index import LogIndex, SparseIndex
+from durastream_server.storage.records import AppendEntry, CommittedHandle, ProducerTuple
+from durastream_server.storage.state import (
+    ForgottenGroup,
+    ProducerState,
+    StreamState,
+    apply_entry,
+    forget_producer,
+    note_committed,
+)
 from durastream_server.storage.table import CowTable
 
 
@@ -58,3 +71,19 @@ def test_the_recent_window_is_dropped_when_idle_and_made_again_by_the_next_recor
     assert index.floor(7) == (0, 100)
     index.note(9, 180, 1, 3)
     assert index.exact(9) == 2 and index.floor(10) == (9, 180)
+
+
+def test_stream_states_share_one_read_only_empty_table_until_their_first_write() -> None:
+    a, b = StreamState(tail=0), StreamState(tail=0)
+    assert a.producers is b.producers is a.forgotten is a.txn_committed is table.EMPTY
+    with pytest.raises(TypeError, match="read-only"):
+        a.producers["p"] = ProducerState(0, 0)  # a writer that forgot producers_of()
+    assert len(table.EMPTY) == 0 and table.EMPTY.freeze() == ({},)
+    apply_entry(a, AppendEntry(0, (b'"x"',), 1000, producer=ProducerTuple("p-1", 0, 0)))
+    forget_producer(a, "p-1")  # the producer moves to the forgotten groups
+    note_committed(b, (CommittedHandle("h", 5000),), 1000)
+    assert a.producers is not table.EMPTY and a.forgotten is not table.EMPTY
+    assert len(a.producers) == 0 and dict(a.forgotten.items()) == {"p": ForgottenGroup(0, 1000)}
+    assert dict(b.txn_committed.items()) == {"h": 5000}
+    assert b.producers is b.forgotten is a.txn_committed is table.EMPTY and len(table.EMPTY) == 0
+    assert table.table_of({}) is table.EMPTY and dict(table.table_of({"k": 1}).items()) == {"k": 1}
