@@ -8,8 +8,8 @@ by ``df.write.format("durastream")`` in transactional mode (the default on duras
   every target is new, so the sink creates it, as a job writing per-entity streams for a new day would.
 
 Each is run with two connectors in the same run, against the same server (this branch's, fsync
-durability, its default): ``branch`` (this checkout: ``bulk-write`` ensures, stages and commits) and
-``base``, the connector of ``--base-ref`` (default ``merge16``, main before this work: a ``HEAD``, a
+durability, its default): ``branch`` (this checkout) and ``base``, the connector of ``--base-ref``
+(default ``main``; the first runs compared main before ``bulk-write``, ``merge16``: a ``HEAD``, a
 ``PUT``, a stage and a commit per stream and partition), extracted with ``git archive`` and put first
 on ``PYTHONPATH`` of a child process (Spark's Python workers inherit it). Rounds alternate the two.
 
@@ -245,7 +245,12 @@ def main() -> None:
         finally:
             server.stop()
     load = os.getloadavg()
-    summary = {"rows": args.rows, "streams": args.streams, "load": [round(x, 2) for x in load]}
+    summary = {
+        "rows": args.rows,
+        "streams": args.streams,
+        "base_ref": args.base_ref,
+        "load": [round(x, 2) for x in load],
+    }
     for name, results in runs.items():
         if not results:
             continue
@@ -278,7 +283,7 @@ def main() -> None:
 
 def figures(summary: dict) -> dict:
     """The chart of docs/benchmarks.md: both connectors, one stream and routed, in one run."""
-    ours, base = "bulk-write (this branch)", "main's connector (per-stream requests)"
+    ours, base = "this branch's connector", f"{summary.get('base_ref', 'main')}'s connector"
     streams, rows = summary["streams"], summary["rows"]
     groups = {"one stream": "one", f"{streams:,} streams x {rows // streams}": "fan"}
 
