@@ -8,17 +8,20 @@ by ``df.write.format("durastream")`` in transactional mode (the default on duras
   every target is new, so the sink creates it, as a job writing per-entity streams for a new day would.
 
 Each is run with two connectors in the same run, against the same server (this branch's, fsync
-durability, its default): ``branch`` (this checkout: ``bulk-write`` ensures, stages and commits) and
-``base``, the connector of ``--base-ref`` (default ``merge16``, main before this work: a ``HEAD``, a
+durability, its default): ``branch`` (this checkout) and ``base``, the connector of ``--base-ref``
+(default ``main``; the first runs compared main before ``bulk-write``, ``merge16``: a ``HEAD``, a
 ``PUT``, a stage and a commit per stream and partition), extracted with ``git archive`` and put first
 on ``PYTHONPATH`` of a child process (Spark's Python workers inherit it). Rounds alternate the two.
 
 Figures per run: wall seconds of ``save()`` and the server's CPU seconds during it (``/proc``; wall time
-on this shared machine is noisy, CPU much less). Ratios: ``fan / one`` per connector (target <= 2x wall,
+on this shared machine is noisy, CPU much less); the requests the server answered during it, by kind
+(its access log); and from Spark's status API the write stage's tasks, its duration and the tasks'
+summed run time (executors), the rest of ``save()`` being the driver (planning, commit). Ratios: ``fan / one`` per connector (target <= 2x wall,
 <= 3x server CPU) and ``base / branch`` for ``fan``. Each ``fan`` run is checked: every stream holds its
 rows exactly once.
 
 Run: ``python bench/sink_fanout_bench.py [--rows 40000] [--streams 2000] [--rounds 2] [--json FILE]``
+(``--only branch`` skips the base connector: this checkout's figures alone).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -57,7 +61,7 @@ def child(args: argparse.Namespace) -> None:
 
     spark = (
         SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
+        .config("spark.ui.port", "0")  # a free port: the status API gives the stage's figures
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
@@ -70,13 +74,20 @@ def child(args: argparse.Namespace) -> None:
     )
     rows.cache().count()
 
-    def save(df, **options: str) -> tuple[float, float]:
+    def save(df, **options: str) -> list:
+        """[wall s, server CPU s, {figures: requests by kind, the write stage's tasks and times}]."""
         cpu = server_cpu_seconds(args.server_pid)
+        logged = Path(args.access_log).stat().st_size
         started = time.perf_counter()
         df.write.format("durastream").option("url", args.url).options(**options).mode(
             "append"
         ).save()
-        return time.perf_counter() - started, server_cpu_seconds(args.server_pid) - cpu
+        wall = time.perf_counter() - started
+        server_cpu = server_cpu_seconds(args.server_pid) - cpu
+        time.sleep(0.2)  # the server's last access-log lines reach the file
+        figures = {"requests": count_requests(Path(args.access_log), logged)}
+        figures.update(write_stage(spark, wall))
+        return [wall, server_cpu, figures]
 
     save(rows.limit(200), stream=f"warm/{uuid.uuid4().hex[:8]}")  # Python workers, first requests
     out: dict[str, object] = {"code": str(Path(durastream_spark.__file__).parent.parent)}
@@ -89,6 +100,53 @@ def child(args: argparse.Namespace) -> None:
     out["prefix"] = prefix
     spark.stop()
     print("RESULT " + json.dumps(out), flush=True)
+
+
+def count_requests(log: Path, start: int) -> dict[str, int]:
+    """Requests in the server's access log after byte ``start``, by method and kind."""
+    counts: dict[str, int] = {}
+    with log.open("rb") as file:
+        file.seek(start)
+        for line in file.read().decode("utf-8", "replace").splitlines():
+            found = re.search(r" (GET|HEAD|PUT|POST|DELETE) (\S+) -> \d+ ", line)
+            if not found:
+                continue
+            method, target = found.groups()
+            kind = target.split("?")[0].rsplit("/", 1)[-1] if "__ds/" in target else "stream"
+            if "/metrics" in target or "/healthz" in target:
+                continue
+            key = f"{method} {kind}"
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def write_stage(spark, wall: float) -> dict[str, float]:
+    """The last completed stage (the write): its tasks, duration and the tasks' summed run time, from
+    Spark's status API; ``driver_s`` is the rest of ``save()``'s wall time (planning, the commit)."""
+    import urllib.request
+
+    sc = spark.sparkContext
+    port = sc.uiWebUrl.rsplit(":", 1)[1]  # the UI listens on every interface; no proxy for it
+    url = f"http://127.0.0.1:{port}/api/v1/applications/{sc.applicationId}/stages?status=complete"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=30) as answer:
+        stages = json.load(answer)
+    stage = max(stages, key=lambda s: s["stageId"])
+    duration = (parse_time(stage["completionTime"]) - parse_time(stage["submissionTime"])) / 1000
+    return {
+        "tasks": stage["numTasks"],
+        "stage_s": round(duration, 3),
+        "executor_run_s": round(stage["executorRunTime"] / 1000, 3),
+        "driver_s": round(wall - duration, 3),
+    }
+
+
+def parse_time(text: str) -> float:
+    """Milliseconds of a status-API time such as ``2026-11-27T04:58:01.123GMT``."""
+    import datetime as dt
+
+    stamp = dt.datetime.strptime(text.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
+    return stamp.timestamp() * 1000
 
 
 def check(url: str, prefix: str, streams: int, rows: int) -> None:
@@ -122,6 +180,8 @@ def run_child(args: argparse.Namespace, url: str, pid: int, code: Path | None) -
         str(args.rows),
         "--streams",
         str(args.streams),
+        "--access-log",
+        str(args.access_log),
     ]
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, check=False, cwd=code or REPO
@@ -137,11 +197,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=40_000)
     parser.add_argument("--streams", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--base-ref", default="merge16")
+    parser.add_argument("--base-ref", default="main")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", action="store_true")
     parser.add_argument("--url")
     parser.add_argument("--server-pid", type=int)
+    parser.add_argument("--access-log", help="(child) the server's log, with its access lines")
+    parser.add_argument(
+        "--only", choices=("branch", "base"), help="run one connector (default: both, alternating)"
+    )
     parser.add_argument("--replot", type=Path, help="record the chart of a saved --json run")
     args = parser.parse_args()
     if args.child:
@@ -156,20 +220,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="sink-fanout-") as tmp:
         base_code = Path(tmp) / "base"
         base_code.mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", args.base_ref, "durastream_spark"],
-            capture_output=True,
-            check=True,
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(base_code)], input=archive, check=True)
-        server = ServerProcess(Path(tmp) / "data")
+        if args.only != "branch":
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", args.base_ref, "durastream_spark"],
+                capture_output=True,
+                check=True,
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(base_code)], input=archive, check=True)
+        server = ServerProcess(Path(tmp) / "data", extra_args=["--access-log"])
         server.start()
+        args.access_log = server.log_path
         url = server.base_url + "/v1/stream"
         runs: dict[str, list[dict]] = {"branch": [], "base": []}
         try:
             for round_ in range(args.rounds):
                 order = ("base", "branch") if round_ % 2 == 0 else ("branch", "base")
                 for name in order:
+                    if args.only not in (None, name):
+                        continue
                     result = run_child(args, url, server.pid, base_code if name == "base" else None)
                     check(url, result["prefix"], args.streams, args.rows)
                     runs[name].append(result)
@@ -177,8 +245,15 @@ def main() -> None:
         finally:
             server.stop()
     load = os.getloadavg()
-    summary = {"rows": args.rows, "streams": args.streams, "load": [round(x, 2) for x in load]}
+    summary = {
+        "rows": args.rows,
+        "streams": args.streams,
+        "base_ref": args.base_ref,
+        "load": [round(x, 2) for x in load],
+    }
     for name, results in runs.items():
+        if not results:
+            continue
         one_wall = statistics.median(r["one"][0] for r in results)
         one_cpu = statistics.median(r["one"][1] for r in results)
         fan_wall = statistics.median(r["fan"][0] for r in results)
@@ -190,20 +265,25 @@ def main() -> None:
             "fan_server_cpu_s": round(fan_cpu, 2),
             "fan_over_one_wall": round(fan_wall / one_wall, 2),
             "fan_over_one_cpu": round(fan_cpu / max(one_cpu, 0.01), 2),
+            "one_figures": results[-1]["one"][2],
+            "fan_figures": results[-1]["fan"][2],
         }
-    summary["fan_base_over_branch_wall"] = round(
-        summary["base"]["fan_s"] / summary["branch"]["fan_s"], 2
-    )
+    if runs["base"] and runs["branch"]:
+        summary["fan_base_over_branch_wall"] = round(
+            summary["base"]["fan_s"] / summary["branch"]["fan_s"], 2
+        )
     print(json.dumps(summary, indent=2))
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2))
     full = args.rows == 40_000 and args.streams == 2_000 and args.rounds >= 2
+    if args.only:
+        return
     charts.record("sink_fanout", figures(summary), full=full)
 
 
 def figures(summary: dict) -> dict:
     """The chart of docs/benchmarks.md: both connectors, one stream and routed, in one run."""
-    ours, base = "bulk-write (this branch)", "main's connector (per-stream requests)"
+    ours, base = "this branch's connector", f"{summary.get('base_ref', 'main')}'s connector"
     streams, rows = summary["streams"], summary["rows"]
     groups = {"one stream": "one", f"{streams:,} streams x {rows // streams}": "fan"}
 

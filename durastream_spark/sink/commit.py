@@ -241,7 +241,7 @@ def _commit_in_bulk(
         return rest
     answers: list[PartResult | Exception]
     try:
-        answers = transactional.commit_parts(bulk, options, staged)
+        answers = transactional.commit_parts(client, bulk, options, staged)
     except DurastreamError as error:  # the bulk request itself failed: every part is to be replayed
         answers = [error] * len(staged)
     for (message, part), answer in zip(staged, answers, strict=True):

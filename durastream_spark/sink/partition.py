@@ -17,7 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from durastream_spark.errors import BadRequest
+from durastream_spark.errors import BadRequest, StreamNotFound
+from durastream_spark.protocol.bulk import BulkWrites
 from durastream_spark.sink import json_values, routing
 from durastream_spark.sink.encoding import (
     VALUE_COLUMN,
@@ -33,7 +34,7 @@ from durastream_spark.sink.options import TRANSACTIONAL
 from durastream_spark.sink.ordered import OrderedPartitionWriter
 from durastream_spark.sink.plan import SinkPlan
 from durastream_spark.sink.producer import RequestPool
-from durastream_spark.sink.targets import TargetStreams
+from durastream_spark.sink.targets import TargetStreams, forget_query, query_targets
 from durastream_spark.sink.transactional import TransactionalPartitionWriter
 from durastream_spark.worker_heap import freeze_startup_heap
 
@@ -49,7 +50,16 @@ class PartitionWrite:
         freeze_startup_heap()
         self._plan = plan
         self._identity = identity
-        self._targets = TargetStreams(plan.client, plan.options)
+        self._query = (plan.client.connection.url, identity.writer_key, plan.options.content_type)
+        known = None  # the targets this query's earlier tasks ensured (routed, bulk-write servers)
+        routed_in_bulk = (
+            plan.mode == TRANSACTIONAL
+            and plan.routing.column is not None
+            and BulkWrites(plan.client, plan.options.content_type).supported()
+        )
+        if routed_in_bulk:
+            known = query_targets(self._query)
+        self._targets = TargetStreams(plan.client, plan.options, known)
         self._checked: set[str] = set()
         # JSON values are checked to be one JSON text each; other payloads the sink renders itself.
         self._check_values = plan.layout.value_index is not None and plan.layout.json_stream
@@ -106,10 +116,14 @@ class PartitionWrite:
         writer: ModeWriter = writer_class(
             plan.client, plan.options, identity, pool, json_framing=json_framing
         )
+        if isinstance(writer, TransactionalPartitionWriter):
+            writer.targets = self._targets
         try:
             feed(writer)
             parts = writer.finish()
         except BaseException as error:
+            if isinstance(error, StreamNotFound):  # a remembered target is gone: the retry ensures
+                forget_query(self._query)
             pool.shutdown()
             try:
                 writer.discard()

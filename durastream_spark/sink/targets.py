@@ -11,6 +11,8 @@ meets together (those of one input batch) are checked and created in one ``ensur
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from durastream_spark.errors import ContentTypeMismatch, StreamNotFound
@@ -22,14 +24,53 @@ from durastream_spark.sink.options import SinkOptions
 
 log = logging.getLogger(__name__)
 
+# Queries whose ensured targets a worker process remembers (the most recently used), and how many targets
+# per query (past it the query's set starts afresh: one ensure of each again, never a wrong answer).
+MAX_QUERIES = 16
+MAX_TARGETS_PER_QUERY = 1_000_000
+
+QueryKey = tuple[str, str, str]  # (server root URL, writer key, content type)
+
+_lock = threading.Lock()
+_queries: OrderedDict[QueryKey, set[str]] = OrderedDict()
+
+
+def query_targets(key: QueryKey) -> set[str]:
+    """The targets this process has ensured for the query ``key`` (shared, mutable: ``TargetStreams``
+    adds what it ensures). Bounded: ``MAX_QUERIES`` queries, ``MAX_TARGETS_PER_QUERY`` targets each."""
+    with _lock:
+        known = _queries.get(key)
+        if known is None or len(known) > MAX_TARGETS_PER_QUERY:
+            known = _queries[key] = set()
+        _queries.move_to_end(key)
+        while len(_queries) > MAX_QUERIES:
+            _queries.popitem(last=False)
+        return known
+
+
+def forget_query(key: QueryKey) -> None:
+    """After a 404 that was not repaired in place: the query's targets are ensured again."""
+    with _lock:
+        _queries.pop(key, None)
+
 
 class TargetStreams:
-    """Checks (and creates) each target once per instance; instances live for one task or one planning."""
+    """Checks (and creates) each target once per instance; instances live for one task or one planning.
+    With ``known`` (``query_targets``), also once per query in this process."""
 
-    def __init__(self, client: StreamClient, options: SinkOptions) -> None:
+    def __init__(
+        self, client: StreamClient, options: SinkOptions, known: set[str] | None = None
+    ) -> None:
         self._client = client
         self._options = options
-        self._ready: set[str] = set()
+        self._ready: set[str] = known if known is not None else set()
+
+    def refresh(self, paths: Iterable[str]) -> None:
+        """Ensure ``paths`` again, whatever was known of them (a write to them was answered 404)."""
+        paths = list(dict.fromkeys(paths))
+        self._ready.difference_update(paths)
+        log.info("ensuring %d target stream(s) again: a write found them missing", len(paths))
+        self.ensure_all(paths)
 
     def ensure(self, path: str) -> None:
         if path in self._ready:

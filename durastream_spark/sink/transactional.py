@@ -45,6 +45,7 @@ from typing import Any
 from durastream_spark.errors import (
     DuplicatePayloadMismatch,
     DurastreamError,
+    StreamNotFound,
     TxnAlreadyCommitted,
 )
 from durastream_spark.protocol.body import RequestBody
@@ -66,6 +67,7 @@ from durastream_spark.sink.messages import (
 from durastream_spark.sink.mode_writer import ModeWriter
 from durastream_spark.sink.options import TRANSACTIONAL, SinkOptions
 from durastream_spark.sink.producer import IndependentRequests, PipelinedProducer
+from durastream_spark.sink.targets import TargetStreams
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,7 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # ModeWriter's arguments
         super().__init__(*args, **kwargs)
         self._nonce = new_nonce()  # in every handle name: unique per attempt and per run
+        self.targets: TargetStreams | None = None  # to ensure a target again after a 404
         self._handle_count = 0
         self._inline_bytes = 0
 
@@ -136,9 +139,7 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
             else:
                 self._submit(stream, state, remainder)
         if entries:
-            failures = [r for r in bulk.stage(entries) if isinstance(r, Exception)]
-            if failures:
-                raise failures[0]
+            self._stage_in_bulk(bulk, entries)
         parts = []
         for stream, state in self._streams.items():
             state.parallel.drain()
@@ -168,6 +169,21 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
             abort_handles(self._client, stream, handles)
 
     # ---- internals ---------------------------------------------------------------------------------------
+
+    def _stage_in_bulk(self, bulk: BulkWrites, entries: list[StageEntry]) -> None:
+        """Stage ``entries``; those answered 404 (a target deleted after the query remembered it,
+        ``targets.py``) are staged once more after their streams are ensured again: a stage to a missing
+        stream stored nothing, so its handle is still unused."""
+        results = bulk.stage(entries)
+        missing = [
+            e for e, r in zip(entries, results, strict=True) if isinstance(r, StreamNotFound)
+        ]
+        if missing and self.targets is not None:
+            self.targets.refresh(entry.path for entry in missing)
+            results = bulk.stage(missing)
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            raise failures[0]
 
     def _open(self, stream: str) -> _StreamState:
         return _StreamState(self._batcher(), IndependentRequests(self._pool))
@@ -221,14 +237,25 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         return handle
 
     def _send(self, stream: str, handle: str, seq: int, body: RequestBody) -> StageResult:
-        return self._client.stage(
-            stream,
-            handle,
-            body,
-            self._options.content_type,
-            producer=(handle, STAGE_EPOCH, seq),
-            ttl_seconds=self._options.transaction_ttl_s if seq == 0 else None,
-        )
+        def stage() -> StageResult:
+            return self._client.stage(
+                stream,
+                handle,
+                body,
+                self._options.content_type,
+                producer=(handle, STAGE_EPOCH, seq),
+                ttl_seconds=self._options.transaction_ttl_s if seq == 0 else None,
+            )
+
+        try:
+            return stage()
+        except StreamNotFound:
+            # A target remembered as ensured was deleted: ensure it again and stage once more (the
+            # first stage of a handle stored nothing when refused; later seqs are a sequence: no).
+            if seq != 0 or self.targets is None:
+                raise
+            self.targets.refresh([stream])
+            return stage()
 
 
 def commit_part(
@@ -257,6 +284,7 @@ def commit_part(
 
 
 def commit_parts(
+    client: StreamClient,
     bulk: BulkWrites,
     options: SinkOptions,
     jobs: Sequence[tuple[SinkCommitMessage, StreamPart]],
@@ -270,6 +298,7 @@ def commit_parts(
     ]
     staged = [index for index, (_, part) in enumerate(jobs) if part.handles or part.inline]
     answers = bulk.commit([commit_entry(*jobs[index]) for index in staged]) if staged else []
+    _recommit_missing(client, options, bulk, [jobs[index] for index in staged], answers)
     unneeded: list[tuple[str, tuple[str, ...]]] = []
     for index, answer in zip(staged, answers, strict=True):
         message, part = jobs[index]
@@ -282,6 +311,35 @@ def commit_parts(
     if unneeded:
         abort_in_bulk(bulk, unneeded)
     return out
+
+
+def _recommit_missing(
+    client: StreamClient,
+    options: SinkOptions,
+    bulk: BulkWrites,
+    jobs: Sequence[tuple[SinkCommitMessage, StreamPart]],
+    answers: list[AppendResult | Exception],
+) -> None:
+    """Inline commits answered 404 (the stream was deleted after the query's tasks remembered it as
+    ensured, ``targets.py``): ensure those streams again and commit those parts once more, in place in
+    ``answers``. Safe: a commit refused 404 wrote nothing, and the part's data is in its message. (A
+    staged part's handles went with its stream: its 404 stands, and the batch's replay stages anew.)"""
+    missing = [
+        index
+        for index, answer in enumerate(answers)
+        if isinstance(answer, StreamNotFound) and jobs[index][1].inline is not None
+    ]
+    if not missing:
+        return
+    try:
+        TargetStreams(client, options).refresh(jobs[index][1].stream for index in missing)
+    except DurastreamError as error:  # e.g. TargetMissing without createStreams: the parts fail
+        for index in missing:
+            answers[index] = error
+        return
+    again = bulk.commit([commit_entry(*jobs[index]) for index in missing])
+    for index, answer in zip(missing, again, strict=True):
+        answers[index] = answer
 
 
 def commit_entry(message: SinkCommitMessage, part: StreamPart) -> CommitEntry:

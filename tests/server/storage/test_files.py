@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections import OrderedDict
 
 import pytest
 
@@ -70,3 +71,45 @@ def test_short_writes_are_resumed(tmp_path, monkeypatch, short_by: int) -> None:
     expected = b"".join(bytes(b) for b in buffers)
     assert written == len(expected)
     assert path.read_bytes() == expected
+
+
+class _CountingLru(OrderedDict):
+    """The cache's LRU, counting the entries any walk over it visits."""
+
+    visited = 0
+
+    def __iter__(self):
+        for key in super().__iter__():
+            _CountingLru.visited += 1
+            yield key
+
+    def items(self):
+        for item in super().items():
+            _CountingLru.visited += 1
+            yield item
+
+
+def test_eviction_walks_only_as_far_as_it_must_and_spares_handles_in_use(tmp_path) -> None:
+    """Writes to more streams than the cache holds evict on every acquire: each eviction visits the
+    few oldest entries, not the whole LRU (main copied all its keys each time: 100 per eviction here),
+    and never closes a handle in use."""
+    capacity, extra = 100, 50
+    paths = []
+    for index in range(capacity + extra):
+        path = tmp_path / f"segment-{index}"
+        path.write_bytes(b"x")
+        paths.append(str(path))
+    cache = files.FdCache(capacity)
+    cache._open = _CountingLru()
+    held = cache.acquire("k0", paths[0])  # the oldest entry, in use throughout
+    for index in range(1, capacity):
+        cache.release(cache.acquire(f"k{index}", paths[index]))
+    _CountingLru.visited = 0
+    for index in range(capacity, capacity + extra):
+        cache.release(cache.acquire(f"k{index}", paths[index]))
+    assert _CountingLru.visited <= 3 * extra, _CountingLru.visited
+    assert len(cache) == capacity
+    assert list(cache._open)[:2] == ["k0", f"k{extra + 1}"]  # k1..k50 evicted, in LRU order
+    assert os.read(held.fd, 1) == b"x"  # still open
+    cache.release(held)
+    cache.close_all()

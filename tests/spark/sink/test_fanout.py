@@ -22,6 +22,7 @@ from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink.commit import BatchFigures, commit_batch
 from durastream_spark.sink.messages import SinkCommitMessage
 from tests.spark.sink.support import WriterHarness, read_stream, record_batches, unique
+from tests.support.http import poll_until
 
 STREAMS = 150
 ROWS_PER_STREAM = 4
@@ -163,3 +164,81 @@ def test_parts_with_full_requests_are_staged_and_committed_with_the_inline_ones(
     for s in range(STREAMS):
         got = [m["n"] for m in read_stream(root, f"{base}/s{s:03d}")]
         assert got == [r * STREAMS + s for r in range(2 if s % 2 == 0 else ROWS_PER_STREAM)]
+
+
+# ---- a query's later batches (targets remembered per query) -----------------------------------------------
+
+
+@pytest.fixture
+def logged(server_factory) -> tuple[WriterHarness, str, str, object]:
+    """A harness against a server that logs every request (the ensure requests are counted there)."""
+    server = server_factory(extra_args=["--access-log"])
+    root = server.base_url + "/v1/stream"
+    options = {"url": root, "exactlyOnce": "transactional"}
+    return WriterHarness(options, SCHEMA, unique("fanout-query")), root, unique("fanout"), server
+
+
+def _ensure_requests(server, client: StreamClient, *also: str) -> int:
+    """The ``ensure`` requests (and ``PUT`` of the streams ``also``: one target is ensured alone) the
+    server answered so far: a marker request is sent and awaited in the access log first, so every
+    earlier request's line is there."""
+    marker = unique("marker")
+    client.create(marker, "application/json")
+
+    def lines() -> list[str]:
+        return server.log_path.read_text(errors="replace").splitlines()
+
+    poll_until(lambda: any(f"PUT /v1/stream/{marker} " in line for line in lines()), marker)
+    wanted = [" /v1/stream/__ds/x-durastream/ensure "] + [f"PUT /v1/stream/{p} " for p in also]
+    return sum(any(w in line for w in wanted) for line in lines())
+
+
+def test_a_later_batch_of_the_query_sends_no_ensure_for_streams_it_ensured(logged) -> None:
+    """Batch 0 ensures its 150 targets (one ensure per task); batch 1 of the same query writes to the
+    same streams and sends none (main: one ensure of all 150 per task and batch)."""
+    writer, root, base, server = logged
+    client = writer.plan.client
+    _write_batch(writer, base, epoch=0)
+    after_first = _ensure_requests(server, client)
+    assert after_first >= 1
+    messages, _ = _write_batch(writer, base, epoch=1)
+    assert _ensure_requests(server, client) == after_first
+    assert all(message.requests <= 1 for message in messages)  # the extensions lookup at most
+    got = {s: sorted(m["n"] for m in read_stream(root, f"{base}/s{s:03d}")) for s in (0, 77)}
+    for s, values in got.items():  # every row of both batches once
+        assert values == sorted(
+            2 * [p * 10_000 + r * STREAMS + s for p in (0, 1) for r in range(4)]
+        )
+
+
+def test_a_stream_deleted_between_batches_is_created_again_by_the_commit(logged) -> None:
+    """The query remembers s005 as ensured, but it was deleted before batch 1: the inline commit's 404
+    makes the driver ensure it again (one ensure) and commit the parts once more; it then holds exactly
+    batch 1's rows, the other streams both batches'."""
+    writer, root, base, server = logged
+    client = writer.plan.client
+    _write_batch(writer, base, epoch=0)
+    client.delete(f"{base}/s005")
+    before = _ensure_requests(server, client, f"{base}/s005")
+    _, figures = _write_batch(writer, base, epoch=1)
+    assert _ensure_requests(server, client, f"{base}/s005") == before + 1
+    assert {s.committed for s in figures.per_stream} == {2}
+    got = sorted(m["n"] for m in read_stream(root, f"{base}/s005"))
+    assert got == sorted(p * 10_000 + r * STREAMS + 5 for p in (0, 1) for r in range(4))
+    assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
+
+
+def test_a_staged_write_to_a_deleted_stream_ensures_it_again(logged) -> None:
+    """Full requests are staged as they fill (``maxMessagesPerRequest=3``): the first stage to the
+    deleted (but remembered) stream is answered 404, the task ensures it again and stages once more;
+    the batch is written once."""
+    _, root, base, server = logged
+    options = {"url": root, "exactlyOnce": "transactional", "maxMessagesPerRequest": "3"}
+    writer = WriterHarness(options, SCHEMA, unique("fanout-staged"))
+    _write_batch(writer, base, epoch=0)
+    writer.plan.client.delete(f"{base}/s005")
+    _, figures = _write_batch(writer, base, epoch=1)
+    assert {s.committed for s in figures.per_stream} == {2}
+    got = sorted(m["n"] for m in read_stream(root, f"{base}/s005"))
+    assert got == sorted(p * 10_000 + r * STREAMS + 5 for p in (0, 1) for r in range(4))
+    assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
