@@ -19,7 +19,7 @@ import requests
 
 from durastream_server.storage import wal
 from tests.server.test_crash import JSON, _read_all_messages
-from tests.support.http import poll_until
+from tests.support.server_process import kill_under_load
 
 CLIENTS = 8
 ACKS_PER_ROUND = 200
@@ -84,18 +84,14 @@ def test_sigkill_during_concurrent_creates(server_factory) -> None:
                 )
                 for c in range(CLIENTS)
             ]
-            poll_until(
-                lambda acked=acked, futures=futures: (
-                    sum(map(len, acked)) >= ACKS_PER_ROUND or all(f.done() for f in futures)
-                ),
-                "acknowledged creates",
-                timeout=120,
+            kill_under_load(
+                server,
+                futures,
+                stop,
+                lambda acked=acked: sum(map(len, acked)),
+                ACKS_PER_ROUND,
+                "creates",
             )
-            assert not any(f.done() for f in futures), "a client stopped before the kill"
-            server.kill()
-            stop.set()
-            for future in futures:
-                future.result()
         assert list((server.data_dir / wal.WAL_DIR).glob("*.wal")), "no WAL under load"
         if round_ == 1:
             assert _lose_new_directories(server.data_dir) >= 1

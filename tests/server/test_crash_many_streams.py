@@ -24,7 +24,7 @@ import requests
 from durastream_server.storage import wal
 from durastream_server.storage.segments import segment_name
 from tests.server.test_crash import JSON, _producer_loop, _read_all_messages
-from tests.support.http import poll_until
+from tests.support.server_process import kill_under_load
 
 STREAMS = 12
 ACKS_PER_ROUND = 240
@@ -71,19 +71,14 @@ def test_sigkill_during_appends_to_many_streams(server_factory) -> None:
                 pool.submit(_producer_loop, url, f"r{round_}s{n}", stop, acked[url], unacked[url])
                 for n, url in enumerate(urls)
             ]
-            poll_until(
-                lambda acked=acked, futures=futures: (
-                    sum(map(len, acked.values())) >= ACKS_PER_ROUND
-                    or all(f.done() for f in futures)
-                ),
-                "acknowledged appends",
-                timeout=120,
+            kill_under_load(
+                server,
+                futures,
+                stop,
+                lambda acked=acked: sum(map(len, acked.values())),
+                ACKS_PER_ROUND,
+                "appends",
             )
-            assert not any(f.done() for f in futures), "a producer stopped before the kill"
-            server.kill()
-            stop.set()
-            for future in futures:
-                future.result()
         assert list((server.data_dir / wal.WAL_DIR).glob("*.wal")), "no WAL under load"
         if round_ == 1:
             assert _lose_what_the_wal_holds(server.data_dir) >= 1

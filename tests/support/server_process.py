@@ -17,8 +17,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
+from threading import Event
+
+from tests.support.http import poll_until
 
 STARTUP_TIMEOUT_SECONDS = 30.0
 STOP_TIMEOUT_SECONDS = 30.0
@@ -219,3 +223,25 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def kill_under_load(
+    server: ServerProcess,
+    clients: Sequence[Future[None]],
+    stop: Event,
+    acknowledged: Callable[[], int],
+    enough: int,
+    what: str,
+) -> None:
+    """SIGKILL ``server`` while ``clients`` are still busy, once ``enough`` of their requests were
+    acknowledged (``acknowledged()`` counts them); then stop the clients and raise what any of them raised."""
+    poll_until(
+        lambda: acknowledged() >= enough or all(c.done() for c in clients),
+        f"acknowledged {what}",
+        timeout=120,
+    )
+    assert not any(c.done() for c in clients), "a client stopped before the kill"
+    server.kill()
+    stop.set()
+    for client in clients:
+        client.result()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -91,3 +92,11 @@ def drop_snapshot(root: Path, log_id: str) -> None:
 
 async def open_dd(root: Path, **overrides: Any) -> DataDir:
     return await DataDir.open(config(root, **overrides))
+
+
+def crash_copy(root: Path, into: Path) -> Path:
+    """The data directory as a crash would leave it on disk, with the WAL (nothing was checkpointed yet).
+    Not trash/: a delete empties it in the background while the copy runs (and start-up empties it anyway)."""
+    shutil.copytree(root, into, ignore=lambda d, names: names if Path(d).name == "trash" else ())
+    assert list((into / "wal").glob("*.wal")), "the WAL was checkpointed before the copy"
+    return into

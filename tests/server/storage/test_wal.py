@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -21,21 +20,13 @@ import pytest
 from durastream_server import errors
 from durastream_server.storage import DataDir, StreamLog, committer, wal
 
-from ._util import append, config, entry, header, open_dd, read_all, run, segment_files
+from ._util import append, config, crash_copy, entry, header, open_dd, read_all, run, segment_files
 
 
 @pytest.fixture(autouse=True)
 def _no_idle_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     # The copies below must catch the WAL before the idle checkpoint syncs the segments and removes it.
     monkeypatch.setattr(committer, "CHECKPOINT_IDLE_SECONDS", 3600.0)
-
-
-def _crash_copy(root: Path, into: Path) -> Path:
-    """The data directory as a crash would leave it on disk, with the WAL (nothing was checkpointed)."""
-    # Not trash/: a delete empties it in the background while the copy runs (and start-up empties it anyway).
-    shutil.copytree(root, into, ignore=lambda d, names: names if Path(d).name == "trash" else ())
-    assert list((into / "wal").glob("*.wal")), "the WAL was checkpointed before the copy"
-    return into
 
 
 def _lose_unsynced(copy: Path, log_id: str, keep: int) -> None:
@@ -61,7 +52,7 @@ def test_acknowledged_appends_the_segments_lost_are_put_back(tmp_path: Path) -> 
         synced = log._file_end  # the header, synced by the create
         for seq in range(20):
             await append(log, b'{"n":%d}' % seq, producer=("p", 3, seq))
-        _crash_copy(root, copy)
+        crash_copy(root, copy)
         await dd.close()
         return log.id, synced
 
@@ -91,7 +82,7 @@ def test_a_process_crash_leaves_nothing_to_write_back(tmp_path: Path) -> None:
         log = await dd.create_stream(header("/s"), None)
         for n in range(5):
             await append(log, b"%d" % n)
-        _crash_copy(root, copy)  # the page cache survives a process crash: the segments are whole
+        crash_copy(root, copy)  # the page cache survives a process crash: the segments are whole
         await dd.close()
         return log.id
 
@@ -123,7 +114,7 @@ def test_blocks_a_power_loss_left_zeroed_are_written_back_between_intact_ones(
         synced = log._file_end
         for n, message in enumerate(messages):
             await append(log, message, producer=("p", 0, n))
-        _crash_copy(root, copy)
+        crash_copy(root, copy)
         await dd.close()
         return log.id, synced
 
@@ -158,7 +149,7 @@ def test_a_torn_wal_tail_is_a_round_never_acknowledged(tmp_path: Path) -> None:
         synced = log._file_end
         for n in range(3):
             await append(log, b"%d" % n)
-        _crash_copy(root, copy)
+        crash_copy(root, copy)
         await dd.close()
         return log.id, synced
 
@@ -194,7 +185,7 @@ def test_entries_of_a_deleted_stream_are_skipped(tmp_path: Path) -> None:
         await append(gone, b"a")
         await append(kept, b"b")
         await dd.delete_stream(gone)
-        _crash_copy(root, copy)
+        crash_copy(root, copy)
         await dd.close()
         return gone.id, kept.id
 

@@ -25,7 +25,7 @@ from durastream_server.errors import NotFound
 from durastream_server.storage import AppendEntry, DataDir, committer, wal
 from durastream_server.storage.segments import segment_name
 
-from ._util import append, config, header, open_dd, read_all, run
+from ._util import append, config, crash_copy, header, open_dd, read_all, run
 
 JSON = "application/json"
 
@@ -34,12 +34,6 @@ JSON = "application/json"
 def _no_idle_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     # The copies below must catch the WAL before the idle checkpoint syncs the new streams.
     monkeypatch.setattr(committer, "CHECKPOINT_IDLE_SECONDS", 3600.0)
-
-
-def _crash_copy(root: Path, into: Path) -> Path:
-    shutil.copytree(root, into, ignore=lambda d, names: names if Path(d).name == "trash" else ())
-    assert list((into / "wal").glob("*.wal")), "the WAL was checkpointed before the copy"
-    return into
 
 
 def _initial(*messages: bytes) -> AppendEntry:
@@ -98,7 +92,7 @@ def test_acknowledged_creates_come_back_after_a_power_loss(tmp_path: Path) -> No
             header("/expires", expires_at="2030-01-01T00:00:00Z"), _initial(b'{"b":2}')
         )
         await append(ttl, b'{"a":2}')
-        _crash_copy(root, copy)
+        crash_copy(root, copy)
         await dd.close()
         return {"plain": plain.id, "ttl": ttl.id, "expires": expires.id}
 
@@ -138,7 +132,7 @@ def test_a_stream_deleted_right_after_its_create_is_not_made_again(tmp_path: Pat
         await dd.delete_stream(gone)
         assert not dd._committer.is_fresh(gone.id)
         again = await dd.create_stream(header("/gone"), _initial(b"3"))  # the path, re-created
-        _crash_copy(root, copy)
+        crash_copy(root, copy)
         await dd.close()
         return gone.id, kept.id, again.id
 
@@ -176,7 +170,7 @@ def test_a_create_that_fails_after_its_round_leaves_nothing(
             await dd.create_stream(header("/failed"), _initial(b"x"))
         monkeypatch.undo()
         assert set(os.listdir(root / "streams")) == {kept.id}
-        _crash_copy(root, copy)
+        crash_copy(root, copy)
         await dd.close()
         return {kept.id}
 
