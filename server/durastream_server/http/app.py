@@ -320,9 +320,13 @@ class DurastreamApp:
         try:
             if done.cancelled():  # only when the loop is torn down: the outcome is unknown
                 raise RuntimeError("the append was cancelled before its commit was known")
-            status, headers = self._streams.append_answer(append, done.result())
-            encoded = responses.response_headers(status, headers, b"")
-            prepared = fastpath.prepare(status, [*encoded, *request.responder.extra_headers], b"")
+            result = done.result()
+            wire = self._streams.append_answer_lines(append, result)
+            prepared = (
+                None
+                if wire is None
+                else fastpath.prepare_lines(wire[0], wire[1], request.responder.extra_headers)
+            )
         except ProtocolError as exc:
             error = self._send_error(request, tracked, *responses.protocol_error_parts(exc))
             self._spawn(self._then_finished(error, request, tracked, started))
@@ -336,7 +340,7 @@ class DurastreamApp:
             self.direct_answers += 1
             self._finished(request, tracked, time.perf_counter() - started)
         else:  # the connection needs more than these bytes (closing, paused): the ordinary send
-            answer = responses.send_response(tracked, status, headers)
+            answer = responses.send_response(tracked, *self._streams.append_answer(append, result))
             self._spawn(self._then_finished(answer, request, tracked, started))
 
     async def _then_finished(

@@ -115,6 +115,27 @@ def _header_lines(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return b"".join(lines)
 
 
+def header_lines(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """``_header_lines`` for the app's pre-encoded answers (``handlers.AppendAnswers``)."""
+    return _header_lines(headers)
+
+
+# The wire lines of the server's default headers (uvicorn's ``server``/``date``), for the list uvicorn
+# is handing out now: it replaces the list once a second (the date), and every answer of that second
+# shares these bytes instead of checking and joining them again (``Prepared.head``).
+_defaults_lines: tuple[list[tuple[bytes, bytes]], bytes | None] | None = None
+
+
+def _default_lines(defaults: list[tuple[bytes, bytes]]) -> bytes | None:
+    global _defaults_lines
+    cached = _defaults_lines
+    if cached is not None and cached[0] is defaults:
+        return cached[1]
+    lines = _header_lines(defaults)
+    _defaults_lines = (defaults, lines)  # holding the list keeps its identity unique
+    return lines
+
+
 class Prepared:
     """One complete response, encoded once, for any number of connections.
 
@@ -139,7 +160,7 @@ class Prepared:
         cached = self._heads.get(id(defaults))
         if cached is not None and cached[0] is defaults:
             return cached[1]
-        lines = _header_lines(defaults)
+        lines = _default_lines(defaults)
         head = None if lines is None else STATUS_LINE[self.status] + lines + self._lines
         self._heads[id(defaults)] = (defaults, head)  # holding the list keeps its id unique
         return head
@@ -159,6 +180,20 @@ def prepare(status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> Pre
     if lines is None:
         return None
     return Prepared(status, lines, body)
+
+
+def prepare_lines(status: int, lines: bytes, extra: list[tuple[bytes, bytes]]) -> Prepared | None:
+    """``prepare`` of a bodiless answer whose header lines are already encoded and checked (``lines``:
+    what ``_header_lines`` makes of ``responses.response_headers``), then ``extra`` (the request's own
+    headers, CORS). None where ``prepare`` would be."""
+    if HttpToolsProtocol is None or not 100 <= status < 600:
+        return None
+    if extra:
+        more = _header_lines(extra)
+        if more is None:
+            return None
+        lines += more
+    return Prepared(status, lines, b"")
 
 
 class RawResponder:

@@ -19,7 +19,7 @@ from durastream_server.auth import AuthToken
 from durastream_server.config import ServerConfig
 from durastream_server.engine.api import AppendRequest, AppendResult, ReadRequest, ReadResult
 from durastream_server.errors import MethodNotAllowed, ProtocolError
-from durastream_server.http import parse, read_extensions, responses, sse, txn
+from durastream_server.http import fastpath, parse, read_extensions, responses, sse, txn
 from durastream_server.http.body import Receive, read_body
 from durastream_server.http.cursor import next_cursor
 from durastream_server.http.etag import if_none_match, make_etag
@@ -69,6 +69,21 @@ class Request:
 
     def absolute_url(self) -> str:
         return f"{self.scheme}://{self.authority}{self.raw_path.decode('latin-1')}"
+
+
+# Pieces of an append's answer on the wire (``StreamHandlers.append_answer_lines``).
+_NO_STORE = b"\r\ncache-control: " + responses.CACHE_NO_STORE.encode() + b"\r\n"
+_CLOSED_LINE = b"stream-closed: true\r\n"
+_DIGEST_MATCH = b"%s: match\r\n" % parse.DIGEST_HEADER.lower().encode()
+_DIGEST_UNKNOWN = b"%s: unknown\r\n" % parse.DIGEST_HEADER.lower().encode()
+
+
+@functools.cache
+def _answer_base() -> bytes | None:
+    """The header lines every answer starts with (``responses.response_headers``), encoded once."""
+    if fastpath.HttpToolsProtocol is None:
+        return None
+    return fastpath.header_lines(responses.response_headers(204, (), b""))
 
 
 class StreamHandlers:
@@ -177,6 +192,33 @@ class StreamHandlers:
             200 if append.producer is not None and append.body and not result.duplicate else 204
         )
         return status, headers
+
+    @staticmethod
+    def append_answer_lines(
+        append: AppendRequest, result: AppendResult
+    ) -> tuple[int, bytes] | None:
+        """``append_answer`` as the wire lines the direct path writes (``fastpath.prepare_lines``):
+        byte for byte what ``fastpath.prepare`` makes of ``responses.response_headers`` of it, built
+        from pre-encoded pieces instead of encoding, checking and joining every pair per answer. None
+        without the fast path."""
+        base = _answer_base()
+        if base is None:
+            return None
+        producer = append.producer
+        parts = [base, b"stream-next-offset: ", result.next_offset.encode("latin-1"), _NO_STORE]
+        if result.closed:
+            parts.append(_CLOSED_LINE)
+        status = 204
+        if producer is not None:
+            epoch = result.producer_epoch if result.producer_epoch is not None else producer.epoch
+            seq = result.producer_seq if result.producer_seq is not None else producer.seq
+            parts.append(b"producer-epoch: %d\r\nproducer-seq: %d\r\n" % (epoch, seq))
+            if result.duplicate:
+                parts.append(_DIGEST_MATCH if result.verified else _DIGEST_UNKNOWN)
+            elif append.body:
+                status = 200
+                parts.append(b"content-length: 0\r\n")
+        return status, b"".join(parts)
 
     async def _delete(self, request: Request, path: str) -> None:
         request.route = "delete"

@@ -45,6 +45,13 @@ def header_map(raw_headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     Values are decoded as Latin-1, which maps every byte to one code point, so byte-wise order (needed
     for ``Stream-Seq``, section 5.2) is preserved exactly.
     """
+    if not isinstance(raw_headers, (list, tuple)):
+        raw_headers = list(raw_headers)
+    # Every request comes through here: one comprehension when no name repeats (nearly always), the
+    # combining loop below only when one does (the comprehension then lost a value: fewer keys).
+    fast = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in raw_headers}
+    if len(fast) == len(raw_headers):
+        return fast
     headers: dict[str, str] = {}
     for raw_name, raw_value in raw_headers:
         name = raw_name.decode("latin-1").lower()
@@ -110,22 +117,26 @@ def _safe_int(name: str, value: str) -> int:
 
 def producer(headers: dict[str, str]) -> ProducerTuple | None:
     """Section 5.2.1: all three producer headers or none; a non-empty id; safe integers."""
-    names = ("producer-id", "producer-epoch", "producer-seq")
-    present = [name in headers for name in names]
-    if not any(present):
-        return None
-    if not all(present):
+    raw_id = headers.get("producer-id")
+    raw_epoch = headers.get("producer-epoch")
+    raw_seq = headers.get("producer-seq")
+    if raw_id is None or raw_epoch is None or raw_seq is None:
+        if raw_id is None and raw_epoch is None and raw_seq is None:
+            return None
+        names = ("producer-id", "producer-epoch", "producer-seq")
         missing = ", ".join(name.title() for name in names if name not in headers)
         raise BadRequest(
             f"Producer-Id, Producer-Epoch and Producer-Seq go together; missing {missing}"
         )
-    producer_id = headers["producer-id"].strip()
+    producer_id = raw_id.strip()
     if not producer_id:
         raise BadRequest("Producer-Id must not be empty")
-    if len(producer_id.encode("latin-1")) > MAX_PRODUCER_ID_BYTES:
+    # An ASCII id has one byte per character: no encoding needed to measure it.
+    size = len(producer_id) if producer_id.isascii() else len(producer_id.encode("latin-1"))
+    if size > MAX_PRODUCER_ID_BYTES:
         raise BadRequest(f"Producer-Id is longer than {MAX_PRODUCER_ID_BYTES} bytes")
-    epoch = _safe_int("Producer-Epoch", headers["producer-epoch"])
-    seq = _safe_int("Producer-Seq", headers["producer-seq"])
+    epoch = _safe_int("Producer-Epoch", raw_epoch)
+    seq = _safe_int("Producer-Seq", raw_seq)
     return ProducerTuple(producer_id=producer_id, epoch=epoch, seq=seq)
 
 

@@ -492,3 +492,22 @@ def test_prepared_bytes_match_uvicorns_send() -> None:
         assert fastpath.prepare(204, responses.response_headers(204, bad, b""), b"") is None
 
     asyncio.run(scenario())
+
+
+def test_default_header_lines_follow_uvicorns_current_list() -> None:
+    """The default headers' lines are shared by the answers of one list (uvicorn swaps the list each
+    second, for the date): a new list, even an equal-looking one, gets its own lines."""
+    first = [(b"date", b"Thu, 26 Nov 2026 01:00:00 GMT")]
+    second = [(b"date", b"Thu, 26 Nov 2026 01:00:01 GMT")]
+    head = fastpath.prepare_lines(204, b"x-a: 1\r\n", [])
+    assert head is not None
+    assert (
+        head.head(first)
+        == b"HTTP/1.1 204 No Content\r\ndate: Thu, 26 Nov 2026 01:00:00 GMT\r\nx-a: 1\r\n"
+    )
+    other = fastpath.prepare_lines(204, b"x-a: 1\r\n", [(b"x-b", b"2")])
+    assert other is not None
+    assert other.head(second) == (
+        b"HTTP/1.1 204 No Content\r\ndate: Thu, 26 Nov 2026 01:00:01 GMT\r\nx-a: 1\r\nx-b: 2\r\n"
+    )
+    assert fastpath.prepare_lines(204, b"", [(b"x-b", b"1\r\nx: y")]) is None  # refused as prepare

@@ -16,6 +16,22 @@ def test_header_map_lowercases_and_combines_repeats() -> None:
     assert headers == {"content-type": "text/plain", "x-a": "1, 2"}
 
 
+def test_header_map_takes_any_iterable_and_combines_repeats_after_other_names() -> None:
+    # Not a list (the fast comprehension needs a length), and a repeat far from its first value.
+    raw = ((name, value) for name, value in [(b"A", b"1"), (b"b", b"2"), (b"a", b"3")])
+    assert parse.header_map(raw) == {"a": "1, 3", "b": "2"}
+    assert parse.header_map(()) == {}
+
+
+def test_producer_id_length_is_counted_in_bytes() -> None:
+    at_limit = {"producer-epoch": "0", "producer-seq": "0"}
+    assert parse.producer({**at_limit, "producer-id": "\xe9" * parse.MAX_PRODUCER_ID_BYTES})
+    with pytest.raises(BadRequest, match="longer than"):
+        parse.producer({**at_limit, "producer-id": "x" * (parse.MAX_PRODUCER_ID_BYTES + 1)})
+    with pytest.raises(BadRequest, match="missing Producer-Epoch"):
+        parse.producer({"producer-id": "p", "producer-seq": "0"})
+
+
 def test_header_map_keeps_every_byte() -> None:
     headers = parse.header_map([(b"stream-seq", bytes([0x7F, 0x80, 0xFF]))])
     assert headers["stream-seq"].encode("latin-1") == bytes([0x7F, 0x80, 0xFF])
