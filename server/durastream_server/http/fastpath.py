@@ -333,8 +333,13 @@ class FastPathMixin:
         direct = self.direct_app
         assert direct is not None
         body = cycle.body
+        # The responder ``on_headers_complete`` offered in the scope (this cycle's), else a new one.
+        extensions = cycle.scope.get("extensions")
+        responder = extensions.get(EXTENSION) if extensions else None
+        if responder is None or responder._cycle is not cycle:
+            responder = RawResponder(cycle)
         try:
-            taken = direct.direct(cycle.scope, bytes(body), RawResponder(cycle), cycle.send)
+            taken = direct.direct(cycle.scope, bytes(body), responder, cycle.send)
         except Exception:  # a bug: the ordinary path answers, and reports its own failure
             logger.exception("direct request failed; answering it the ordinary way")
             taken = False

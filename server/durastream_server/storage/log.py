@@ -329,6 +329,9 @@ class StreamLog:
 
     def _writable(self) -> bool:
         """Not poisoned, not closed, and the data directory's WAL has not failed (``committer.py``)."""
+        rare = self._rare  # read once: every append asks (``_rare_field`` is a call per read)
+        if rare is None and self._ctx.committer.failure is None:
+            return True
         failure = self._ctx.committer.failure
         if failure is not None and self._failure is None:
             self._poison(failure)
@@ -432,14 +435,18 @@ class StreamLog:
                 self._write_alone(batch, snapshot_state)
             )
             return None
-        self._round_snapshot = snapshot_state
+        if snapshot_state is not None or self._rare is not None:
+            self._round_snapshot = snapshot_state
         return RoundJob(
             self._write_target(), [item for item, _ in batch], self._segments.last, self._file_end
         )
 
     def round_done(self, result: BatchResult | BaseException) -> None:
         """The committer wrote (or failed to write) the batch ``round_job`` gave it."""
-        snapshot_state, self._round_snapshot = self._round_snapshot, None
+        rare = self._rare
+        snapshot_state = None
+        if rare is not None:
+            snapshot_state, rare._round_snapshot = rare._round_snapshot, None
         if self._finish_batch(result) and snapshot_state is not None:
             self._writer = asyncio.get_running_loop().create_task(
                 self._snapshot_then_continue(snapshot_state, result.end)  # type: ignore[union-attr]
@@ -503,7 +510,10 @@ class StreamLog:
 
     def _set_idle(self) -> None:
         self._busy = False
-        waiters, self._idle_waiters = self._idle_waiters, ()
+        rare = self._rare
+        if rare is None or not rare._idle_waiters:
+            return
+        waiters, rare._idle_waiters = rare._idle_waiters, ()
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -543,11 +553,13 @@ class StreamLog:
         if closed:
             self.durable_closed = True
         self._durable_count += len(batch)
-        self._heal_failures = 0
+        rare = self._rare
+        if rare is not None:
+            rare._heal_failures = 0
         for _, fut in batch:
             if not fut.done():  # the stager may have been cancelled; the entry is durable anyway
                 fut.set_result(None)
-        if self._flush_waiters:
+        if rare is not None and rare._flush_waiters:
             durable = self._durable_count
             still = []
             for target, waiter in self._flush_waiters:
@@ -568,8 +580,9 @@ class StreamLog:
                 on_commit(self)
             except Exception:
                 log.exception("stream %s: commit callback failed", self.id)
-        if self._listeners:
-            for callback in list(self._listeners.values()):
+        rare = self._rare
+        if rare is not None and rare._listeners:
+            for callback in list(rare._listeners.values()):
                 try:
                     callback()
                 except Exception:
@@ -586,20 +599,22 @@ class StreamLog:
         hot = self._hot
         if not isinstance(hot, collections.deque):
             hot = self._hot = collections.deque()
+        hot_bytes = self._hot_bytes  # kept in a local: a ``_rare_field`` read or write is a call
         for item, _ in batch:
             kind = type(item)
             if kind is AppendEntry:
                 if hot and hot[-1].end != item.position:
                     hot.clear()
-                    self._hot_bytes = 0
+                    hot_bytes = 0
                 hot.append(item)  # type: ignore[arg-type]
-                self._hot_bytes += item.cost  # type: ignore[union-attr]
+                hot_bytes += item.cost  # type: ignore[union-attr]
             elif kind is not SoftDelete:
                 # A record group: its messages are not in the item, so the window would have a gap.
                 hot.clear()
-                self._hot_bytes = 0
-        while hot and (self._hot_bytes > HOT_MAX_BYTES or len(hot) > HOT_MAX_ENTRIES):
-            self._hot_bytes -= hot.popleft().cost
+                hot_bytes = 0
+        while hot and (hot_bytes > HOT_MAX_BYTES or len(hot) > HOT_MAX_ENTRIES):
+            hot_bytes -= hot.popleft().cost
+        self._hot_bytes = hot_bytes
         if not hot:
             self._hot = ()
         else:
