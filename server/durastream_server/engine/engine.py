@@ -1284,8 +1284,10 @@ class Engine:
             return
         if inc.waiters is not None:
             inc.waiters.notify()
-        if not inc.soft_deleted and self._registry.by_path.get(inc.path) is inc:
-            self.changes.touch(inc.path)
+        if not inc.soft_deleted:
+            path = inc.path
+            if self._registry.by_path.get(path) is inc:
+                self.changes.touch(path)
 
     def _info(self, inc: Incarnation) -> StreamInfo:
         return StreamInfo(

@@ -90,6 +90,7 @@ class RoundJob:
     items: list[AppendEntry | SoftDelete]
     seg_base: int  # the log's last segment
     end: int  # the log's file end
+    cost: int  # what the batch counts against the round's size (``log._batch_bytes``)
 
 
 class Creation(Protocol):
@@ -225,7 +226,7 @@ class Committer:
                     job = member.round_job()
                     if job is not None:
                         jobs.append((member, job))
-                        budget += sum(getattr(item, "cost", 64) for item in job.items)
+                        budget += job.cost
                 rotate = self._rotate or self._checkpoint_due()
                 self._rotate = False
                 # Pins stay bounded: creates wait while the WAL file's pins reach twice the

@@ -329,13 +329,10 @@ class StreamLog:
 
     def _writable(self) -> bool:
         """Not poisoned, not closed, and the data directory's WAL has not failed (``committer.py``)."""
+        if self._ctx.committer.failure is not None and self._failure is None:
+            self._poison(self._ctx.committer.failure)
         rare = self._rare  # read once: every append asks (``_rare_field`` is a call per read)
-        if rare is None and self._ctx.committer.failure is None:
-            return True
-        failure = self._ctx.committer.failure
-        if failure is not None and self._failure is None:
-            self._poison(failure)
-        return self._failure is None and not self._closed
+        return rare is None or (rare._failure is None and not rare._closed)
 
     def stage(self, entry: AppendEntry) -> asyncio.Future[None]:
         """Apply ``entry`` to ``state`` now and queue it for the group commit.
@@ -421,7 +418,8 @@ class StreamLog:
         failure = self._ctx.committer.failure
         if failure is not None and self._failure is None:
             self._poison(failure)
-        if self._failure is not None or not self._queue:
+        rare = self._rare
+        if (rare is not None and rare._failure is not None) or not self._queue:
             self._set_idle()
             return None
         # A record group (staged-append commit) is written alone; a snapshot is taken only when the
@@ -430,15 +428,22 @@ class StreamLog:
         self._queue = rest or ()
         self._inflight = batch
         snapshot_state = capture(self.state) if not rest and self._snapshot_due() else None
-        if is_group_batch(batch) or _batch_bytes(batch) > ROUND_BATCH_BYTES:
+        cost = _batch_bytes(batch)
+        if is_group_batch(batch) or cost > ROUND_BATCH_BYTES:
             self._writer = asyncio.get_running_loop().create_task(
                 self._write_alone(batch, snapshot_state)
             )
             return None
-        if snapshot_state is not None or self._rare is not None:
+        if rare is not None:
+            rare._round_snapshot = snapshot_state
+        elif snapshot_state is not None:
             self._round_snapshot = snapshot_state
         return RoundJob(
-            self._write_target(), [item for item, _ in batch], self._segments.last, self._file_end
+            self._write_target(),
+            [item for item, _ in batch],
+            self._segments.last,
+            self._file_end,
+            cost,
         )
 
     def round_done(self, result: BatchResult | BaseException) -> None:
@@ -599,7 +604,8 @@ class StreamLog:
         hot = self._hot
         if not isinstance(hot, collections.deque):
             hot = self._hot = collections.deque()
-        hot_bytes = self._hot_bytes  # kept in a local: a ``_rare_field`` read or write is a call
+        rare = self._rare  # read once: a ``_rare_field`` read or write is a call
+        hot_bytes = 0 if rare is None else rare._hot_bytes
         for item, _ in batch:
             kind = type(item)
             if kind is AppendEntry:
@@ -614,14 +620,18 @@ class StreamLog:
                 hot_bytes = 0
         while hot and (hot_bytes > HOT_MAX_BYTES or len(hot) > HOT_MAX_ENTRIES):
             hot_bytes -= hot.popleft().cost
-        self._hot_bytes = hot_bytes
         if not hot:
             self._hot = ()
+            if rare is not None:
+                rare._hot_bytes = 0
         else:
+            if rare is None:
+                rare = self._rare = _Rare()
+            rare._hot_bytes = hot_bytes
             loop = asyncio.get_running_loop()
-            self._hot_at = loop.time()
-            if self._hot_timer is None:
-                self._hot_timer = loop.call_later(HOT_SECONDS, self._expire_hot)
+            rare._hot_at = loop.time()
+            if rare._hot_timer is None:
+                rare._hot_timer = loop.call_later(HOT_SECONDS, self._expire_hot)
 
     def _expire_hot(self) -> None:
         """Drop the hot tail once no commit has added to it for HOT_SECONDS (one timer per log, re-armed
