@@ -51,10 +51,11 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from durastream_server.storage.files import FdCache, Handle, fsync_dir, is_out_of_space
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
@@ -138,8 +139,12 @@ class Committer:
         io_executor: Executor,
         wal_dir: Path | None,
         metrics: WriteMetrics = NO_METRICS,
+        on_made: Callable[[list[Any]], None] | None = None,
     ) -> None:
         self._cache = cache
+        # Told the creations a round made, in one call (the data directory's catalog lines: one
+        # write per round, not one per create). Runs in the worker thread; must not raise.
+        self._on_made = on_made
         self._metrics = metrics  # one batch per round, one fsync per WAL sync (storage/metrics.py)
         # Pinned handles are in use until their checkpoint: check points often enough that they stay
         # within half of --max-open-files (the retired generation's pins and the new one's together).
@@ -422,6 +427,11 @@ class Committer:
             self._metrics.batch(records, round_messages, round_bytes)
         made = [self._make(creation) for creation in creates]
         failed = [c.log_id for c, outcome in zip(creates, made, strict=True) if outcome is not None]
+        if self._on_made is not None and len(failed) < len(creates):
+            try:
+                self._on_made([c for c, ok in zip(creates, made, strict=True) if ok is None])
+            except Exception as exc:  # the creates are made and durable: never fail them now
+                log.error("after a round's creates: %r", exc)
         if failed:
             # Not acknowledged, and removed: a restart must not make them from their create entries.
             try:
