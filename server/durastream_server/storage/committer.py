@@ -20,7 +20,8 @@ log has at most one batch in flight either way, so its records reach its file in
 
 Creates share the rounds too (``create``): a new stream's first segment (its header record and initial
 data) goes into the round's WAL file as a *create* entry; after the round's sync, the worker makes its
-directory in ``streams/`` and writes that segment through a handle pinned like the others, syncing nothing.
+directory in ``streams/`` and writes that segment through a handle pinned like the others, syncing nothing
+(the round's catalog lines then go out in one write, ``on_made``).
 So N creates in flight cost one sync, not three each (the segment, the staging directory, ``streams/``),
 and a bulk ``ensure`` of many streams costs about one round. The checkpoint that retires the WAL file syncs
 the new segments, then each new directory, then ``streams/`` once, and only then removes the file; until
