@@ -120,7 +120,9 @@ async def _read_group(
         return await asyncio.get_running_loop().run_in_executor(
             engine.read_executor, _read_planned, group, budget, overhead
         )
-    return _read_planned(group, budget, overhead)
+    read = _read_planned(group, budget, overhead)
+    await asyncio.sleep(0)  # one group per loop turn, even when nothing needs a thread
+    return read
 
 
 def _read_planned(

@@ -972,7 +972,7 @@ class StreamLog:
         and the ordinal of the message starting there (messages of this log before it).
 
         Positions must lie in ``[base, durable_tail]``. Answers from memory for the base, the tail and
-        recent record starts; everything else costs one bounded header scan each, all in one trip to
+        recent record starts (a read or lookup from the beginning of an idle stream takes no scan); everything else costs one bounded header scan each, all in one trip to
         the read executor.
         """
         self._check_open()
@@ -985,6 +985,9 @@ class StreamLog:
                 raise InvalidPosition(f"position {position} is outside [{self.base}, {tail}]")
             if position == tail:
                 answers.append((tail, count))
+                continue
+            if position == self.base:  # no message of this log before its base
+                answers.append((position, 0))
                 continue
             exact = self._index.exact(position)
             if exact is not None:
