@@ -59,6 +59,7 @@ from durastream_server.storage.records import (
     StreamHeader,
 )
 from durastream_server.storage.recovery import Quarantine, recover_stream
+from durastream_server.storage.scans import ScanBatcher
 from durastream_server.storage.segments import SegmentTable, SegmentView
 from durastream_server.storage.snapshot import (
     IndexImage,
@@ -140,6 +141,7 @@ class LogContext:
     snapshot_interval_entries: int
     sync: bool  # Durability.FSYNC
     committer: Committer  # shared commit rounds and the write-ahead log (committer.py)
+    scans: ScanBatcher  # header scans, those of one loop turn in one read-executor trip (scans.py)
     metrics: WriteMetrics = NO_METRICS  # what the group commit reports (storage/metrics.py)
 
 
@@ -1059,7 +1061,7 @@ class StreamLog:
 
     async def _scan(self, work: Callable[[], list[_T]]) -> list[_T]:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._ctx.read_executor, work)
+            return await self._ctx.scans.run(work)  # type: ignore[no-any-return]
         except (codec.CorruptRecord, OSError) as exc:
             raise self._read_error(exc) from exc
 

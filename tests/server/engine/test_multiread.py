@@ -8,10 +8,11 @@ import threading
 from pathlib import Path
 
 from durastream_server.engine import multiread
-from durastream_server.engine.api import CreateRequest, MessagesResult, ReadRequest
+from durastream_server.engine.api import CreateRequest, LimitRequest, MessagesResult, ReadRequest
 from durastream_server.engine.engine import Engine
 from durastream_server.errors import NotFound, ProtocolError
 from durastream_server.offsets import format_offset
+from durastream_server.storage import scans
 
 from .support import append, run, until
 
@@ -203,5 +204,34 @@ def test_a_huge_request_of_empty_ranges_yields_the_loop_between_groups(tmp_path:
         done = True
         assert len(results) == 10_000
         assert ticks >= 10_000 // multiread.GROUP - 1
+
+    run(tmp_path, scenario)
+
+
+def test_lookups_of_idle_streams_run_together_share_thread_trips(tmp_path: Path) -> None:
+    """300 limit lookups from inside idle streams (each needs a header scan), run together as a
+    multi-range lookup runs them: their header scans share trips to the read executor (256 per trip),
+    and they answer what the same lookups one by one answer."""
+
+    async def scenario(engine: Engine) -> None:
+        lookups = []
+        for i in range(300):
+            path = f"l/{i:03d}"
+            created = await engine.create(
+                CreateRequest(path=path, content_type=JSON, body=body(0, 1))
+            )
+            second = created.info.next_offset  # a record start, no longer kept in memory when idle
+            await append(engine, path, body(1, 4), JSON)
+            lookups.append(LimitRequest(path=path, offset=second, max_messages=2))
+        logs = [engine._registry.by_path[lookup.path].log for lookup in lookups]
+        await until(lambda: all(log.idle for log in logs))
+        trips = Trips(engine)
+        together = await asyncio.gather(*map(engine.lookup_limit, lookups))
+        # Three rounds of scans (the start's boundary check, the floors, the message starts), each
+        # in ceil(300 / 256) trips; one by one, 900 trips.
+        assert trips.count <= 3 * -(-300 // scans.MAX_JOB)
+        assert {found.messages for found in together} == {2}
+        alone = [await engine.lookup_limit(lookup) for lookup in lookups]
+        assert together == alone
 
     run(tmp_path, scenario)
