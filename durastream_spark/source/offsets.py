@@ -64,11 +64,13 @@ from durastream_spark.errors import OptionError
 from durastream_spark.source.offset_codec import (
     COMPACT_ABOVE,
     DecodedCache,
+    EntryTexts,
     Value,
     compact_document,
     decode_value,
     encode_value,
     is_compact,
+    pack_text,
     read_compact,
 )
 from durastream_spark.source.timestamps import at_timestamp, parse_instant, timestamp_of
@@ -151,7 +153,7 @@ class SourceOffset:
     streams cost no per-entry work on the way in or out, whatever their number.
     """
 
-    __slots__ = ("_raw", "default", "batch_ms", "_document", "_hash", "_packed")
+    __slots__ = ("_raw", "default", "batch_ms", "_document", "_hash", "_packed", "_texts")
 
     def __init__(
         self,
@@ -173,6 +175,9 @@ class SourceOffset:
         self._document: dict[str, Any] | None = None
         self._hash: int | None = None
         self._packed: str | None = None  # the compact ``z`` text of ``_raw``, once computed
+        # The compact object's members (``EntryTexts``, shared by copies with the same positions),
+        # handed on to the offset ``updated`` derives, so a batch's end encodes only what moved.
+        self._texts: EntryTexts | None = None
 
     @classmethod
     def of(
@@ -193,18 +198,24 @@ class SourceOffset:
         """A copy with ``changes`` applied (a new offset for a path, or ``None`` to drop it) and no batch
         time. Costs a C-level copy plus the changes, not a pass over every stream in Python."""
         raw = dict(self._raw)
+        stored: dict[str, Value | None] = {}
         for path, value in changes.items():
             if value is None:
                 raw.pop(path, None)
+                stored[path] = None
             else:
-                raw[path] = encode_value(value)
-        return SourceOffset._stored(raw, self.default)
+                raw[path] = stored[path] = encode_value(value)
+        offset = SourceOffset._stored(raw, self.default)
+        if self._texts is not None:
+            offset._texts = self._texts.take(stored)
+        return offset
 
     def with_batch_ms(self, batch_ms: int | None) -> SourceOffset:
         """The same positions, recording when the batch ending here was planned (sharing the
         compact text, if computed: it depends on the positions only)."""
         offset = SourceOffset._stored(self._raw, self.default, batch_ms)
         offset._packed = self._packed
+        offset._texts = self._texts  # same positions: shared
         return offset
 
     @property
@@ -293,9 +304,15 @@ class SourceOffset:
             if self.batch_ms is not None:
                 extra[BATCH_TIME_KEY] = str(self.batch_ms)
             if len(self._raw) > COMPACT_ABOVE:
+                if self._packed is None:
+                    if self._texts is None or self._texts.empty:
+                        self._texts = EntryTexts.of(self._raw)
+                    self._packed = pack_text(self._texts.text())
                 self._document = compact_document(self._raw, extra, self._packed)
-                self._packed = self._document["z"]
-                _DECODED.put(self._packed, self)
+                # The first offset seen with this text stays the one Spark's copy decodes to: a batch's
+                # end (made first) and the latest offset (same positions, made after) each keep their
+                # member texts for their successors.
+                _DECODED.put(self._packed, self, replace=False)
             else:
                 document = {**self.as_dict(), **extra}
                 self._document = {key: document[key] for key in sorted(document)}

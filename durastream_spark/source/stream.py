@@ -223,6 +223,8 @@ class _DriverState:
         self.tails: dict[str, str] = {}
         self._tails_stored: dict[str, Value] = {}
         self._latest: tuple[int, SourceOffset] | None = None
+        # Tails that changed since ``_latest`` was built (``None``: rebuild it from every tail).
+        self._latest_changes: dict[str, str | None] | None = None
         self.content_types: dict[str, str] = {}
         self.finished: dict[str, str] = {}  # streams seen closed -> final offset
         # The last end this reader returned, the streams it did not take to their tails (limits), and
@@ -283,7 +285,9 @@ class _DriverState:
             if state is None:
                 self.tails.pop(path, None)
                 self._tails_stored.pop(path, None)
+                self.note_latest(path, None)
                 continue
+            self.note_latest(path, state.tail)
             self.tails[path] = state.tail
             self._tails_stored[path] = encode_value(state.tail)
             self.content_types[path] = state.content_type
@@ -311,6 +315,7 @@ class _DriverState:
                 del finished[path]
         self.tails = tails
         self._tails_stored = stored
+        self._latest_changes = None
 
     def snapshot(self) -> dict[str, StreamState]:
         self.refresh()
@@ -322,8 +327,18 @@ class _DriverState:
             return None
         version = self._tracker.version
         if self._latest is None or self._latest[0] != version:
-            self._latest = (version, SourceOffset._stored(dict(self._tails_stored)))
+            changes = self._latest_changes
+            if self._latest is None or changes is None:
+                latest = SourceOffset._stored(dict(self._tails_stored))
+            else:  # only the tails that moved are encoded again for the offset's text
+                latest = self._latest[1].updated(changes)
+            self._latest = (version, latest)
+            self._latest_changes = {}
         return self._latest[1]
+
+    def note_latest(self, path: str, tail: str | None) -> None:
+        if self._latest_changes is not None:
+            self._latest_changes[path] = tail
 
     def all_tails(self) -> SourceOffset:
         """Spark 4.0/4.1 (``latestOffset()`` without a start): every stream's tail. When the last call

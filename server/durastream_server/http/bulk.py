@@ -157,17 +157,26 @@ async def _each(
     items: list[_T], run: Callable[[_T], Awaitable[dict[str, Any]]]
 ) -> list[dict[str, Any]]:
     """``run`` every item, at most ``CONCURRENCY`` at a time, started in order; an item whose run
-    raises a protocol error is answered with that error (``{"status", "headers", "error"}``)."""
-    gate = asyncio.Semaphore(CONCURRENCY)
+    raises a protocol error is answered with that error (``{"status", "headers", "error"}``).
 
-    async def one(item: _T) -> dict[str, Any]:
-        async with gate:
+    ``CONCURRENCY`` workers take the items in turn: a request of 1,000 entries makes 64 tasks, not
+    1,000 tasks waiting on a semaphore (a bulk ensure's per-entry cost is mostly such bookkeeping)."""
+    results: list[dict[str, Any]] = [{}] * len(items)
+    queue = iter(enumerate(items))
+
+    async def worker() -> None:
+        for index, item in queue:
             try:
-                return await run(item)
+                results[index] = await run(item)
             except ProtocolError as exc:
-                return _error(exc)
+                results[index] = _error(exc)
 
-    return list(await asyncio.gather(*(one(item) for item in items)))
+    workers = min(CONCURRENCY, len(items))
+    if workers == 1:
+        await worker()
+    else:
+        await asyncio.gather(*(worker() for _ in range(workers)))
+    return results
 
 
 def _is_inline_commit(headers: dict[str, str]) -> bool:

@@ -20,7 +20,8 @@ log has at most one batch in flight either way, so its records reach its file in
 
 Creates share the rounds too (``create``): a new stream's first segment (its header record and initial
 data) goes into the round's WAL file as a *create* entry; after the round's sync, the worker makes its
-directory in ``streams/`` and writes that segment through a handle pinned like the others, syncing nothing.
+directory in ``streams/`` and writes that segment through a handle pinned like the others, syncing nothing
+(the round's catalog lines then go out in one write, ``on_made``).
 So N creates in flight cost one sync, not three each (the segment, the staging directory, ``streams/``),
 and a bulk ``ensure`` of many streams costs about one round. The checkpoint that retires the WAL file syncs
 the new segments, then each new directory, then ``streams/`` once, and only then removes the file; until
@@ -51,10 +52,11 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from durastream_server.storage.files import FdCache, Handle, fsync_dir, is_out_of_space
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
@@ -138,8 +140,12 @@ class Committer:
         io_executor: Executor,
         wal_dir: Path | None,
         metrics: WriteMetrics = NO_METRICS,
+        on_made: Callable[[list[Any]], None] | None = None,
     ) -> None:
         self._cache = cache
+        # Told the creations a round made, in one call (the data directory's catalog lines: one
+        # write per round, not one per create). Runs in the worker thread; must not raise.
+        self._on_made = on_made
         self._metrics = metrics  # one batch per round, one fsync per WAL sync (storage/metrics.py)
         # Pinned handles are in use until their checkpoint: check points often enough that they stay
         # within half of --max-open-files (the retired generation's pins and the new one's together).
@@ -422,6 +428,11 @@ class Committer:
             self._metrics.batch(records, round_messages, round_bytes)
         made = [self._make(creation) for creation in creates]
         failed = [c.log_id for c, outcome in zip(creates, made, strict=True) if outcome is not None]
+        if self._on_made is not None and len(failed) < len(creates):
+            try:
+                self._on_made([c for c, ok in zip(creates, made, strict=True) if ok is None])
+            except Exception as exc:  # the creates are made and durable: never fail them now
+                log.error("after a round's creates: %r", exc)
         if failed:
             # Not acknowledged, and removed: a restart must not make them from their create entries.
             try:

@@ -153,7 +153,7 @@ class DataDir:
         cache = FdCache(config.max_open_files)
         sync = config.durability == Durability.FSYNC
         self._committer = Committer(
-            cache, self._executor, self._dir(WAL_DIR) if sync else None, metrics
+            cache, self._executor, self._dir(WAL_DIR) if sync else None, metrics, self._catalog_made
         )
         self._ctx = LogContext(
             executor=self._executor,
@@ -439,6 +439,11 @@ class DataDir:
         self.logs[log_id] = stream
         return stream
 
+    def _catalog_made(self, creations: list[_NewStream]) -> None:
+        """A commit round's creates, made: their catalog lines in one write (committer.py)."""
+        if self._catalog is not None:
+            self._catalog.add_lines([creation.catalog_line() for creation in creations])
+
     def _build_stream(
         self,
         log_id: str,
@@ -588,9 +593,13 @@ class _NewStream:
         self.directory = os.path.join(owner._streams, log_id)
         self._entry = entry
 
+    def catalog_line(self) -> bytes:
+        return catalog.encode(self.log_id, self._entry)
+
     def materialize(self) -> tuple[Handle, str]:
         """Make the directory and the first segment, unsynced (the WAL holds them; the checkpoint
-        syncs them); the catalog line after. Leaves nothing behind on an OSError (hazard 20)."""
+        syncs them). Leaves nothing behind on an OSError (hazard 20). Its catalog line is written
+        with the round's others (``DataDir._catalog_made``)."""
         os.mkdir(self.directory)
         try:
             path = os.path.join(self.directory, segment_name(0))
@@ -604,9 +613,6 @@ class _NewStream:
             _remove(self.directory)
             raise
         handle = self._owner._ctx.cache.adopt((self.log_id, 0), fd)
-        owner_catalog = self._owner._catalog
-        if owner_catalog is not None:
-            owner_catalog.add(self.log_id, self._entry)
         return handle, self.directory
 
 

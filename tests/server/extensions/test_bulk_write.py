@@ -282,3 +282,41 @@ def test_inline_commits_need_a_body_and_a_producer(durastream_server: ServerProc
     (staged_here,) = bulk(durastream_server, "stages", [inline_entry(path, b"[1]", "p", 0)])
     assert staged_here["status"] == 400  # not a stage: only the commits resource takes them
     assert messages(durastream_server, path) == []
+
+
+def test_a_bulk_request_of_many_entries_runs_them_on_a_few_tasks() -> None:
+    """``_each`` (every bulk resource's loop) runs 1,000 entries on at most ``CONCURRENCY`` tasks (main made
+    a task per entry, 1,000 at once, waiting on a semaphore), at most ``CONCURRENCY`` in flight, started
+    in order, each answered at its place, a refused one with its error."""
+    import asyncio
+
+    from durastream_server.errors import BadRequest
+    from durastream_server.http.bulk import CONCURRENCY, _each
+
+    started: list[int] = []
+    peak_tasks = peak_running = running = 0
+
+    async def run(item: int) -> dict[str, Any]:
+        nonlocal peak_tasks, peak_running, running
+        started.append(item)
+        running += 1
+        peak_running = max(peak_running, running)
+        peak_tasks = max(peak_tasks, len(asyncio.all_tasks()))
+        await asyncio.sleep(0)
+        running -= 1
+        if item % 100 == 7:
+            raise BadRequest(f"entry {item} refused")
+        return {"item": item}
+
+    async def go() -> list[dict[str, Any]]:
+        return await _each(list(range(1000)), run)
+
+    results = asyncio.run(go())
+    assert started == list(range(1000))
+    assert peak_running == CONCURRENCY
+    assert peak_tasks <= CONCURRENCY + 1, peak_tasks  # the workers and the test's own task
+    for item, result in enumerate(results):
+        if item % 100 == 7:
+            assert result["status"] == 400 and "refused" in json.dumps(result), result
+        else:
+            assert result == {"item": item}

@@ -22,7 +22,7 @@ from durastream_server import errors
 from durastream_server.engine.api import CreateRequest
 from durastream_server.engine.engine import Engine
 from durastream_server.errors import NotFound
-from durastream_server.storage import AppendEntry, DataDir, committer, wal
+from durastream_server.storage import AppendEntry, DataDir, catalog, committer, wal
 from durastream_server.storage.segments import segment_name
 
 from ._util import append, config, crash_copy, header, open_dd, read_all, run
@@ -258,3 +258,35 @@ def test_a_burst_larger_than_the_pin_budget_waits_for_checkpoints(tmp_path: Path
         await dd.close()
 
     run(reopen)
+
+
+def test_a_rounds_creates_write_their_catalog_lines_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """64 creates in flight append their catalog lines in a write per commit round, not one each (main:
+    64 writes), and the catalog read at the next start names every one of them."""
+    writes: list[int] = []
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        real = os.write
+
+        def counting(fd: int, data: bytes) -> int:
+            if fd == dd._catalog._fd:  # type: ignore[union-attr]
+                writes.append(data.count(b"\n"))
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", counting)
+        logs = await asyncio.gather(
+            *(dd.create_stream(header(f"/cat/{i}"), None) for i in range(64))
+        )
+        monkeypatch.undo()
+        assert sum(writes) == 64, writes
+        assert len(writes) <= dd._committer.rounds <= 16, (writes, dd._committer.rounds)
+        ids = {log.id for log in logs}
+        await dd.close()
+        entries = catalog.load(tmp_path).entries
+        assert ids <= set(entries)
+        assert {entries[i].path for i in ids} == {f"/cat/{i}" for i in range(64)}
+
+    run(go)

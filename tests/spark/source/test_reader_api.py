@@ -268,3 +268,33 @@ def test_a_starting_offset_past_the_tail_is_an_option_error(
         start = reader.initialOffset()
         reader.partitions(start, all_available(reader, start))
     assert caught.value.option == "startingOffsets" and beyond in str(caught.value)
+
+
+def test_the_latest_offset_of_many_streams_re_encodes_only_the_tails_that_moved(
+    durastream_server, streams: Streams, monkeypatch
+) -> None:
+    """``reportLatestOffset`` runs every trigger: over many streams its text is derived from the last
+    one (only moved tails encoded again), and says exactly every tail."""
+    from durastream_spark.source import offset_codec
+    from durastream_spark.source.offsets import SourceOffset
+
+    base = unique("latest-many")
+    paths = [streams.create(f"{base}/s{i:03d}") for i in range(120)]
+    for path in paths[:3]:
+        streams.append_json(path, docs(0, 2))
+    reader = stream_reader(options_for(durastream_server, pattern=f"{base}/*"), DEFAULT_SCHEMA)
+    start = reader.initialOffset()
+    end = all_available(reader, start)
+    first = SourceOffset.from_dict(reader.reportLatestOffset())
+    assert first.as_dict() == {path: streams.tail(path) for path in paths}
+
+    written: list[str] = []
+    real = offset_codec.entry_text
+    monkeypatch.setattr(
+        offset_codec, "entry_text", lambda path, value: written.append(path) or real(path, value)
+    )
+    streams.append_json(paths[7], docs(0, 1))
+    all_available(reader, end)
+    latest = SourceOffset.from_dict(reader.reportLatestOffset())
+    assert latest.as_dict() == {path: streams.tail(path) for path in paths}
+    assert paths[7] in written and len(set(written)) <= 2  # the moved tail (and the batch end's)
