@@ -237,12 +237,23 @@ def spark_part(
     print(f"\n## Spark: {small} streams x {per_stream} messages vs one stream of {rows} rows")
     selections = {"one stream": {"streams": "one/all"}, f"{small} streams": {"pattern": "ten/*"}}
 
-    def batch(options: dict[str, str]) -> None:
+    tracker = spark.sparkContext.statusTracker()
+
+    def tasks_of(group: str) -> tuple[int, int]:
+        """Spark jobs of a job group and the tasks of their stages (``statusTracker``)."""
+        jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
+        stages = [tracker.getStageInfo(stage) for job in jobs if job for stage in job.stageIds]
+        return len(jobs), sum(stage.numTasks for stage in stages if stage)
+
+    def batch(options: dict[str, str]) -> tuple[int, int]:
+        group = f"fanout-{time.monotonic_ns()}"
+        spark.sparkContext.setJobGroup(group, "fanout batch read")
         spark.read.format("durastream").options(url=url, **options).load().write.format(
             "noop"
         ).mode("overwrite").save()
+        return tasks_of(group)
 
-    def available_now(options: dict[str, str]) -> None:
+    def available_now(options: dict[str, str]) -> tuple[int, int]:
         checkpoint = tempfile.mkdtemp(prefix="fanout-chk-")
         query = (
             spark.readStream.format("durastream")
@@ -254,29 +265,52 @@ def spark_part(
             .start()
         )
         query.awaitTermination()
+        return tasks_of(str(query.runId))  # a streaming query's jobs run in its run id's group
 
-    print("| job | one stream s | many streams s | ratio | server CPU s (one / many) |")
-    print("| --- | ---: | ---: | ---: | --- |")
+    print(
+        "| job | one stream s | many streams s | ratio | server CPU s (one / many) "
+        "| jobs / tasks (one / many) |"
+    )
+    print("| --- | ---: | ---: | ---: | --- | --- |")
     found: dict[str, tuple[float, float]] = {}
     for job, run in (("batch read -> noop", batch), ("AvailableNow -> noop", available_now)):
-        best: dict[str, tuple[float, float]] = {}
+        best: dict[str, tuple[float, float, tuple[int, int]]] = {}
         for _ in range(repeats + 1):  # the first round warms up
             for label, options in selections.items():
                 cpu = server_cpu_seconds(pid)
                 started = time.perf_counter()
-                run(options)
+                tasks = run(options)
                 took = time.perf_counter() - started
                 cpu = server_cpu_seconds(pid) - cpu
                 if _ and (label not in best or took < best[label][0]):
-                    best[label] = (took, cpu)
+                    best[label] = (took, cpu, tasks)
         one, many = best["one stream"], best[f"{small} streams"]
         print(
             f"| {job} | {one[0]:.2f} | {many[0]:.2f} | {many[0] / one[0]:.2f}x "
-            f"| {one[1]:.2f} / {many[1]:.2f} |"
+            f"| {one[1]:.2f} / {many[1]:.2f} | {one[2][0]} / {one[2][1]}, "
+            f"{many[2][0]} / {many[2][1]} |",
+            flush=True,
         )
         found[job] = (one[0], many[0])
     spark.stop()
     return found
+
+
+@contextmanager
+def server_checkout(src: str | None) -> Iterator[None]:
+    """A server process started inside runs the ``server/`` of checkout ``src`` (None: this tree)."""
+    if src is None:
+        yield
+        return
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(Path(src) / "server")
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def main() -> None:
@@ -290,6 +324,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--parts", default="planning,idle,spark")
     parser.add_argument("--dir", help="reuse a data directory made by an earlier run")
+    parser.add_argument(
+        "--server-src",
+        nargs="+",
+        default=["-"],
+        help="server checkouts to run the parts against, one after the other (- is this tree)",
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
 
@@ -300,25 +340,27 @@ def main() -> None:
         asyncio.run(populate(data_dir, args.streams, args.small, args.per_stream))
         print(f"created the streams via the engine in {time.perf_counter() - started:.0f} s")
     server_process.STARTUP_TIMEOUT_SECONDS = 900.0
-    server = ServerProcess(data_dir, extra_args=("--durability", "none"))
-    server.start()
-    url = server.base_url + "/v1/stream"
-    print(f"load before: {os.getloadavg()}")
     planned = idled = sparked = None
-    try:
-        if "planning" in parts:
-            planned = planning(url, args.streams, args.changed, server.pid)
-        if "idle" in parts:
-            idled = idle(url, args.idle_streams, args.idle_seconds, server.pid)
-        if "spark" in parts:
-            sparked = spark_part(url, args.small, args.per_stream, args.repeats, server.pid)
-    finally:
-        server.stop()
-    print(f"\nload after: {os.getloadavg()}")
+    for src in args.server_src:
+        server = ServerProcess(data_dir, extra_args=("--durability", "none"))
+        with server_checkout(None if src == "-" else src):
+            server.start()
+        url = server.base_url + "/v1/stream"
+        print(f"\n# server: {src if src != '-' else 'this tree'}; load before: {os.getloadavg()}")
+        try:
+            if "planning" in parts:
+                planned = planning(url, args.streams, args.changed, server.pid)
+            if "idle" in parts:
+                idled = idle(url, args.idle_streams, args.idle_seconds, server.pid)
+            if "spark" in parts:
+                sparked = spark_part(url, args.small, args.per_stream, args.repeats, server.pid)
+        finally:
+            server.stop()
+        print(f"\nload after: {os.getloadavg()}")
     full = not [
         a
         for a in vars(args)
-        if a not in ("dir", "parts") and getattr(args, a) != parser.get_default(a)
+        if a not in ("dir", "parts", "server_src") and getattr(args, a) != parser.get_default(a)
     ]
     if planned and idled and sparked:
         charts.record("fanout", figures(args, planned, idled, sparked), full=full)

@@ -12,7 +12,8 @@ streams have been idle for a while. This measures that read for each server chec
 - after ``--idle`` seconds (every log idle): ``--rounds`` passes of multi-range reads of every range (10,000
   ranges per request, continued from where each answer stopped), each checked against the expected
   message count; wall seconds and the server's CPU seconds per pass (the robust figure on a loaded
-  machine), and the same after a SIGKILL and restart (once recovered).
+  machine), then (after ``--idle`` again) a multi-range limit lookup of every range (what the source's
+  planning asks to size a batch) and its server CPU; the same after a SIGKILL and restart.
 
 Run: ``python bench/multirange_bench.py --src /tmp/base - [--streams 10000]``
 """
@@ -38,6 +39,8 @@ from restart_bench import Server  # noqa: E402
 from server_bench import cpu_seconds  # noqa: E402
 
 READS = "/v1/stream/__ds/x-durastream/reads"
+LOOKUPS = "/v1/stream/__ds/x-durastream/lookups"
+JSON_HEADERS = {"Content-Type": "application/json"}
 MAX_RANGES = 10_000
 
 
@@ -110,19 +113,41 @@ def read_all(port: int, ranges: list[tuple[str, str, str]], expected: int) -> in
     return requests
 
 
+def lookup_all(port: int, ranges: list[tuple[str, str, str]], expected: int) -> None:
+    """A limit lookup of every range (as the source's planning sizes a batch), 10,000 per request."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    messages = 0
+    for first in range(0, len(ranges), MAX_RANGES):
+        part = [
+            {"path": p, "offset": o, "end": e} for p, o, e in ranges[first : first + MAX_RANGES]
+        ]
+        conn.request("POST", LOOKUPS, json.dumps({"lookups": part}).encode(), JSON_HEADERS)
+        response = conn.getresponse()
+        data = response.read()
+        assert response.status == 200, (response.status, data[:300])
+        messages += sum(found["messages"] for found in json.loads(data)["results"])
+    conn.close()
+    assert messages == expected, (messages, expected)
+
+
 def passes(server: Server, ranges: list, args: argparse.Namespace) -> dict:
     pid = server.proc.pid  # type: ignore[union-attr]
-    walls, cpus = [], []
+    walls, cpus, lookup_cpus = [], [], []
     for _ in range(args.rounds):
         time.sleep(args.idle)
         cpu, started = cpu_seconds(pid), time.perf_counter()
         requests = read_all(server.port, ranges, args.new * len(ranges))
         walls.append(time.perf_counter() - started)
         cpus.append(cpu_seconds(pid) - cpu)
+        time.sleep(args.idle)
+        cpu = cpu_seconds(pid)
+        lookup_all(server.port, ranges, args.new * len(ranges))
+        lookup_cpus.append(cpu_seconds(pid) - cpu)
     return {
         "wall_s": statistics.median(walls),
         "server_cpu_s": statistics.median(cpus),
         "server_cpu_us_per_range": statistics.median(cpus) / len(ranges) * 1e6,
+        "lookup_cpu_us_per_range": statistics.median(lookup_cpus) / len(ranges) * 1e6,
         "requests": requests,
         "load": os.getloadavg()[0],
     }

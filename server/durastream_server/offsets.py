@@ -30,7 +30,7 @@ def format_offset(position: int) -> str:
     """Mint the offset token for a logical position."""
     if not 0 <= position <= MAX_POSITION:
         raise ValueError(f"position {position} out of range")
-    return f"{0:016d}_{position:016d}"
+    return f"0000000000000000_{position:016d}"  # the generation field is always 0
 
 
 def parse_position(text: str) -> int:

@@ -31,6 +31,17 @@ async def resolve_end(view: StreamView, start: int, token: str, *, whole_message
     that check may scan record headers (off the loop) unless ``end`` is the start, the tail or a
     recent record start.
     """
+    end, settled = settle_end(view, start, token, whole_messages=whole_messages)
+    if not settled and not await view.is_boundary(end):
+        raise inside_message(token)
+    return end
+
+
+def settle_end(
+    view: StreamView, start: int, token: str, *, whole_messages: bool
+) -> tuple[int, bool]:
+    """``resolve_end`` up to its boundary check: the position ``end`` names (or a typed 400) and
+    whether it is settled; if not, ``view.is_boundary(end)`` decides (False: ``inside_message``)."""
     end = parse_end(token)
     tail = view.tail
     if end < start:
@@ -43,9 +54,12 @@ async def resolve_end(view: StreamView, start: int, token: str, *, whole_message
             f"end {token!r} is beyond the stream's durable tail {format_offset(tail)!r}",
             headers={"Stream-Next-Offset": format_offset(tail)},
         )
-    if whole_messages and end != tail and not await view.is_boundary(end):
-        raise InvalidEnd(
-            f"end {token!r} is inside a message; whole-message reads need an end that is a message "
-            "boundary (an offset this server returned as a message offset or Stream-Next-Offset)"
-        )
-    return end
+    return end, not whole_messages or end == tail
+
+
+def inside_message(token: str) -> InvalidEnd:
+    """The error of a whole-message read whose ``end`` is inside a message."""
+    return InvalidEnd(
+        f"end {token!r} is inside a message; whole-message reads need an end that is a message "
+        "boundary (an offset this server returned as a message offset or Stream-Next-Offset)"
+    )

@@ -39,6 +39,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -49,6 +50,7 @@ from durastream_server.engine import (
     expiry,
     jsonmode,
     lookup,
+    multiread,
     producer_sweep,
     producers,
     readmemo,
@@ -106,9 +108,15 @@ from durastream_server.errors import (
 )
 from durastream_server.offsets import BEGINNING, NOW, InvalidOffset, format_offset, parse_position
 from durastream_server.storage import DataDir
-from durastream_server.storage.log import StreamLog
+from durastream_server.storage.log import InvalidPosition, StreamLog
 from durastream_server.storage.quarantine import QuarantinedStream
-from durastream_server.storage.records import MESSAGE_OVERHEAD, AppendEntry, StreamHeader
+from durastream_server.storage.records import (
+    MESSAGE_OVERHEAD,
+    AppendEntry,
+    MessageRun,
+    MessageSlice,
+    StreamHeader,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -835,8 +843,20 @@ class Engine:
         slices, next_position, count = await view.read(
             start, request.max_bytes, end, whole_messages=True, runs=True, overhead=overhead
         )
+        return self.messages_result(inc, start, slices, next_position, count)
+
+    def messages_result(
+        self,
+        inc: Incarnation,
+        start: int,
+        slices: list[MessageSlice | MessageRun],
+        next_position: int,
+        count: int,
+    ) -> MessagesResult:
+        """What ``read_messages`` answers for what it read, judged against the log's state after the
+        read, as in ``read`` (hazards 16, 23)."""
         log = inc.log
-        durable_tail = log.durable_tail  # after the read, as in ``read`` (hazards 16, 23)
+        durable_tail = log.durable_tail
         return MessagesResult(
             info=self._info(inc),
             start_offset=format_offset(start),
@@ -847,6 +867,41 @@ class Engine:
             closed=log.durable_closed and next_position == durable_tail,
             json=inc.json,
         )
+
+    async def read_ranges(
+        self, ranges: Iterable[multiread.Range | ProtocolError], max_bytes: int, *, overhead: int
+    ) -> list[MessagesResult | ProtocolError]:
+        """``read_messages`` of ``(path, offset, end)`` ranges in order under one shared budget, for
+        a prefix of them, in few worker-thread trips (multi-range reads; ``multiread.py``)."""
+        return await multiread.read_ranges(self, ranges, max_bytes, overhead)
+
+    def plan_messages(self, path: str, offset: str, end_offset: str) -> multiread.Planned | None:
+        """``read_messages`` of ``[offset, end_offset)`` up to its read, decided on the loop, with
+        the same errors; None when the loop cannot decide it alone (a fork chain, an end whose
+        boundary check scans headers, the hot tail): ``read_messages`` then reads it."""
+        inc = self._lookup(path)
+        self._touch(inc)
+        view = self._view(inc)
+        if len(view.levels) > 1:
+            return None
+        start = self._start_position(offset, view.tail)
+        end, settled = bounds.settle_end(view, start, end_offset, whole_messages=True)
+        if not settled:
+            known = view.own.known_boundary(end)
+            if known is None:
+                return None
+            if not known:
+                raise bounds.inside_message(end_offset)
+        try:
+            read = view.own.plan_read(start, end)
+        except InvalidPosition:
+            return None
+        return None if read is None else multiread.Planned(inc, start, end_offset, read)
+
+    @property
+    def read_executor(self) -> Executor:
+        """The readers' worker threads (``DataDir.read_executor``)."""
+        return self._data.read_executor
 
     async def offload(self, count: int, func: Callable[..., _T], *args: Any) -> _T:
         """``func(*args)``: on the loop for work on at most ``rendering.INLINE_MESSAGES`` messages,

@@ -18,13 +18,14 @@ the others: its entry carries the error (status, code, message) that a single re
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from durastream_server.engine import contenttype
-from durastream_server.engine.api import LimitRequest, ReadRequest
+from durastream_server.engine.api import LimitRequest
 from durastream_server.errors import BadRequest, Forbidden, MethodNotAllowed, ProtocolError
 from durastream_server.http import frames, responses
 from durastream_server.http.body import read_json_body
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from durastream_server.http.handlers import Request
 
 MAX_RANGES: Final = 10_000
+LOOKUP_GROUP: Final = 256  # lookups answered together (their header scans share a thread trip)
 CONTENT_TYPE: Final = "application/vnd.durastream.multi-frames"
 MAGIC: Final = b"DSM1"
 FORMATS: Final = ("frames", "frames-lines")
@@ -66,24 +68,28 @@ async def serve_lookups(engine: Engine, request: Request, max_body_bytes: int) -
         )
         for index, item in enumerate(items)
     ]
-    results: list[dict[str, Any]] = []
-    for lookup in lookups:
+
+    async def answer(lookup: LimitRequest) -> dict[str, Any]:
         try:
             check_scope(request, lookup.path)
             found = await engine.lookup_limit(lookup)
         except ProtocolError as exc:
-            results.append(_error(exc))
-            continue
-        results.append(
-            {
-                "start": found.start_offset,
-                "end": found.end_offset,
-                "messages": found.messages,
-                "bytes": found.bytes,
-                "tail": found.tail_offset,
-                "closed": found.closed,
-            }
-        )
+            return _error(exc)
+        return {
+            "start": found.start_offset,
+            "end": found.end_offset,
+            "messages": found.messages,
+            "bytes": found.bytes,
+            "tail": found.tail_offset,
+            "closed": found.closed,
+        }
+
+    # A group at a time, together: the header scans of a group's idle streams then share one
+    # worker-thread trip (storage/scans.py), and the loop holds a bounded number of lookups at once.
+    results: list[dict[str, Any]] = []
+    for first in range(0, len(lookups), LOOKUP_GROUP):
+        group = lookups[first : first + LOOKUP_GROUP]
+        results.extend(await asyncio.gather(*map(answer, group)))
     return {"results": results}
 
 
@@ -104,35 +110,39 @@ async def serve_reads(
     lines = fmt == "frames-lines"
     overhead = frames.PER_LINE_OVERHEAD if lines else frames.PER_MESSAGE_OVERHEAD
     budget = chunk_bytes - frames.HEADER.size - 8  # the frames header and the final boundary
+
+    def checked() -> Iterator[tuple[str, str, str] | ProtocolError]:
+        """The ranges, each failed here if this request may not read it this way (lazily: the
+        engine plans a bounded number at a time and stops where the budget does)."""
+        for path, offset, end in ranges:
+            try:
+                check_scope(request, path)
+                if lines and not contenttype.is_json(engine.head(path).content_type):
+                    raise BadRequest(
+                        f"format=frames-lines is only for JSON streams; '{path}' is not one"
+                    )
+            except ProtocolError as exc:
+                yield exc
+                continue
+            yield path, offset, end
+
+    results = await engine.read_ranges(checked(), budget, overhead=overhead)
     entries: list[dict[str, Any]] = []
     pieces: list[MessageRun | MessageSlice] = []
     count = 0
-    for path, offset, end in ranges:
-        if budget <= 0:
-            break  # the rest is for the next request
-        try:
-            check_scope(request, path)
-            if lines and not contenttype.is_json(engine.head(path).content_type):
-                raise BadRequest(
-                    f"format=frames-lines is only for JSON streams; '{path}' is not one"
-                )
-            result = await engine.read_messages(
-                ReadRequest(path=path, offset=offset, max_bytes=budget, end_offset=end),
-                overhead=overhead,
-            )
-        except ProtocolError as exc:
-            entries.append(_error(exc))
+    for (_, _, end), result in zip(ranges, results, strict=False):
+        if isinstance(result, ProtocolError):
+            entries.append(_error(result))
             continue
-        size = _size(result.slices) + overhead * result.count
-        budget -= max(size, 1)
         pieces.extend(result.slices)
         count += result.count
-        reached = result.next_offset == end
         entries.append(
-            {"messages": result.count, "next_offset": result.next_offset, "end_reached": reached}
+            {
+                "messages": result.count,
+                "next_offset": result.next_offset,
+                "end_reached": result.next_offset == end,
+            }
         )
-        if not reached:
-            break  # cut short by the budget: the client continues this range first
     body = await engine.offload(count, functools.partial(frames.encode, lines=lines), pieces)
     header = json.dumps({"ranges": entries}, separators=(",", ":")).encode()
     header += b" " * (-(len(MAGIC) + 4 + len(header)) % 8)  # the frames body starts 8-aligned
@@ -143,10 +153,6 @@ async def serve_reads(
         [("Content-Type", CONTENT_TYPE), ("Cache-Control", responses.CACHE_NO_STORE)],
         prefix + body,
     )
-
-
-def _size(items: Sequence[MessageRun | MessageSlice]) -> int:
-    return sum(len(item.data) for item in items)
 
 
 def _error(exc: ProtocolError) -> dict[str, Any]:

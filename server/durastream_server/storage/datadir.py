@@ -65,6 +65,7 @@ from durastream_server.storage.quarantine import QuarantinedStream, free_name, s
 from durastream_server.storage.quarantine import load as load_quarantine
 from durastream_server.storage.records import AppendEntry, StreamHeader
 from durastream_server.storage.recovery import Quarantine, Recovered, read_headers, recover_batch
+from durastream_server.storage.scans import ScanBatcher
 from durastream_server.storage.segments import SegmentTable, segment_name
 from durastream_server.storage.state import StreamState, apply_entry
 from durastream_server.storage.wal import WAL_DIR
@@ -162,6 +163,7 @@ class DataDir:
             snapshot_interval_entries=max(1, config.snapshot_interval_entries),
             sync=sync,
             committer=self._committer,
+            scans=ScanBatcher(self._read_executor),
             metrics=metrics,
         )
         self._background: set[asyncio.Future[None]] = set()

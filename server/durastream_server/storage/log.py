@@ -59,7 +59,8 @@ from durastream_server.storage.records import (
     StreamHeader,
 )
 from durastream_server.storage.recovery import Quarantine, recover_stream
-from durastream_server.storage.segments import SegmentTable
+from durastream_server.storage.scans import ScanBatcher
+from durastream_server.storage.segments import SegmentTable, SegmentView
 from durastream_server.storage.snapshot import (
     IndexImage,
     StateImage,
@@ -96,6 +97,35 @@ class ReadChunk:
     messages: int = 0  # messages (or pieces of byte-stream messages) in ``slices``
 
 
+@dataclass(frozen=True, slots=True)
+class DiskRead:
+    """The disk part of a planned read (``StreamLog.plan_read``), for a worker thread: the segments
+    and the record to scan from, as the log held them when it was planned."""
+
+    segments: SegmentView
+    cache: FdCache
+    scan_from: int
+    start: int
+    cap: int
+
+    def run(
+        self, max_bytes: int, whole_messages: bool, runs: bool, overhead: int
+    ) -> tuple[list[MessageSlice | MessageRun], int, int]:
+        """``reader.read_range`` of this read (blocking). Raises ``NotABoundary``,
+        ``codec.CorruptRecord`` or ``OSError``, which ``StreamLog.read`` turns into its errors."""
+        return read_range(
+            self.segments,
+            self.cache,
+            self.scan_from,
+            self.start,
+            self.cap,
+            max_bytes,
+            whole_messages,
+            runs,
+            overhead,
+        )
+
+
 class InvalidPosition(ValueError):
     """A logical position that is not in this log or not a boundary where one is required."""
 
@@ -111,6 +141,7 @@ class LogContext:
     snapshot_interval_entries: int
     sync: bool  # Durability.FSYNC
     committer: Committer  # shared commit rounds and the write-ahead log (committer.py)
+    scans: ScanBatcher  # header scans, those of one loop turn in one read-executor trip (scans.py)
     metrics: WriteMetrics = NO_METRICS  # what the group commit reports (storage/metrics.py)
 
 
@@ -831,17 +862,13 @@ class StreamLog:
         Uses the index to find the start and ``pread`` from disk in a worker thread; never loads a segment
         whole.
         """
-        self._check_open()
-        tail = self.durable_tail
-        if not self.base <= start <= tail:
-            raise InvalidPosition(f"position {start} is outside [{self.base}, {tail}]")
-        cap = tail if end is None else min(end, tail)
+        cap = self._read_cap(start, end)
         if cap <= start:
             return ReadChunk((), start)
-        hot = self._hot
-        if hot and hot[0].position <= start and hot[-1].end == tail:
+        if self._hot_covers(start):
             # Just committed (usually the readers this commit woke): served from memory. Readers
             # start near the end, so look for the first entry from there.
+            hot = self._hot
             first = len(hot) - 1
             while hot[first].position > start:
                 first -= 1
@@ -853,21 +880,10 @@ class StreamLog:
             except NotABoundary as exc:
                 raise InvalidPosition(str(exc)) from None
             return ReadChunk(tuple(slices), next_position, count)
-        _, scan_from = self._index.floor(start)
-        view = self._segments.view(self._file_end)
+        disk = self._disk_read(start, cap)
         try:
             slices, next_position, count = await asyncio.get_running_loop().run_in_executor(
-                self._ctx.read_executor,
-                read_range,
-                view,
-                self._ctx.cache,
-                scan_from,
-                start,
-                cap,
-                max_bytes,
-                whole_messages,
-                runs,
-                overhead,
+                self._ctx.read_executor, disk.run, max_bytes, whole_messages, runs, overhead
             )
         except NotABoundary as exc:
             raise InvalidPosition(str(exc)) from None
@@ -875,8 +891,45 @@ class StreamLog:
             raise self._read_error(exc) from exc
         return ReadChunk(tuple(slices), next_position, count)
 
+    def plan_read(self, start: int, end: int) -> DiskRead | ReadChunk | None:
+        """What ``read(start, ..., end)`` will do, decided now on the loop, so that many small reads
+        can share one worker-thread trip (multi-range reads, ``engine/multiread.py``): an empty chunk
+        when there is nothing to read, the ``DiskRead`` to run in a worker thread, or None when
+        ``read`` answers from memory (the hot tail: call ``read`` itself). Raises what ``read`` raises
+        before it reads. A ``DiskRead`` reads what the log held when it was planned."""
+        cap = self._read_cap(start, end)
+        if cap <= start:
+            return ReadChunk((), start)
+        if self._hot_covers(start):
+            return None
+        return self._disk_read(start, cap)
+
+    def _read_cap(self, start: int, end: int | None) -> int:
+        self._check_open()
+        tail = self.durable_tail
+        if not self.base <= start <= tail:
+            raise InvalidPosition(f"position {start} is outside [{self.base}, {tail}]")
+        return tail if end is None else min(end, tail)
+
+    def _hot_covers(self, start: int) -> bool:
+        hot = self._hot
+        return bool(hot) and hot[0].position <= start and hot[-1].end == self.durable_tail
+
+    def _disk_read(self, start: int, cap: int) -> DiskRead:
+        _, scan_from = self._index.floor(start)
+        return DiskRead(self._segments.view(self._file_end), self._ctx.cache, scan_from, start, cap)
+
     async def is_boundary(self, position: int) -> bool:
         """True if ``position`` is a message boundary (or the tail), staged entries included."""
+        known = self.known_boundary(position)
+        if known is not None:
+            return known
+        floor, _ = (await self.message_floors([position]))[0]
+        return floor == position
+
+    def known_boundary(self, position: int) -> bool | None:
+        """``is_boundary(position)`` when memory answers it (the base, the tails, staged entries,
+        recent record starts); None when it takes a header scan in the read executor."""
         state = self.state
         if position < self.base or position > state.tail:
             return False
@@ -884,8 +937,7 @@ class StreamLog:
             return True
         if position > self.durable_tail:
             return self._staged_ordinal(position, self._staged()) is not None
-        floor, _ = (await self.message_floors([position]))[0]
-        return floor == position
+        return None if self._index.exact(position) is None else True
 
     async def boundary_after(self, anchor: int, count: int, *, messages: bool) -> int:
         """Position ``count`` messages (or bytes) past ``anchor``, for fork sub-offsets.
@@ -947,7 +999,7 @@ class StreamLog:
         and the ordinal of the message starting there (messages of this log before it).
 
         Positions must lie in ``[base, durable_tail]``. Answers from memory for the base, the tail and
-        recent record starts; everything else costs one bounded header scan each, all in one trip to
+        recent record starts (a read or lookup from the beginning of an idle stream takes no scan); everything else costs one bounded header scan each, all in one trip to
         the read executor.
         """
         self._check_open()
@@ -960,6 +1012,9 @@ class StreamLog:
                 raise InvalidPosition(f"position {position} is outside [{self.base}, {tail}]")
             if position == tail:
                 answers.append((tail, count))
+                continue
+            if position == self.base:  # no message of this log before its base
+                answers.append((position, 0))
                 continue
             exact = self._index.exact(position)
             if exact is not None:
@@ -1031,7 +1086,7 @@ class StreamLog:
 
     async def _scan(self, work: Callable[[], list[_T]]) -> list[_T]:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._ctx.read_executor, work)
+            return await self._ctx.scans.run(work)  # type: ignore[no-any-return]
         except (codec.CorruptRecord, OSError) as exc:
             raise self._read_error(exc) from exc
 

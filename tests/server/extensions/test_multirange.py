@@ -191,3 +191,47 @@ def test_malformed_bodies_are_400_saying_what_is_expected(
 def test_get_is_405(durastream_server: ServerProcess) -> None:
     response = requests.get(durastream_server.stream_url(f"{NS}/reads"), timeout=TIMEOUT)
     assert response.status_code == 405 and response.headers["Allow"] == "POST"
+
+
+def test_hundreds_of_idle_streams_answer_like_their_single_reads(
+    durastream_server: ServerProcess,
+) -> None:
+    """More ranges than one read group (engine/multiread.py), of streams idle past their hot tail,
+    closed or deleted: the multi-range answer is, range by range and byte by byte (positions, append
+    times, values), what each range's single frames read returns."""
+    session = requests.Session()
+    ranges = []
+    for i in range(300):
+        path = unique(f"idle-{i}")
+        body = json.dumps([{"i": i, "k": k} for k in range(1 + i % 4)]).encode()
+        response = session.put(
+            durastream_server.stream_url(path),
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=TIMEOUT,
+        )
+        ranges.append({"path": path, "offset": "-1", "end": response.headers["Stream-Next-Offset"]})
+    closed = ranges[7]
+    response = session.post(
+        durastream_server.stream_url(closed["path"]),
+        headers={"Content-Type": "application/json", "Stream-Closed": "true"},
+        timeout=TIMEOUT,
+    )
+    assert response.status_code in (200, 204), response.text
+    session.delete(durastream_server.stream_url(ranges[9]["path"]), timeout=TIMEOUT)
+    entries, frames = read_ranges(durastream_server, ranges)
+    assert len(entries) == 300
+    assert entries[9]["error"]["status"] == 404
+    at = 0
+    for entry, asked in zip(entries, ranges, strict=True):
+        if "error" in entry:
+            continue
+        alone, _ = frames_range(durastream_server, asked["path"], "-1", asked["end"])
+        assert entry["messages"] == len(alone.values)
+        assert entry["end_reached"] and entry["next_offset"] == asked["end"]
+        window = slice(at, at + entry["messages"])
+        assert frames.values[window] == alone.values
+        assert frames.positions[window] == alone.positions
+        assert frames.timestamps[window] == alone.timestamps
+        at += entry["messages"]
+    assert at == len(frames.values) == sum(1 + i % 4 for i in range(300) if i != 9)
