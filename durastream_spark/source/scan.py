@@ -20,6 +20,7 @@ answers as many of its ranges as fit in a server chunk, and becomes one batch.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -233,9 +234,7 @@ class RangeScanner:
             live = [(stream, count) for stream, count in runs if count]
             if len(live) == 1:
                 return layout.batch(live[0][0], FramesBlock(frames))
-            streams = pa.concat_arrays(
-                [pa.repeat(pa.scalar(stream, pa.string()), count) for stream, count in live]
-            )
+            streams = stream_column(live)
             try:
                 return layout.batch(live[0][0], FramesBlock(frames), streams)
             except DurastreamError:
@@ -300,6 +299,22 @@ class RangeScanner:
 # asking for far more than a chunk holds only makes the request (and its parsing) bigger.
 WINDOW_RANGES = 2000
 WINDOW_BYTES = 8 << 20
+
+
+def stream_column(runs: list[tuple[str, int]]) -> pa.Array:
+    """The ``stream`` column of a response holding ``count`` messages of each stream in turn: the
+    names taken by index. (One repeated array per stream, concatenated, cost 0.24-0.85 s for the
+    10,000 streams of one packed response; one ``take`` costs 0.02-0.04 s.)"""
+    names = pa.array([stream for stream, _ in runs], pa.string())
+    indices = pa.array(
+        list(
+            itertools.chain.from_iterable(
+                itertools.repeat(i, count) for i, (_, count) in enumerate(runs)
+            )
+        ),
+        pa.int32(),
+    )
+    return names.take(indices)
 
 
 def _window(pending: list[Segment]) -> list[Segment]:

@@ -6,6 +6,7 @@ import random
 import threading
 import time
 
+import pyarrow as pa
 import pytest
 
 from durastream_spark.errors import RequestContext, StreamGone
@@ -143,3 +144,12 @@ def test_read_reports_gone_data_through_the_choke_point(monkeypatch) -> None:
         for n in batch.column(0).to_pylist()
     ]
     assert rows == list(range(2 * PER_CHUNK))  # then logged as data loss, and the task ends
+
+
+def test_a_packed_responses_stream_column_names_each_message_by_its_run() -> None:
+    from durastream_spark.source.scan import stream_column
+
+    column = stream_column([("a/1", 2), ("b/\u00e9", 0), ("c", 3), ("a/1", 1)])
+    assert column.type == pa.string()
+    assert column.to_pylist() == ["a/1", "a/1", "c", "c", "c", "a/1"]
+    assert stream_column([]).to_pylist() == []
