@@ -35,6 +35,7 @@ TIME_LOOKUP = "time-lookup"
 CHANGES = "changes"
 MULTI_RANGE = "multi-range"
 BULK_WRITE = "bulk-write"
+BYTE_POSITIONS = "byte-positions"
 
 # Versions that add to an extension (a server advertising a version has every earlier one too).
 # staged-append 2: handle lists in the request body (``Durastream-Commit: @body``) and commit keys.
@@ -130,6 +131,10 @@ class Extensions:
     @property
     def multi_range(self) -> bool:
         return self.supports(MULTI_RANGE)
+
+    @property
+    def byte_positions(self) -> bool:
+        return self.supports(BYTE_POSITIONS)
 
     def __bool__(self) -> bool:
         return bool(self.versions)

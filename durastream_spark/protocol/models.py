@@ -16,6 +16,22 @@ START_OFFSET = "-1"  # the protocol's sentinel for "the beginning of the stream"
 TAIL_OFFSET = "now"  # the protocol's sentinel for "the current tail"
 
 
+def byte_position(offset: str) -> int | None:
+    """The payload bytes before ``offset``, on a server advertising ``byte-positions`` (docs/extensions.md
+    section 12): ``-1`` is 0, a token ``GGGGGGGGGGGGGGGG_PPPPPPPPPPPPPPPP`` is ``P``. ``None`` for anything
+    else (the caller asks the server instead of guessing)."""
+    if offset == START_OFFSET:
+        return 0
+    generation, sep, position = offset.partition("_")
+    if not sep or len(generation) != 16 or len(position) != 16:
+        return None
+    if not (
+        generation.isdigit() and position.isdigit() and generation.isascii() and position.isascii()
+    ):
+        return None
+    return int(position)
+
+
 def normalize_content_type(value: str | None) -> str:
     """Media type without parameters, lower-cased: how the protocol compares content types."""
     if not value:

@@ -23,7 +23,8 @@ from durastream_spark.source.planner import RangeSize, SplitRules
 
 @dataclass(frozen=True)
 class Piece:
-    """A range, or a part of one, with its size."""
+    """A range, or a part of one, with its size (``messages`` 0 when it was sized by its offsets'
+    byte positions, which do not count messages)."""
 
     stream: str
     start: str
@@ -40,17 +41,21 @@ class TaskCaps:
     messages: int | None
 
 
-def task_caps(sizes: Iterable[RangeSize], rules: SplitRules) -> TaskCaps:
+def task_caps(sizes: Iterable[RangeSize], rules: SplitRules, counted: bool = True) -> TaskCaps:
     """The per-partition options, lowered to an even share of the batch when ``minPartitions`` asks
-    for more tasks than they would give."""
+    for more tasks than they would give. ``counted=False``: the sizes hold bytes only (sized by
+    positions, messages not counted), so the share is of bytes and there is no message cap (the caller
+    counts messages when ``maxMessagesPerPartition`` is set)."""
     caps = TaskCaps(rules.max_bytes_per_partition, rules.max_messages_per_partition)
     wanted = rules.min_partitions
     if not wanted:
         return caps
     listed = list(sizes)
     total_bytes = sum(size.bytes for size in listed)
-    total_messages = sum(size.messages for size in listed)
     share_bytes = max(1, math.ceil(total_bytes / wanted))
+    if not counted:
+        return TaskCaps(min(caps.bytes, share_bytes), caps.messages)
+    total_messages = sum(size.messages for size in listed)
     share_messages = max(1, math.ceil(total_messages / wanted))
     return TaskCaps(
         min(caps.bytes, share_bytes),

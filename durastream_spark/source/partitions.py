@@ -1,12 +1,14 @@
 """Driver side: turn a batch's ranges into Spark input partitions (tasks).
 
-With the server's limit lookups, every range of the batch is measured (one multi-range request per
-10,000 ranges, ``measure.py``), ranges larger than ``maxBytesPerPartition`` / ``maxMessagesPerPartition``
-are cut at message boundaries (``planner.split_points``), and the pieces are packed into tasks up to those
+Every range of the batch is sized: by its offsets alone where the server advertises ``byte-positions``
+and no ``maxMessagesPerPartition`` needs message counts (no request: docs/extensions.md section 12), else
+with the server's limit lookups (one multi-range request per 10,000 ranges, ``measure.py``). Ranges
+larger than ``maxBytesPerPartition`` / ``maxMessagesPerPartition`` are cut at message boundaries
+(``planner.split_points``: limit lookups either way), and the pieces are packed into tasks up to those
 caps (``packing.py``; ``minPartitions`` lowers the caps to an even share of the batch): a batch over
 10,000 small streams is a few tasks, each reading many ranges (``scan.PackedPartition``), and one large
-stream can use every core. Sizes and cuts depend only on the ranges (their data never changes), so a
-replayed batch gets the same tasks. Without limit lookups each range is one task; without bounded reads
+stream can use every core. Sizes and cuts depend only on the ranges (their offsets, and their data
+never changes), so a replayed batch gets the same tasks. Without limit lookups each range is one task; without bounded reads
 each range is pinned first (``fallback.py``).
 """
 
@@ -22,7 +24,7 @@ from durastream_spark.protocol.models import is_json_content_type
 from durastream_spark.source.arrow import OutputLayout, SchemaNotSupported
 from durastream_spark.source.data_loss import DataLossReporter
 from durastream_spark.source.fallback import ensure_pin
-from durastream_spark.source.measure import SizeCache, measure
+from durastream_spark.source.measure import SizeCache, measure, position_bytes
 from durastream_spark.source.options import SourceOptions
 from durastream_spark.source.packing import Piece, TaskCaps, pack, parts_needed, task_caps
 from durastream_spark.source.planner import RangeSize, SplitRules, StreamRange, split_points
@@ -96,11 +98,14 @@ class Partitioner:
         route: str,
         extensions: Extensions,
     ) -> list[RangePartition | PackedPartition]:
-        """Measure every range (one request per 10,000 on durastream-server), cut the large ones, pack
-        the rest into tasks (``packing.py``): a pure function of the ranges, so replays match."""
-        measured = measure(self.client, ranges, sizes, self._lost)
-        readable = [item for item in ranges if measured.get(item.stream, _EMPTY).messages > 0]
-        caps = task_caps((measured[item.stream] for item in readable), self.rules)
+        """Size every range, cut the large ones, pack the rest into tasks (``packing.py``): a pure
+        function of the ranges, so replays match."""
+        if extensions.byte_positions and self.rules.max_messages_per_partition is None:
+            measured, caps = self._sized_by_positions(ranges, sizes)
+        else:
+            measured = measure(self.client, ranges, sizes, self._lost)
+            caps = task_caps(measured.values(), self.rules)
+        readable = [item for item in ranges if _holds_data(measured.get(item.stream, _EMPTY))]
         pieces: list[Piece] = []
         for item in readable:
             pieces.extend(self._pieces(item, measured[item.stream], caps))
@@ -128,6 +133,23 @@ class Partitioner:
             )
             result.append(PackedPartition(segments, route, extensions))
         return result
+
+    def _sized_by_positions(
+        self, ranges: list[StreamRange], sizes: SizeCache
+    ) -> tuple[dict[str, RangeSize], TaskCaps]:
+        """``byte-positions``: each range's bytes are its offsets' difference, so packing needs no
+        request. Only a range too large for one task is measured (its cuts need its messages), and
+        any range whose offsets do not read as positions. A range lost since the listing is found when
+        its task reads it, as for any packed task."""
+        found, unknown = position_bytes(ranges)
+        measured = {stream: RangeSize(0, size) for stream, size in found.items()}
+        caps = task_caps(measured.values(), self.rules, counted=False)
+        large = [item for item in ranges if found.get(item.stream, 0) > caps.bytes]
+        if large or unknown:
+            for item in large:
+                del measured[item.stream]
+            measured.update(measure(self.client, large + unknown, sizes, self._lost))
+        return measured, caps
 
     def _one_per_range(
         self,
@@ -223,3 +245,8 @@ class Partitioner:
 
 
 _EMPTY = RangeSize(0, 0)
+
+
+def _holds_data(size: RangeSize) -> bool:
+    """Measured by lookup (messages counted) or by positions (bytes only)."""
+    return size.messages > 0 or size.bytes > 0

@@ -27,6 +27,7 @@ EXTENSIONS: Final = MappingProxyType(
         "changes": 1,
         "multi-range": 1,
         "bulk-write": 1,
+        "byte-positions": 1,  # an offset's position counts payload bytes: a range's size is E - S
     }
 )
 

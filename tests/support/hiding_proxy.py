@@ -8,6 +8,9 @@ front of a server or taken away between two runs of a query, flipped ``auto`` in
 
 Requests are forwarded one by one over a keep-alive connection per client connection; bodies are
 ``Content-Length`` framed (what ``requests`` sends). ``hidden`` counts the discovery requests it refused.
+
+``hide={"byte-positions"}`` hides only the named extensions instead: the header and the discovery
+document list the others, as an older durastream-server (or a proxy between versions) would.
 """
 
 from __future__ import annotations
@@ -27,8 +30,14 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "conten
 class ExtensionHidingProxy:
     """``with ExtensionHidingProxy(server.port) as proxy: ... proxy.base_url ...``"""
 
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        target_port: int,
+        target_host: str = "127.0.0.1",
+        hide: frozenset[str] | None = None,
+    ) -> None:
         self.target_host = target_host
+        self.hide = hide  # None: every extension
         self.target_port = target_port
         self.port = free_port()
         self.hidden = 0
@@ -51,7 +60,8 @@ class ExtensionHidingProxy:
             def _forward(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                if self.path.split("?", 1)[0].endswith(DISCOVERY_SUFFIX):
+                discovery = self.path.split("?", 1)[0].endswith(DISCOVERY_SUFFIX)
+                if discovery and proxy.hide is None:
                     proxy.hidden += 1
                     payload = json.dumps({"error": {"code": "NOT_FOUND", "message": "no"}}).encode()
                     self._answer(404, [("Content-Type", "application/json")], payload)
@@ -69,8 +79,22 @@ class ExtensionHidingProxy:
                 kept = [
                     (name, value)
                     for name, value in response.getheaders()
-                    if name.lower() not in HIDDEN_HEADERS | HOP_BY_HOP
+                    if name.lower() not in HOP_BY_HOP
+                    and (proxy.hide is not None or name.lower() not in HIDDEN_HEADERS)
                 ]
+                if proxy.hide is not None:
+                    kept = [
+                        (name, proxy.filtered(value) if name.lower() in HIDDEN_HEADERS else value)
+                        for name, value in kept
+                    ]
+                    if discovery and response.status == 200:
+                        document = json.loads(payload)
+                        document["extensions"] = {
+                            name: version
+                            for name, version in document["extensions"].items()
+                            if name not in proxy.hide
+                        }
+                        payload = json.dumps(document).encode()
                 self._answer(response.status, kept, payload)
 
             def _answer(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
@@ -87,6 +111,12 @@ class ExtensionHidingProxy:
 
         self._httpd = BackgroundHTTPServer(self.port, Handler)
         return self
+
+    def filtered(self, header: str) -> str:
+        """A ``Durastream-Extensions`` value without the hidden names."""
+        assert self.hide is not None
+        entries = [entry.strip() for entry in header.split(",")]
+        return ", ".join(e for e in entries if e and e.split("=")[0].strip() not in self.hide)
 
     def stop(self) -> None:
         if self._httpd is not None:

@@ -24,6 +24,7 @@ EXPECTED = {
     "changes": 1,
     "multi-range": 1,
     "bulk-write": 1,
+    "byte-positions": 1,
 }
 
 

@@ -19,7 +19,12 @@ import pytest
 import requests
 
 from durastream_spark.protocol.client import StreamClient
-from durastream_spark.protocol.extensions import CHANGES_PATH, READS_PATH
+from durastream_spark.protocol.extensions import (
+    BYTE_POSITIONS,
+    CHANGES_PATH,
+    LOOKUPS_PATH,
+    READS_PATH,
+)
 from durastream_spark.source import batch_reader, stream_reader
 from durastream_spark.source.arrow import DEFAULT_SCHEMA
 from durastream_spark.source.scan import PackedPartition
@@ -29,10 +34,12 @@ from tests.spark.source.support import (
     docs,
     encoded,
     options_for,
+    reader_of,
     run_available_now,
     unique,
 )
 from tests.spark.source.test_reader_api import all_available, read_all
+from tests.support.hiding_proxy import ExtensionHidingProxy
 
 STREAMS = 240
 PER_STREAM = 3
@@ -77,15 +84,35 @@ def by_stream(rows: list[dict]) -> dict[str, list[bytes]]:
     return grouped
 
 
+def first_batch(server, streams: Streams, base: str, **chosen):
+    """Fill ``base`` and plan a streaming reader's first batch over it: ``(paths, options, reader,
+    start, end)``."""
+    paths = fill(streams, base)
+    options = options_for(server, pattern=f"{base}/*", **chosen)
+    reader = stream_reader(options, DEFAULT_SCHEMA)
+    start = reader.initialOffset()
+    return paths, options, reader, start, all_available(reader, start)
+
+
+def assert_replays_identically(
+    streams: Streams, options, paths, start, end, partitions, rows
+) -> None:
+    """Appends after the batch change nothing of it: a restarted driver (no shared state) plans the
+    same tasks, which read the same rows."""
+    for path in paths[::50]:
+        streams.append_json(path, docs(9000, 5))
+    restarted = stream_reader(options, DEFAULT_SCHEMA)
+    replayed = restarted.partitions(start, end)
+    assert replayed == partitions
+    assert read_all(restarted, replayed) == rows
+
+
 def test_many_small_streams_are_packed_into_few_tasks_that_replay_identically(
     durastream_server, streams: Streams, exchanges
 ) -> None:
-    base = unique("packed")
-    paths = fill(streams, base)
-    options = options_for(durastream_server, pattern=f"{base}/*", maxMessagesPerPartition=200)
-    reader = stream_reader(options, DEFAULT_SCHEMA)
-    start = reader.initialOffset()
-    end = all_available(reader, start)
+    paths, options, reader, start, end = first_batch(
+        durastream_server, streams, unique("packed"), maxMessagesPerPartition=200
+    )
     partitions = reader.partitions(start, end)
 
     # 720 messages, at most 200 a task: 4 tasks, not 240.
@@ -98,12 +125,7 @@ def test_many_small_streams_are_packed_into_few_tasks_that_replay_identically(
     assert by_stream(rows) == expected_rows(paths)
     reads = [url for method, url in exchanges if method == "POST" and url.endswith(READS_PATH)]
     assert 1 <= len(reads) <= 8 and len(exchanges) == len(reads)  # multi-range reads only
-
-    streams.append_json(paths[0], docs(9000, 5))  # appends after the batch change nothing of it
-    restarted = stream_reader(options, DEFAULT_SCHEMA)  # a driver restart: no shared state
-    replayed = restarted.partitions(start, end)
-    assert replayed == partitions
-    assert read_all(restarted, replayed) == rows
+    assert_replays_identically(streams, options, paths, start, end, partitions, rows)
 
 
 def test_a_batch_read_of_many_streams_is_a_few_tasks(durastream_server, streams: Streams) -> None:
@@ -115,14 +137,20 @@ def test_a_batch_read_of_many_streams_is_a_few_tasks(durastream_server, streams:
     assert by_stream(read_all(reader, partitions)) == expected_rows(paths)
 
 
-def test_large_ranges_are_still_split_among_packed_small_ones(
-    durastream_server, streams: Streams
-) -> None:
-    base = unique("mixed")
+def with_a_large_stream(streams: Streams, name: str) -> tuple[str, list[str], str]:
+    """20 small streams and ``<base>/big`` of 600 messages (~11 KB): ``(base, small, big)``."""
+    base = unique(name)
     small = fill(streams, base, 20)
     big = streams.create(f"{base}/big")
     for first in range(0, 600, 200):
         streams.append_json(big, docs(first, 200))
+    return base, small, big
+
+
+def test_large_ranges_are_still_split_among_packed_small_ones(
+    durastream_server, streams: Streams
+) -> None:
+    base, small, big = with_a_large_stream(streams, "mixed")
     options = options_for(durastream_server, pattern=f"{base}/*", maxMessagesPerPartition=100)
     reader = stream_reader(options, DEFAULT_SCHEMA)
     start = reader.initialOffset()
@@ -228,3 +256,142 @@ def test_a_checkpoint_of_many_streams_stays_compact(
     assert offset["v"] == 2 and offset["n"] == STREAMS
     readable = json.dumps({path: streams.tail(path) for path in paths})
     assert len(logs[-1].read_text()) < len(readable) / 3
+
+
+# --------------------------------------------------------------------------------------------------------
+# Sized by byte positions (docs/extensions.md section 12): packing without limit lookups
+# --------------------------------------------------------------------------------------------------------
+
+
+def lookups_of(exchanges: list[tuple[str, str]]) -> list[str]:
+    return [url for _, url in exchanges if LOOKUPS_PATH in url or "lookup=limit" in url]
+
+
+def streams_per_task(partitions) -> list[list[str]]:
+    return [
+        [s.stream for s in p.segments] if isinstance(p, PackedPartition) else [p.stream]
+        for p in partitions
+    ]
+
+
+def filled(server, streams: Streams, name: str, **chosen) -> tuple[list[str], dict[str, str]]:
+    """Streams ``<name>-<id>/sNNNN`` with their messages, and options selecting them by pattern."""
+    base = unique(name)
+    paths = fill(streams, base)
+    return paths, options_for(server, pattern=f"{base}/*", **chosen)
+
+
+def test_a_batch_read_is_packed_by_byte_positions_without_lookups(
+    durastream_server, streams: Streams, exchanges
+) -> None:
+    paths, options = filled(durastream_server, streams, "positions-batch", minPartitions=3)
+    exchanges.clear()
+    reader = batch_reader(options, DEFAULT_SCHEMA)
+    partitions = reader.partitions()
+
+    assert lookups_of(exchanges) == []  # sized from the offsets alone
+    assert (
+        3 <= len(partitions) <= 4
+    )  # an even byte share each (greedy: a last task may be a sliver)
+    assert [s for task in streams_per_task(partitions) for s in task] == paths
+    assert by_stream(read_all(reader, partitions)) == expected_rows(paths)
+    again = batch_reader(options, DEFAULT_SCHEMA).partitions()  # the same ends: the same tasks
+    assert again == partitions
+
+
+def test_packed_tasks_sized_by_byte_positions_replay_identically(
+    durastream_server, streams: Streams, exchanges
+) -> None:
+    paths, options, reader, start, end = first_batch(
+        durastream_server, streams, unique("positions-replay"), minPartitions=4
+    )
+    exchanges.clear()
+    partitions = reader.partitions(start, end)
+    assert lookups_of(exchanges) == [] and len(partitions) >= 4
+    rows = read_all(reader, partitions)
+    assert by_stream(rows) == expected_rows(paths)
+    assert_replays_identically(streams, options, paths, start, end, partitions, rows)
+
+
+def test_only_a_range_too_large_for_a_task_is_measured_and_cut(
+    durastream_server, streams: Streams, monkeypatch
+) -> None:
+    base, small, big = with_a_large_stream(streams, "positions-large")
+    measured: list[str] = []
+    real = StreamClient.lookup_ranges
+
+    def spy(self, lookups):
+        measured.extend(lookup.path for lookup in lookups)
+        return real(self, lookups)
+
+    monkeypatch.setattr(StreamClient, "lookup_ranges", spy)
+    cap = 4096  # the big stream holds ~11 KB; each small one ~50 B
+    options = options_for(durastream_server, pattern=f"{base}/*", maxBytesPerPartition=cap)
+    reader = batch_reader(options, DEFAULT_SCHEMA)
+    partitions = reader.partitions()
+
+    assert measured == [big]
+    tasks = streams_per_task(partitions)
+    assert len([task for task in tasks if big in task]) >= 3  # cut at message boundaries
+    for partition in partitions:  # every task within the cap
+        assert sum(len(row["value"]) for row in read_all(reader, [partition])) <= cap
+    rows = by_stream(read_all(reader, partitions))
+    assert rows[big] == encoded(docs(0, 600))
+    assert {path: rows[path] for path in small} == expected_rows(small)
+
+
+def test_without_the_advertisement_ranges_are_measured_and_packed_alike(
+    durastream_server, streams: Streams, exchanges
+) -> None:
+    paths, direct = filled(
+        durastream_server, streams, "positions-hidden", maxBytesPerPartition=4096
+    )
+    expected = streams_per_task(batch_reader(direct, DEFAULT_SCHEMA).partitions())
+    assert len(expected) >= 3
+    with ExtensionHidingProxy(durastream_server.port, hide=frozenset({BYTE_POSITIONS})) as proxy:
+        hidden = {**direct, "url": proxy.base_url + "/v1/stream"}
+        exchanges.clear()
+        reader = batch_reader(hidden, DEFAULT_SCHEMA)
+        partitions = reader.partitions()
+        assert not reader_extensions(hidden).byte_positions
+        assert len(lookups_of(exchanges)) == 1  # today's path: one multi-range lookup
+        assert streams_per_task(partitions) == expected  # the same bytes, so the same tasks
+        assert by_stream(read_all(reader, partitions)) == expected_rows(paths)
+
+
+def reader_extensions(options: dict[str, str]):
+    from durastream_spark.options import ConnectionOptions
+
+    return StreamClient(ConnectionOptions.parse({"url": options["url"]})).extensions()
+
+
+@pytest.mark.parametrize("fail", ["true", "false"])
+def test_a_stream_deleted_after_planning_by_positions_is_data_loss_in_its_task(
+    durastream_server, streams: Streams, fail: str
+) -> None:
+    from durastream_spark.errors import DataLossError
+
+    base = unique("positions-loss")
+    paths = fill(streams, base, 30)
+    options = options_for(durastream_server, pattern=f"{base}/*", failOnDataLoss=fail)
+    reader = batch_reader(options, DEFAULT_SCHEMA)
+    partitions = reader.partitions()
+    gone = paths[11]
+    streams.client.delete(gone)
+    if fail == "false":  # warned, skipped, the others read exactly
+        rows = by_stream(read_all(reader, partitions))
+        assert rows == {p: v for p, v in expected_rows(paths).items() if p != gone}
+        return
+    with pytest.raises(DataLossError) as caught:
+        read_all(reader, partitions)
+    assert caught.value.stream == gone
+
+
+def test_spark_reads_tasks_packed_by_byte_positions_exactly(
+    spark, durastream_server, streams: Streams
+) -> None:
+    paths, options = filled(durastream_server, streams, "positions-spark", minPartitions=3)
+    frame = reader_of(spark, options, stream=False)
+    assert 3 <= frame.rdd.getNumPartitions() <= 4
+    rows = [row.asDict() for row in frame.select("stream", "value").collect()]
+    assert by_stream(rows) == expected_rows(paths)  # every message once, none from elsewhere
