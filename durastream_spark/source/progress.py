@@ -4,7 +4,8 @@ Spark's Python data source API (through 4.3) has no custom source metrics, so th
 carry Kafka's ``offsetsBehindLatest``; it shows only offsets (``endOffset`` and, via ``reportLatestOffset``,
 ``latestOffset``). The driver already measures what it needs while planning: ``latestOffset`` takes the
 streams' tails, and under a per-trigger limit the server's limit lookups count the messages and bytes from
-each stream's position to its tail; task splitting counts each range of the batch. ``BatchSummary`` puts
+each stream's position to its tail; task splitting counts each range of the batch (on durastream-server
+it sizes ranges by their offsets' byte positions: bytes only, messages not counted). ``BatchSummary`` puts
 those figures together for one batch, and the source logs it as one INFO line from the driver.
 
 To ask at any time, from the driver, a notebook or a ``StreamingQueryListener``: ``behind_latest`` takes a
@@ -26,6 +27,7 @@ from typing import Any
 
 from durastream_spark.options import ConnectionOptions
 from durastream_spark.protocol.client import StreamClient
+from durastream_spark.source.measure import position_bytes
 from durastream_spark.source.offsets import EARLIEST, SourceOffset, is_token, offset_after
 from durastream_spark.source.planner import RangeSize, StreamRange
 
@@ -68,15 +70,23 @@ class BatchSummary:
         behind: Lag | None,
         *,
         planning_ms: float | None = None,
+        byte_positions: bool = False,
     ) -> BatchSummary:
+        """``byte_positions``: the server advertises it, so bytes not measured come from the offsets
+        (``measure.position_bytes``); messages are then counted only where a lookup measured them."""
         listed = list(ranges)
         measured = [sizes.get((r.stream, r.start, r.end)) for r in listed]
         known = all(size is not None for size in measured)
+        messages = sum(s.messages for s in measured if s is not None) if known else None
+        size_bytes = sum(s.bytes for s in measured if s is not None) if known else None
+        if not known and byte_positions:
+            found, unknown = position_bytes(listed)
+            size_bytes = None if unknown else sum(found.values())
         return cls(
             streams=len(listed),
             tasks=tasks,
-            messages=sum(s.messages for s in measured if s is not None) if known else None,
-            bytes=sum(s.bytes for s in measured if s is not None) if known else None,
+            messages=messages,
+            bytes=size_bytes,
             behind=behind,
             planning_ms=None if planning_ms is None else round(planning_ms, 3),
         )
@@ -85,11 +95,12 @@ class BatchSummary:
         return asdict(self)
 
     def describe(self) -> str:
-        read = (
-            f"{self.messages} messages, {self.bytes} bytes"
-            if self.messages is not None
-            else "sizes not measured (no limit lookups)"
-        )
+        if self.messages is not None:
+            read = f"{self.messages} messages, {self.bytes} bytes"
+        elif self.bytes is not None:
+            read = f"{self.bytes} bytes (messages not counted: sized by byte positions)"
+        else:
+            read = "sizes not measured (no limit lookups)"
         if self.behind is None:
             lag = "lag not measured (a replayed batch)"
         else:

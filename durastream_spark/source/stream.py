@@ -619,7 +619,12 @@ class _DriverState:
             behind = self.planned_lag.get(end.positions_key)
             planning_ms = (time.perf_counter() - planning_started) * 1000
             self.last_batch = BatchSummary.of(
-                ranges, len(planned), self.sizes, behind, planning_ms=planning_ms
+                ranges,
+                len(planned),
+                self.sizes,
+                behind,
+                planning_ms=planning_ms,
+                byte_positions=self.client.extensions().byte_positions,
             )
             log.info("%s", self.last_batch.describe())
         return planned

@@ -20,6 +20,7 @@ from tests.spark.source.support import (
     BatchCollector,
     Streams,
     docs,
+    encoded,
     options_for,
     run_available_now,
     unique,
@@ -87,8 +88,19 @@ def test_without_a_limit_a_batch_leaves_nothing_behind(
     end = read_everything(reader, start)
     reader.partitions(start, end)
     (line,) = batch_lines(caplog)
-    assert line.startswith("batch reads 1 stream(s), 5 messages, ")
+    stored = sum(len(value) for value in encoded(docs(0, 5)))
+    # Sized by the offsets' byte positions (no lookups): bytes, not messages.
+    assert line.startswith(
+        f"batch reads 1 stream(s), {stored} bytes (messages not counted: sized by byte positions), "
+    )
     assert line.endswith("behind the tails after it: 0 messages, 0 bytes in 0 stream(s)")
+    counting = stream_reader(
+        options_for(durastream_server, streams=path, maxMessagesPerPartition=1000), DEFAULT_SCHEMA
+    )
+    counting.partitions(start, read_everything(counting, start))  # limit lookups count messages
+    assert batch_lines(caplog)[-1].startswith(
+        f"batch reads 1 stream(s), 5 messages, {stored} bytes"
+    )
     # A batch planned by another run (a replay after a restart) says its lag was not measured.
     restarted = stream_reader(options_for(durastream_server, streams=path), DEFAULT_SCHEMA)
     restarted.partitions(start, end)
