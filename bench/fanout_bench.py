@@ -18,6 +18,9 @@ issue 16 (one listing walk or one HEAD per stream per trigger, one limit lookup 
 2. **idle** (no Spark): a pattern query over the first ``--idle-streams`` streams (default 10,000) calls
    ``latestOffset`` back to back for ``--idle-seconds``, as Spark's trigger loop does while nothing is
    new: requests per second and server CPU (% of one core).
+4. **reader** (no Spark, only when named): ``spark.read`` of the ``--small`` streams against ``one/all``
+   at the reader objects, planning and reading timed apart, with ranges sized by byte positions and by
+   limit lookups (``byte-positions`` hidden), alternating against the same server.
 3. **spark** (``local[*]``, ``format("noop")``): a batch read (``spark.read``) and a streaming
    ``Trigger.AvailableNow`` query of the ``--small`` streams against the same rows in ``one/all``: seconds
    and the ratio (target <= 2x).
@@ -54,7 +57,7 @@ from durastream_spark.compat import ReadAllAvailable  # noqa: E402
 from durastream_spark.options import ConnectionOptions  # noqa: E402
 from durastream_spark.protocol import extensions as ext  # noqa: E402
 from durastream_spark.protocol.client import StreamClient  # noqa: E402
-from durastream_spark.source import stream_reader  # noqa: E402
+from durastream_spark.source import batch_reader, stream_reader  # noqa: E402
 from durastream_spark.source.arrow import DEFAULT_SCHEMA  # noqa: E402
 from durastream_spark.source.offsets import SourceOffset  # noqa: E402
 from tests.support import server_process  # noqa: E402
@@ -105,14 +108,21 @@ async def populate(root: Path, streams: int, small: int, per_stream: int) -> Non
 @contextmanager
 def mode(name: str) -> Iterator[None]:
     """``plain``: clients in this process see the server without the changes and multi-range extensions."""
-    if name == "extensions":
+    with hiding(() if name == "extensions" else HIDDEN):
+        yield
+
+
+@contextmanager
+def hiding(names: tuple[str, ...]) -> Iterator[None]:
+    """Clients in this process see the server without the extensions ``names``."""
+    if not names:
         yield
         return
     real = StreamClient.extensions
 
     def without(self: StreamClient) -> ext.Extensions:
         found = real(self)
-        return ext.Extensions(tuple((n, v) for n, v in found.versions if n not in HIDDEN))
+        return ext.Extensions(tuple((n, v) for n, v in found.versions if n not in names))
 
     StreamClient.extensions = without  # type: ignore[method-assign]
     try:
@@ -212,6 +222,43 @@ def idle(url: str, idle_streams: int, seconds: float, pid: int) -> dict[str, tup
             print(f"| {name} | {triggers} | {rate:.1f} | {cpu / elapsed * 100:.1f} |")
             found[name] = (rate, cpu / elapsed * 100)
     return found
+
+
+def reader_part(url: str, small: int, repeats: int, pid: int) -> None:
+    """``spark.read`` of the ``--small`` streams against ``one/all`` at the reader API, in this process
+    (no Spark): the driver's planning and the tasks' reads, with ranges sized by byte positions and, in
+    the same run against the same server, with ``byte-positions`` hidden (sized by limit lookups)."""
+    print(
+        f"\n## reader API: spark.read of {small} streams vs one stream (no Spark; best of {repeats})"
+    )
+    print(
+        "| sizing | selection | plan s | read s | tasks | requests while planning | server CPU s |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | --- | ---: |")
+    selections = {"one stream": {"streams": "one/all"}, f"{small} streams": {"pattern": "ten/*"}}
+    sizings = {"byte positions": (), "limit lookups": (ext.BYTE_POSITIONS,)}
+    best: dict[tuple[str, str], tuple[float, float, int, dict, float]] = {}
+    for round_ in range(repeats + 1):  # the first round warms up
+        for sizing, hidden in sizings.items():
+            for label, options in selections.items():
+                with hiding(hidden), counted() as requests:
+                    reader = batch_reader({"url": url, **options}, DEFAULT_SCHEMA)
+                    cpu = server_cpu_seconds(pid)
+                    started = time.perf_counter()
+                    tasks = reader.partitions()
+                    planned = time.perf_counter() - started
+                    sent = dict(requests)
+                    for task in tasks:
+                        for _ in reader.read(task):
+                            pass
+                    took = time.perf_counter() - started
+                    cpu = server_cpu_seconds(pid) - cpu
+                key = (sizing, label)
+                if round_ and (key not in best or took < sum(best[key][:2])):
+                    best[key] = (planned, took - planned, len(tasks), sent, cpu)
+    for (sizing, label), (plan, read, tasks, sent, cpu) in best.items():
+        print(f"| {sizing} | {label} | {plan:.3f} | {read:.3f} | {tasks} | {sent} | {cpu:.2f} |")
+    print(f"load: {os.getloadavg()}")
 
 
 def spark_part(
@@ -322,7 +369,12 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=10_000)
     parser.add_argument("--per-stream", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--parts", default="planning,idle,spark")
+    parser.add_argument(
+        "--parts",
+        default="planning,idle,spark",
+        help="comma-separated: planning, idle, spark; reader (the batch read at the reader API, sized "
+        "by byte positions and by limit lookups) runs only when named",
+    )
     parser.add_argument("--dir", help="reuse a data directory made by an earlier run")
     parser.add_argument(
         "--server-src",
@@ -352,6 +404,8 @@ def main() -> None:
                 planned = planning(url, args.streams, args.changed, server.pid)
             if "idle" in parts:
                 idled = idle(url, args.idle_streams, args.idle_seconds, server.pid)
+            if "reader" in parts:
+                reader_part(url, args.small, args.repeats, server.pid)
             if "spark" in parts:
                 sparked = spark_part(url, args.small, args.per_stream, args.repeats, server.pid)
         finally:
