@@ -469,6 +469,10 @@ OPTIONS: tuple[OptionDoc, ...] = (
         "500000",
         "0",
         lambda o: _code(o.max_messages_per_partition),
+        details="Counting messages takes the server's limit lookups: with this option every range of "
+        "a batch is measured while planning (one request per 10,000 ranges on durastream-server); "
+        "without it, durastream-server's ranges are sized by their offsets (`byte-positions`) and only "
+        "a range larger than `maxBytesPerPartition` is looked up.",
     ),
     OptionDoc(
         "fallback.pinPrefix",
