@@ -16,20 +16,33 @@ START_OFFSET = "-1"  # the protocol's sentinel for "the beginning of the stream"
 TAIL_OFFSET = "now"  # the protocol's sentinel for "the current tail"
 
 
-def byte_position(offset: str) -> int | None:
-    """The payload bytes before ``offset``, on a server advertising ``byte-positions`` (docs/extensions.md
-    section 12): ``-1`` is 0, a token ``GGGGGGGGGGGGGGGG_PPPPPPPPPPPPPPPP`` is ``P``. ``None`` for anything
-    else (the caller asks the server instead of guessing)."""
+def byte_span(start: str, end: str) -> int | None:
+    """The payload bytes of ``[start, end)`` from the two offsets, on a server advertising
+    ``byte-positions`` (docs/extensions.md section 12): ``-1`` is position 0, a token
+    ``GGGGGGGGGGGGGGGG_PPPPPPPPPPPPPPPP`` is position ``P``. ``None`` when they do not say (the caller asks
+    the server instead of guessing): not tokens, different generations (positions of two generations are
+    not comparable), or ``end`` before ``start``."""
+    first, last = _token_parts(start), _token_parts(end)
+    if first is None or last is None:
+        return None
+    if start != START_OFFSET and first[0] != last[0]:
+        return None
+    size = last[1] - first[1]
+    return size if size >= 0 else None
+
+
+def _token_parts(offset: str) -> tuple[str, int] | None:
+    """``(generation, position)`` of a token, ``("", 0)`` for ``-1``, ``None`` for anything else."""
     if offset == START_OFFSET:
-        return 0
+        return "", 0
     generation, sep, position = offset.partition("_")
     if not sep or len(generation) != 16 or len(position) != 16:
         return None
     if not (
-        generation.isdigit() and position.isdigit() and generation.isascii() and position.isascii()
+        generation.isascii() and generation.isdigit() and position.isascii() and position.isdigit()
     ):
         return None
-    return int(position)
+    return generation, int(position)
 
 
 def normalize_content_type(value: str | None) -> str:

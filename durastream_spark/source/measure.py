@@ -17,7 +17,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 
 from durastream_spark.errors import EndBeyondTail, StreamGone, StreamNotFound
 from durastream_spark.protocol.client import RangeLookup, StreamClient
-from durastream_spark.protocol.models import LimitLookup, byte_position
+from durastream_spark.protocol.models import LimitLookup, byte_span
 from durastream_spark.source.planner import RangeSize, StreamRange
 
 SizeCache = MutableMapping[tuple[str, str, str], RangeSize]
@@ -60,11 +60,11 @@ def position_bytes(ranges: Sequence[StreamRange]) -> tuple[dict[str, int], list[
     sized: dict[str, int] = {}
     unknown: list[StreamRange] = []
     for item in ranges:
-        start, end = byte_position(item.start), byte_position(item.end)
-        if start is None or end is None or end < start:
+        size = byte_span(item.start, item.end)
+        if size is None:
             unknown.append(item)
         else:
-            sized[item.stream] = end - start
+            sized[item.stream] = size
     return sized, unknown
 
 

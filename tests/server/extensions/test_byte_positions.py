@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from durastream_spark.protocol.models import byte_position
+from durastream_spark.protocol.models import byte_span
 from tests.server.extensions.support import (
     TEXT,
     append,
@@ -39,7 +39,7 @@ def assert_sizes_are_position_differences(server: ServerProcess, path: str) -> N
         frames, _ = frames_range(server, path, start, end)
         size = position_of(end) - position_of(start)
         assert answer["bytes"] == size == sum(len(v) for v in frames.values), (start, end)
-        assert byte_position(end) - byte_position(start) == size  # the client's reading of a token
+        assert byte_span(start, end) == size  # the client's reading of the tokens
 
 
 def test_json_messages_of_any_size_count_their_stored_bytes(
@@ -69,10 +69,14 @@ def test_byte_streams_and_forks_share_the_rule(durastream_server: ServerProcess)
     append(durastream_server, forked, b'[{"six": 6}, [7, 7]]')
     append(durastream_server, source, b'["after the fork"]')
     assert_sizes_are_position_differences(durastream_server, forked)
-    assert position_of(middle) == len(b"hello world") and byte_position("-1") == 0
+    assert position_of(middle) == len(b"hello world") and byte_span("-1", "-1") == 0
 
 
 def test_tokens_that_are_not_positions_are_not_guessed() -> None:
     for text in ("now", "", "5", "0_5", "0000000000000000-0000000000000005", "x" * 33):
-        assert byte_position(text) is None, text
-    assert byte_position(token(12345)) == 12345
+        assert byte_span("-1", text) is None and byte_span(text, token(5)) is None, text
+    assert byte_span("-1", token(12345)) == 12345
+    assert byte_span("-1", token(7)) == 7 and byte_span(token(3), token(7)) == 4
+    other_generation = "0000000000000001_" + token(7)[17:]
+    assert byte_span(token(3), other_generation) is None  # not comparable: ask the server
+    assert byte_span(token(7), token(3)) is None
