@@ -8,8 +8,8 @@ larger than ``maxBytesPerPartition`` / ``maxMessagesPerPartition`` are cut at me
 caps (``packing.py``; ``minPartitions`` lowers the caps to an even share of the batch): a batch over
 10,000 small streams is a few tasks, each reading many ranges (``scan.PackedPartition``), and one large
 stream can use every core. Sizes and cuts depend only on the ranges (their offsets, and their data
-never changes), so a replayed batch gets the same tasks. Without limit lookups each range is one task; without bounded reads
-each range is pinned first (``fallback.py``).
+never changes), so a replayed batch gets the same tasks. Without limit lookups each range is one task;
+without bounded reads each range is pinned first (``fallback.py``).
 """
 
 from __future__ import annotations

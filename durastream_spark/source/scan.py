@@ -90,7 +90,8 @@ class RangePartition(InputPartition):
 
 @dataclass(frozen=True)
 class Segment:
-    """One range of a packed task, with its size as planned (to decide how many to ask for at once)."""
+    """One range of a packed task, with its size as planned (to decide how many to ask for at once;
+    ``messages`` is 0 when the range was sized by its offsets' byte positions, which count no messages)."""
 
     stream: str
     start: str
