@@ -11,7 +11,9 @@ are answered in order. No timings are asserted.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -197,5 +199,44 @@ def test_what_the_direct_path_leaves_to_the_ordinary_path(
             assert status(await conn.response()) == 201, name
             assert app.direct_answers == 0, name
             conn.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_storage_failure_of_a_create_answers_as_on_the_ordinary_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create the engine started and storage failed (its directory could not be made) is answered
+    through the ordinary send, with the same status and JSON error; the server goes on serving."""
+    real = os.mkdir
+
+    def broken(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if "streams" in str(path):
+            raise OSError(errno.EIO, "injected")
+        return real(path, *args, **kwargs)
+
+    async def answers(root: Path, *, direct: bool) -> list[bytes]:
+        async with running(root, direct=direct) as (app, port):
+            conn = await Conn.open(port)
+            got = []
+            with monkeypatch.context() as patch:
+                patch.setattr(os, "mkdir", broken)
+                conn.send(_wire("/v1/stream/broken", b"", JSON, b"localhost"))
+                got.append(await conn.response())
+            for path in ("/v1/stream/broken", "/v1/stream/fine"):
+                conn.send(_wire(path, b"", JSON, b"localhost"))
+                got.append(await conn.response())
+            conn.get("/healthz")
+            got.append(await conn.response())
+            conn.close()
+            return got
+
+    async def scenario() -> None:
+        direct = await answers(tmp_path / "direct", direct=True)
+        ordinary = await answers(tmp_path / "ordinary", direct=False)
+        assert [status(a) for a in direct] == [503, 201, 201, 200]
+        assert b'"code": "STORAGE_FAILURE"' in direct[0]
+        for ours, theirs in zip(direct[:3], ordinary[:3], strict=True):
+            assert without_request_id(ours) == without_request_id(theirs)
 
     asyncio.run(scenario())
