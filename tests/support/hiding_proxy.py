@@ -56,22 +56,57 @@ class ExtensionHidingProxy:
                     payload = json.dumps({"error": {"code": "NOT_FOUND", "message": "no"}}).encode()
                     self._answer(404, [("Content-Type", "application/json")], payload)
                     return
-                if self.upstream is None:
-                    self.upstream = http.client.HTTPConnection(
-                        proxy.target_host, proxy.target_port, timeout=120
-                    )
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 if body is not None:
                     headers["Content-Length"] = str(len(body))
-                self.upstream.request(self.command, self.path, body=body, headers=headers)
-                response = self.upstream.getresponse()
-                payload = response.read()
+                try:
+                    response, payload = self._exchange(body, headers)
+                except OSError as exc:  # the server is gone: say so, as a gateway does
+                    message = f"upstream: {type(exc).__name__}: {exc}"
+                    payload = json.dumps({"error": {"code": "BAD_GATEWAY", "message": message}})
+                    self._answer(502, [("Content-Type", "application/json")], payload.encode())
+                    return
                 kept = [
                     (name, value)
                     for name, value in response.getheaders()
                     if name.lower() not in HIDDEN_HEADERS | HOP_BY_HOP
                 ]
                 self._answer(response.status, kept, payload)
+
+            def _exchange(
+                self, body: bytes | None, headers: dict[str, str]
+            ) -> tuple[http.client.HTTPResponse, bytes]:
+                """One request upstream. A kept-alive connection the server has closed meanwhile (its idle
+                timeout) fails before the request is read; like a gateway, send it again once on a fresh
+                connection instead of dropping the client's."""
+                reused = self.upstream is not None
+                try:
+                    return self._send_upstream(body, headers)
+                except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                    self._close_upstream()
+                    if not reused:
+                        raise
+                return self._send_upstream(body, headers)
+
+            def _send_upstream(
+                self, body: bytes | None, headers: dict[str, str]
+            ) -> tuple[http.client.HTTPResponse, bytes]:
+                if self.upstream is None:
+                    self.upstream = http.client.HTTPConnection(
+                        proxy.target_host, proxy.target_port, timeout=120
+                    )
+                try:
+                    self.upstream.request(self.command, self.path, body=body, headers=headers)
+                    response = self.upstream.getresponse()
+                    return response, response.read()
+                except OSError:
+                    self._close_upstream()
+                    raise
+
+            def _close_upstream(self) -> None:
+                if self.upstream is not None:
+                    self.upstream.close()
+                    self.upstream = None
 
             def _answer(self, status: int, headers: list[tuple[str, str]], payload: bytes) -> None:
                 self.send_response(status)
