@@ -184,6 +184,9 @@ class Engine:
         self._registry.on_path = self.changes.touch
         self.selections = Selections()  # explicit path sets change queries name by id
         self._create_locks = KeyedLocks()
+        # Creates in flight: the loop keeps only weak references to tasks, and a direct create's task
+        # has no awaiting caller to hold it (``create_nowait``).
+        self._creating: set[asyncio.Task[CreateResult]] = set()
         self._observers: list[StreamObserver] = []
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
@@ -354,7 +357,10 @@ class Engine:
                 raise BadRequest("Stream-Fork-Sub-Offset must be a non-negative integer")
         except Exception as exc:
             return _failed(loop, exc)
-        return loop.create_task(self._create_serialized(request, lifetime, sub_offset))
+        task = loop.create_task(self._create_serialized(request, lifetime, sub_offset))
+        self._creating.add(task)
+        task.add_done_callback(self._creating.discard)
+        return task
 
     async def _create_serialized(
         self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
