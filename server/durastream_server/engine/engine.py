@@ -184,6 +184,9 @@ class Engine:
         self._registry.on_path = self.changes.touch
         self.selections = Selections()  # explicit path sets change queries name by id
         self._create_locks = KeyedLocks()
+        # Creates in flight: the loop keeps only weak references to tasks, and a direct create's task
+        # has no awaiting caller to hold it (``create_nowait``).
+        self._creating: set[asyncio.Task[CreateResult]] = set()
         self._observers: list[StreamObserver] = []
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
@@ -331,17 +334,33 @@ class Engine:
     # ------------------------------------------------------------------ create
 
     async def create(self, request: CreateRequest) -> CreateResult:
-        lifetime = expiry.requested(request.ttl_seconds, request.expires_at)
-        if request.forked_from is None and (
-            request.fork_offset is not None or request.fork_sub_offset is not None
-        ):
-            raise BadRequest("Stream-Fork-Offset/Stream-Fork-Sub-Offset require Stream-Forked-From")
-        sub_offset = request.fork_sub_offset or 0
-        if sub_offset < 0:
-            raise BadRequest("Stream-Fork-Sub-Offset must be a non-negative integer")
         # Shielded: a client that disconnects must not cancel a create half-way (created on disk but
         # never registered).
-        return await asyncio.shield(self._create_serialized(request, lifetime, sub_offset))
+        return await asyncio.shield(self.create_nowait(request))
+
+    def create_nowait(self, request: CreateRequest) -> asyncio.Future[CreateResult]:
+        """``create`` as a future the caller does not await (the HTTP layer's direct path answers in
+        its done callback): the create runs in a task nobody cancels, so it is never left half-way.
+        A request refused before anything was done comes back as a future already failed; errors are
+        set on the future, never raised."""
+        loop = asyncio.get_running_loop()
+        try:
+            lifetime = expiry.requested(request.ttl_seconds, request.expires_at)
+            if request.forked_from is None and (
+                request.fork_offset is not None or request.fork_sub_offset is not None
+            ):
+                raise BadRequest(
+                    "Stream-Fork-Offset/Stream-Fork-Sub-Offset require Stream-Forked-From"
+                )
+            sub_offset = request.fork_sub_offset or 0
+            if sub_offset < 0:
+                raise BadRequest("Stream-Fork-Sub-Offset must be a non-negative integer")
+        except Exception as exc:
+            return _failed(loop, exc)
+        task = loop.create_task(self._create_serialized(request, lifetime, sub_offset))
+        self._creating.add(task)
+        task.add_done_callback(self._creating.discard)
+        return task
 
     async def _create_serialized(
         self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
@@ -569,9 +588,7 @@ class Engine:
                 )
             return self._append_staged(inc, request, request_type, None, digest)
         except Exception as exc:
-            failed: asyncio.Future[AppendResult] = loop.create_future()
-            failed.set_exception(exc)
-            return failed
+            return _failed(loop, exc)
 
     def _append_target(
         self, request: AppendRequest
@@ -1365,6 +1382,13 @@ class Engine:
                 getattr(observer, hook)(*args)
             except Exception:
                 logger.exception("stream observer %r failed in %s", observer, hook)
+
+
+def _failed(loop: asyncio.AbstractEventLoop, exc: BaseException) -> asyncio.Future[_T]:
+    """A future already failed with ``exc``: how the ``_nowait`` calls report a refusal."""
+    failed: asyncio.Future[_T] = loop.create_future()
+    failed.set_exception(exc)
+    return failed
 
 
 def _parse_token(text: str, what: str) -> int:

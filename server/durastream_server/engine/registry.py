@@ -214,14 +214,11 @@ class KeyedLocks:
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
 
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        lock = self._enter(key)
-        try:
-            async with lock:
-                yield
-        finally:
-            self._leave(key)
+    def hold(self, key: str) -> _Held:
+        """``async with locks.hold(key)``: the key's lock, held for the block. A plain context object,
+        not an ``asynccontextmanager``: every create takes one, and the generator machinery made an
+        uncontended hold cost 5.5 us instead of 2 (micro-benchmark on this VM)."""
+        return _Held(self, key)
 
     @asynccontextmanager
     async def hold_all(self, keys: Iterable[str], *, yield_every: int = 0) -> AsyncIterator[None]:
@@ -259,3 +256,28 @@ class KeyedLocks:
             del self._locks[key]
         else:
             self._locks[key] = (lock, users - 1)
+
+
+class _Held:
+    """One ``KeyedLocks.hold``: enters the key's lock on ``async with``, leaves it after."""
+
+    __slots__ = ("_locks", "_key", "_lock")
+
+    def __init__(self, locks: KeyedLocks, key: str) -> None:
+        self._locks = locks
+        self._key = key
+        self._lock: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        lock = self._locks._enter(self._key)
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._locks._leave(self._key)
+            raise
+        self._lock = lock
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._lock is not None
+        self._lock.release()
+        self._locks._leave(self._key)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from durastream_server.config import ServerConfig
-from durastream_server.engine.api import AppendRequest, AppendResult
 from durastream_server.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
 from durastream_server.http import (
     access,
@@ -53,10 +53,12 @@ HEALTH_QUARANTINE_LIST = 100
 # The status recorded for a request whose client left before any answer (nginx's convention).
 CLIENT_CLOSED = 499
 
-# Appends with a declared body up to this size may be served without the ASGI round trips (``direct``).
+# Appends and creates with a declared body up to this size may be served without the ASGI round trips
+# (``direct``).
 DIRECT_MAX_BODY = 16 * 1024
 _STREAM_PREFIX = paths.STREAM_PREFIX.encode()
-# Request headers that make a POST something other than a plain small append.
+# Request headers that make a POST something other than a plain small append (a PUT with them is
+# declined too: it is rare, and the ordinary path decides what it means).
 _NOT_DIRECT = frozenset(
     name.encode()
     for name in ("transfer-encoding", "expect", txn.TXN, txn.COMMIT, txn.ABORT, txn.TTL)
@@ -108,6 +110,15 @@ class _TrackedSend:
             if not message.get("more_body", False):
                 self.finished = True
         await self._send(message)
+
+
+class _DirectAnswer(NamedTuple):
+    """How a direct request's engine result becomes its answer (``StreamHandlers``' pieces of the
+    request's kind): ``lines``, the pre-encoded wire lines the responder writes (None: the ordinary
+    send), and ``parts``, the status and headers that send takes."""
+
+    lines: Callable[[Any], tuple[int, bytes] | None]
+    parts: Callable[[Any], tuple[int, responses.Headers]]
 
 
 class DurastreamApp:
@@ -241,13 +252,15 @@ class DurastreamApp:
                 bytes_out=sent,
             )
 
-    # -- direct requests (http/fastpath.py): small appends without the ASGI round trips -----------------
+    # -- direct requests (http/fastpath.py): small appends and creates without the ASGI round trips ------
 
     def direct_candidate(self, scope: Scope) -> bool:
-        """A plain append to a stream, keep-alive, with a declared body of at most ``DIRECT_MAX_BODY``
-        bytes (so that the body checks of ``read_body`` cannot fail), nothing that asks for more
-        (``Expect``, chunked framing, staged-append headers)."""
-        if scope["method"] != "POST" or self._streams is None:
+        """A plain append or a create of a stream, keep-alive, with a declared body of at most
+        ``DIRECT_MAX_BODY`` bytes (so that the body checks of ``read_body`` cannot fail; a create may
+        also declare none: no body), nothing that asks for more (``Expect``, chunked framing,
+        staged-append headers)."""
+        method = scope["method"]
+        if (method != "POST" and method != "PUT") or self._streams is None:
             return False
         if self._backend is not None and self._backend.engine.recovering:
             return False  # the ordinary path recovers the stream first
@@ -261,20 +274,17 @@ class DurastreamApp:
                 length = value
             elif name in _NOT_DIRECT:
                 return False
-        return (
-            length is not None
-            and length.isdigit()
-            and len(length) <= 9
-            and int(length) <= self._direct_max
-        )
+        if length is None:
+            return method == "PUT"
+        return length.isdigit() and len(length) <= 9 and int(length) <= self._direct_max
 
     def direct(
         self, scope: Scope, body: bytes, responder: fastpath.RawResponder, send: Send
     ) -> bool:
         """Serve a ``direct_candidate`` whose body is complete: the same parsing, checks, engine call
         and answer as ``__call__`` would make, answered through ``responder`` in one write. Anything
-        refused before the engine staged it is declined (False) and so answered by the ordinary path,
-        which refuses it the same way; errors after that are answered here, through ``send``."""
+        refused before the engine started on it is declined (False) and so answered by the ordinary
+        path, which refuses it the same way; errors after that are answered here, through ``send``."""
         started = time.perf_counter()
         headers = header_map(scope["headers"])
         raw_path = scope["raw_path"]
@@ -291,20 +301,34 @@ class DurastreamApp:
         responder.extra_headers = extra_headers
         responder.request_id_line = _request_id_line(encoded_id)
         request = _request(scope, headers, _consumed, tracked, responder, request_id)
-        request.route = txn.route_class(headers)  # "append": _NOT_DIRECT keeps staged requests out
         request.body_bytes = len(body)
-        assert self._streams is not None
+        streams = self._streams
+        assert streams is not None
+        answer: _DirectAnswer
         context = REQUEST_ID.set(request_id)  # the engine's log lines, and the answer's (a copy)
         try:
             if self._auth is not None:
                 self._auth.authorize(request, target)
-            append, future = self._streams.append_now(request, target.target, body)
+            if request.method == "PUT":
+                request.route = "create"
+                future: asyncio.Future[Any] = streams.create_now(request, target.target, body)
+                answer = _DirectAnswer(
+                    functools.partial(streams.create_answer_lines, request),
+                    functools.partial(streams.create_answer, request),
+                )
+            else:
+                request.route = txn.route_class(headers)  # "append": no staged requests come here
+                append, future = streams.append_now(request, target.target, body)
+                answer = _DirectAnswer(
+                    functools.partial(streams.append_answer_lines, append),
+                    functools.partial(streams.append_answer, append),
+                )
         except ProtocolError:
             return False
         finally:
             REQUEST_ID.reset(context)
         future.add_done_callback(
-            lambda done: self._direct_answer(request, tracked, append, done, started)
+            lambda done: self._direct_answer(request, tracked, answer, done, started)
         )
         return True
 
@@ -312,16 +336,16 @@ class DurastreamApp:
         self,
         request: Request,
         tracked: _TrackedSend,
-        append: AppendRequest,
-        done: asyncio.Future[AppendResult],
+        answer: _DirectAnswer,
+        done: asyncio.Future[Any],
         started: float,
     ) -> None:
         assert self._streams is not None and request.responder is not None
         try:
             if done.cancelled():  # only when the loop is torn down: the outcome is unknown
-                raise RuntimeError("the append was cancelled before its commit was known")
+                raise RuntimeError("the request was cancelled before its commit was known")
             result = done.result()
-            wire = self._streams.append_answer_lines(append, result)
+            wire = answer.lines(result)
             prepared = (
                 None
                 if wire is None
@@ -340,8 +364,8 @@ class DurastreamApp:
             self.direct_answers += 1
             self._finished(request, tracked, time.perf_counter() - started)
         else:  # the connection needs more than these bytes (closing, paused): the ordinary send
-            answer = responses.send_response(tracked, *self._streams.append_answer(append, result))
-            self._spawn(self._then_finished(answer, request, tracked, started))
+            sent = responses.send_response(tracked, *answer.parts(result))
+            self._spawn(self._then_finished(sent, request, tracked, started))
 
     async def _then_finished(
         self,

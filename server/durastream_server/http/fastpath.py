@@ -22,9 +22,9 @@ headers (``date``), the response's headers lower-cased as ``name: value``, a bla
 
 Direct requests. The same mixin can also take a request away from ASGI altogether: an application that
 offers ``DirectApp`` (``with_fast_path(base, app)``) is asked, when a request's headers are complete,
-whether it wants it (``direct_candidate``: a small append); if so, uvicorn starts no task for it, and
-once its body is complete the application gets the scope, the body, a ``RawResponder`` and uvicorn's
-``send`` (``direct``). It may still decline (then the request takes the ordinary ASGI path, with its body,
+whether it wants it (``direct_candidate``: a small append or create); if so, uvicorn starts no task
+for it, and once its body is complete the application gets the scope, the body, a ``RawResponder`` and
+uvicorn's ``send`` (``direct``). It may still decline (then the request takes the ordinary ASGI path, with its body,
 as if nothing had happened). This saves, per request, the task, the ASGI receive/send round trips,
 uvicorn's header validation and a second write (docs/decisions/0007). It needs uvicorn's ``_start_asgi_task`` (0.50 and
 later); without it every request takes the ordinary path.

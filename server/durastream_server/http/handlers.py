@@ -13,11 +13,17 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from durastream_server.auth import AuthToken
 from durastream_server.config import ServerConfig
-from durastream_server.engine.api import AppendRequest, AppendResult, ReadRequest, ReadResult
+from durastream_server.engine.api import (
+    AppendRequest,
+    AppendResult,
+    CreateResult,
+    ReadRequest,
+    ReadResult,
+)
 from durastream_server.errors import MethodNotAllowed, ProtocolError
 from durastream_server.http import fastpath, parse, read_extensions, responses, sse, txn
 from durastream_server.http.body import Receive, read_body
@@ -86,6 +92,14 @@ def _answer_base() -> bytes | None:
     return fastpath.header_lines(responses.response_headers(204, (), b""))
 
 
+def _raise_if_refused(future: asyncio.Future[Any]) -> None:
+    """Raise the ``ProtocolError`` of an engine future that failed before anything was done."""
+    if future.done() and not future.cancelled():
+        exc = future.exception()
+        if isinstance(exc, ProtocolError):
+            raise exc
+
+
 class StreamHandlers:
     def __init__(
         self,
@@ -127,6 +141,19 @@ class StreamHandlers:
         body = await read_body(request.receive, request.headers, self._config.max_body_bytes)
         request.body_bytes = len(body)
         result = await self._engine.create(parse.create_request(path, request.headers, body))
+        await responses.send_response(request.send, *self.create_answer(request, result))
+
+    def create_now(self, request: Request, path: str, body: bytes) -> asyncio.Future[CreateResult]:
+        """``_put`` of a create whose body is already here, without a coroutine (the app's direct
+        path): the engine's future of its result. Raises the ``ProtocolError`` the ordinary path would
+        answer when it is refused before anything was done (``append_now``)."""
+        future = self._engine.create_nowait(parse.create_request(path, request.headers, body))
+        _raise_if_refused(future)
+        return future
+
+    @staticmethod
+    def create_answer(request: Request, result: CreateResult) -> tuple[int, Headers]:
+        """Status and headers of a create's answer (it has no body)."""
         info = result.info
         headers: Headers = [
             ("Content-Type", info.content_type),
@@ -137,7 +164,19 @@ class StreamHandlers:
             headers.append(("Stream-Closed", "true"))
         if result.created:
             headers.append(("Location", request.absolute_url()))
-        await responses.send_response(request.send, 201 if result.created else 200, headers)
+        return 201 if result.created else 200, headers
+
+    @staticmethod
+    def create_answer_lines(request: Request, result: CreateResult) -> tuple[int, bytes] | None:
+        """``create_answer`` as the wire lines the direct path writes (``fastpath.prepare_lines``):
+        the generic encoding itself, since two of its values echo the request (Content-Type, the
+        Location's host and path) and must pass uvicorn's checks. None without the fast path or
+        where uvicorn would refuse a header (the ordinary send then answers)."""
+        if fastpath.HttpToolsProtocol is None:
+            return None
+        status, headers = StreamHandlers.create_answer(request, result)
+        lines = fastpath.header_lines(responses.response_headers(status, headers, b""))
+        return None if lines is None else (status, lines)
 
     async def _post(self, request: Request, path: str) -> None:
         request.route = txn.route_class(request.headers)  # append, stage, commit or abort
@@ -160,10 +199,7 @@ class StreamHandlers:
         (the caller then leaves the request to that path)."""
         append = parse.append_request(path, request.headers, body)
         future = self._engine.append_nowait(append)
-        if future.done() and not future.cancelled():
-            exc = future.exception()  # refused before anything was staged
-            if isinstance(exc, ProtocolError):
-                raise exc
+        _raise_if_refused(future)
         return append, future
 
     @staticmethod

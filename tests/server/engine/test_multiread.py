@@ -228,8 +228,12 @@ def test_lookups_of_idle_streams_run_together_share_thread_trips(tmp_path: Path)
         trips = Trips(engine)
         together = await asyncio.gather(*map(engine.lookup_limit, lookups))
         # Three rounds of scans (the start's boundary check, the floors, the message starts), each
-        # in ceil(300 / 256) trips; one by one, 900 trips.
-        assert trips.count <= 3 * -(-300 // scans.MAX_JOB)
+        # in ceil(300 / 256) = 2 trips when the lookups move through them in step: 6 trips (one by
+        # one: 900). The executor's threads finish trips out of step, so a round's lookups can reach
+        # the batcher over more than one loop turn: under CPU stress 1 run in 15 took 7 trips (a round
+        # of 256 split 44 + 212). The bound leaves each round two such splits; batching that stopped
+        # working would take hundreds.
+        assert trips.count <= 3 * (-(-300 // scans.MAX_JOB) + 2)
         assert {found.messages for found in together} == {2}
         alone = [await engine.lookup_limit(lookup) for lookup in lookups]
         assert together == alone
