@@ -47,9 +47,10 @@ class Planned:
     read: DiskRead | ReadChunk
 
 
-# What the thread does with one planned entry: its slices, next position and message count, or
-# the ProtocolError the loop already found.
-_Raw = tuple[Slices, int, int] | ProtocolError
+# What the thread does with one planned entry: its slices, next position, message count and the
+# next position's offset token (minted once, in the thread: it is both the stop test and the
+# answer's next offset), or the ProtocolError the loop already found.
+_Raw = tuple[Slices, int, int, str] | ProtocolError
 _Entry = tuple[Range, Planned | ProtocolError]
 
 
@@ -140,15 +141,18 @@ def _read_planned(
             continue
         read = planned.read
         if type(read) is ReadChunk:
-            raw: tuple[Slices, int, int] = ([], read.next_position, 0)
+            slices: Slices = []
+            next_position = read.next_position
+            count = 0
         else:
             try:
-                raw = read.run(budget, True, True, overhead)
+                slices, next_position, count = read.run(budget, True, True, overhead)
             except Exception:  # noqa: BLE001 - the single read raises the right error
                 return raws, budget, False
-        raws.append(raw)
-        budget -= spent(raw[0], raw[2], overhead)
-        if format_offset(raw[1]) != planned.end:
+        next_offset = format_offset(next_position)
+        raws.append((slices, next_position, count, next_offset))
+        budget -= spent(slices, count, overhead)
+        if next_offset != planned.end:
             return raws, budget, True
     return raws, budget, False
 
@@ -158,8 +162,10 @@ def _result(engine: Engine, entry: _Entry, raw: _Raw) -> MessagesResult | Protoc
         return raw
     planned = entry[1]
     assert type(planned) is Planned
-    slices, next_position, count = raw
-    return engine.messages_result(planned.inc, planned.start, slices, next_position, count)
+    slices, next_position, count, next_offset = raw
+    return engine.messages_result(
+        planned.inc, planned.start, slices, next_position, count, next_offset
+    )
 
 
 async def _read_alone(
