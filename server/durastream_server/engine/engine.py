@@ -897,6 +897,13 @@ class Engine:
         a prefix of them, in few worker-thread trips (multi-range reads; ``multiread.py``)."""
         return await multiread.read_ranges(self, ranges, max_bytes, overhead)
 
+    async def read_range_answers(
+        self, ranges: Iterable[multiread.Range | ProtocolError], max_bytes: int, *, overhead: int
+    ) -> list[multiread.Answer | ProtocolError]:
+        """``read_ranges``, each read answered by what a multi-range answer says of it (its
+        messages and next offset) without the rest of a ``MessagesResult``."""
+        return await multiread.read_answers(self, ranges, max_bytes, overhead)
+
     def plan_messages(self, path: str, offset: str, end_offset: str) -> multiread.Planned | None:
         """``read_messages`` of ``[offset, end_offset)`` up to its read, decided on the loop, with
         the same errors; None when the loop cannot decide it alone (a fork chain, an end whose

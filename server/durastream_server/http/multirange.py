@@ -126,7 +126,7 @@ async def serve_reads(
                 continue
             yield path, offset, end
 
-    results = await engine.read_ranges(checked(), budget, overhead=overhead)
+    results = await engine.read_range_answers(checked(), budget, overhead=overhead)
     entries: list[dict[str, Any]] = []
     pieces: list[MessageRun | MessageSlice] = []
     count = 0

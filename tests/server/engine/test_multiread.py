@@ -101,6 +101,29 @@ def same(got: list, expected: list) -> None:
             assert a == b, (a, b)
 
 
+async def every_kind_of_range(engine: Engine) -> list[tuple[str, str, str]]:
+    """Idle, hot, closed, forked, deleted, missing, empty and failing ranges of 40 streams."""
+    paths = [f"s/{i:03d}" for i in range(40)]
+    ranges = await make_idle(engine, paths)
+    hot = await append(engine, "s/001", body(1000, 3), JSON)  # just committed: the hot tail
+    ranges[1] = ("s/001", ranges[1][2], hot.next_offset)
+    closed = await append(engine, "s/002", b"", JSON, close=True)
+    ranges[2] = ("s/002", "-1", closed.next_offset)
+    await engine.create(
+        CreateRequest(path="fork", content_type=JSON, forked_from="s/003", fork_offset=None)
+    )
+    await append(engine, "fork", body(2000, 2), JSON)
+    fork_tail = (await engine.read_messages(ReadRequest("fork", "-1", BIG))).next_offset
+    ranges.insert(4, ("fork", "-1", fork_tail))
+    await engine.delete("s/005")
+    ranges.append(("missing", "-1", format_offset(0)))
+    ranges.append(("s/006", "-1", format_offset(10**9)))  # end beyond the tail
+    ranges.append(("s/007", "-1", format_offset(3)))  # end inside a message
+    ranges.append(("s/008", ranges[8][2], ranges[8][2]))  # empty range
+    ranges.append(("s/009", "now", ranges[9][2]))
+    return ranges
+
+
 def test_many_idle_ranges_take_few_thread_trips(tmp_path: Path) -> None:
     """600 idle streams: 3 trips to the read executor (256 ranges each), not 600 as one read each."""
 
@@ -121,24 +144,7 @@ def test_answers_equal_single_reads_for_every_kind_of_range(tmp_path: Path) -> N
     same results (offsets, closed and up-to-date flags, messages, errors) as reads one by one."""
 
     async def scenario(engine: Engine) -> None:
-        paths = [f"s/{i:03d}" for i in range(40)]
-        ranges = await make_idle(engine, paths)
-        hot = await append(engine, "s/001", body(1000, 3), JSON)  # just committed: the hot tail
-        ranges[1] = ("s/001", ranges[1][2], hot.next_offset)
-        closed = await append(engine, "s/002", b"", JSON, close=True)
-        ranges[2] = ("s/002", "-1", closed.next_offset)
-        await engine.create(
-            CreateRequest(path="fork", content_type=JSON, forked_from="s/003", fork_offset=None)
-        )
-        await append(engine, "fork", body(2000, 2), JSON)
-        fork_tail = (await engine.read_messages(ReadRequest("fork", "-1", BIG))).next_offset
-        ranges.insert(4, ("fork", "-1", fork_tail))
-        await engine.delete("s/005")
-        ranges.append(("missing", "-1", format_offset(0)))
-        ranges.append(("s/006", "-1", format_offset(10**9)))  # end beyond the tail
-        ranges.append(("s/007", "-1", format_offset(3)))  # end inside a message
-        ranges.append(("s/008", ranges[8][2], ranges[8][2]))  # empty range
-        ranges.append(("s/009", "now", ranges[9][2]))
+        ranges = await every_kind_of_range(engine)
         for budget in (BIG, 2000, 900, 1):
             expected = await one_by_one(engine, ranges, budget)
             got = await engine.read_ranges(iter(ranges), budget, overhead=OVERHEAD)
@@ -148,6 +154,35 @@ def test_answers_equal_single_reads_for_every_kind_of_range(tmp_path: Path) -> N
         assert whole[2].closed and whole[2].up_to_date  # type: ignore[union-attr]
         assert whole[4].count == 7  # type: ignore[union-attr]  # 5 inherited + 2 own
         assert isinstance(whole[6], NotFound)
+
+    run(tmp_path, scenario)
+
+
+def test_answers_of_a_multi_range_response_are_those_of_single_reads(tmp_path: Path) -> None:
+    """``read_range_answers`` (what the HTTP answer is built from: messages, count, next offset,
+    without a ``MessagesResult`` a range) answers every kind of range, under every budget, with what
+    reads one by one answer."""
+
+    async def scenario(engine: Engine) -> None:
+        ranges = await every_kind_of_range(engine)
+        for budget in (BIG, 2000, 900, 1):
+            expected = await one_by_one(engine, ranges, budget)
+            got = await engine.read_range_answers(iter(ranges), budget, overhead=OVERHEAD)
+            assert len(got) == len(expected)
+            for answer, single in zip(got, expected, strict=True):
+                if isinstance(single, ProtocolError):
+                    assert type(answer) is type(single)
+                    assert (answer.status, answer.code, answer.message) == (  # type: ignore[union-attr]
+                        single.status,
+                        single.code,
+                        single.message,
+                    )
+                    continue
+                assert isinstance(answer, multiread.Answer)
+                assert list(answer.slices) == list(single.slices)
+                assert (answer.count, answer.next_offset) == (single.count, single.next_offset)
+                assert format_offset(answer.next_position) == single.next_offset
+        assert len(got) < len(ranges)  # the budget of 1 stopped after the first range's message
 
     run(tmp_path, scenario)
 
