@@ -176,7 +176,8 @@ def _read_planned(
             count = 0
         else:
             try:
-                slices, next_position, count = read.run(budget, True, True, overhead)
+                # Many files, each read once: they do not evict the cached files of busy streams.
+                slices, next_position, count = read.run(budget, True, True, overhead, evict=False)
             except Exception:  # noqa: BLE001 - the single read raises the right error
                 return raws, budget, False
         next_offset = format_offset(next_position)

@@ -51,14 +51,27 @@ class FdCache:
     def capacity(self) -> int:
         return self._capacity
 
-    def acquire(self, key: Hashable, path: str) -> Handle:
-        """Return the handle for ``key``, opening ``path`` if needed. Pair with ``release``."""
+    def acquire(self, key: Hashable, path: str, *, evict: bool = True) -> Handle:
+        """Return the handle for ``key``, opening ``path`` if needed. Pair with ``release``.
+
+        ``evict=False``: if ``path`` is not cached and the cache is full, open it for the caller
+        alone (closed on ``release``) rather than evict another file. A multi-range read of 10,000
+        idle streams opens each file once: cached, it would evict every file the writers and
+        readers of busy streams use, for nothing (it reads each file once), and each eviction
+        costs a walk of the LRU. Like a cached handle in use, such a file counts towards the
+        burst over the bound, at most one per reading thread."""
         with self._lock:
             handle = self._open.get(key)
             if handle is not None:
                 self._open.move_to_end(key)
                 handle.refs += 1
                 return handle
+            private = not evict and len(self._open) >= self._capacity
+        if private:
+            handle = Handle(os.open(path, os.O_RDONLY | _O_CLOEXEC), key)
+            handle.refs = 1
+            handle.retired = True  # never cached: closed when released
+            return handle
         fd = os.open(path, os.O_RDWR | _O_CLOEXEC)
         to_close: list[int] = []
         with self._lock:

@@ -109,10 +109,11 @@ class DiskRead:
     cap: int
 
     def run(
-        self, max_bytes: int, whole_messages: bool, runs: bool, overhead: int
+        self, max_bytes: int, whole_messages: bool, runs: bool, overhead: int, *, evict: bool = True
     ) -> tuple[list[MessageSlice | MessageRun], int, int]:
         """``reader.read_range`` of this read (blocking). Raises ``NotABoundary``,
-        ``codec.CorruptRecord`` or ``OSError``, which ``StreamLog.read`` turns into its errors."""
+        ``codec.CorruptRecord`` or ``OSError``, which ``StreamLog.read`` turns into its errors.
+        ``evict``: as in ``FdCache.acquire``."""
         return read_range(
             self.segments,
             self.cache,
@@ -123,6 +124,7 @@ class DiskRead:
             whole_messages,
             runs,
             overhead,
+            evict=evict,
         )
 
 

@@ -47,8 +47,11 @@ def read_range(
     whole_messages: bool,
     runs: bool = False,
     overhead: int = 0,
+    *,
+    evict: bool = True,
 ) -> tuple[list[MessageSlice | MessageRun], int, int]:
     """Read payload in ``[start, cap)`` (about ``max_bytes``), scanning records from ``scan_from``.
+    ``evict``: as in ``FdCache.acquire``.
 
     Returns the slices, the position after the last returned byte and how many messages (or byte-stream
     pieces) they hold. Raises ``NotABoundary`` for a whole-message read that starts inside a message and
@@ -68,7 +71,7 @@ def read_range(
     budget = max(1, max_bytes)
     end = segs.end
     off = scan_from
-    with Window(segs, cache) as window:
+    with Window(segs, cache, evict=evict) as window:
         ensure = window.ensure
         while off < end and got < budget:
             buf, rel = ensure(off, _HEAD_SIZE, partial=True)

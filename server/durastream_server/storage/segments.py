@@ -114,10 +114,13 @@ class Window:
     to ``pread`` so big messages are never copied twice.
     """
 
-    def __init__(self, segs: SegmentView, cache: FdCache, block: int = READ_BLOCK) -> None:
+    def __init__(
+        self, segs: SegmentView, cache: FdCache, block: int = READ_BLOCK, *, evict: bool = True
+    ) -> None:
         self._segs = segs
         self._cache = cache
         self._block = block
+        self._evict = evict  # FdCache.acquire: False for reads of many files once each
         self._buf = b""
         self._buf_off = 0
         self._handle: Handle | None = None
@@ -140,7 +143,9 @@ class Window:
         if self._handle is None or self._handle_base != base:
             self.close()
             segs = self._segs
-            self._handle = self._cache.acquire((segs.log_id, base), segs.path(base))
+            self._handle = self._cache.acquire(
+                (segs.log_id, base), segs.path(base), evict=self._evict
+            )
             self._handle_base = base
         return self._handle, base, seg_end
 

@@ -113,3 +113,34 @@ def test_eviction_walks_only_as_far_as_it_must_and_spares_handles_in_use(tmp_pat
     assert os.read(held.fd, 1) == b"x"  # still open
     cache.release(held)
     cache.close_all()
+
+
+def test_an_acquire_that_may_not_evict_opens_a_file_for_its_caller_alone(tmp_path) -> None:
+    """``acquire(evict=False)`` (a multi-range read of many files, each read once) uses a cached
+    file, caches a new one while there is room, and once the cache is full opens the file for its
+    caller alone: no cached file is evicted, and the private one is closed on release."""
+    paths = []
+    for index in range(4):
+        path = tmp_path / f"segment-{index}"
+        path.write_bytes(b"%d" % index)
+        paths.append(str(path))
+    cache = files.FdCache(2)
+    cache.release(cache.acquire("k0", paths[0]))
+    cached = cache.acquire("k0", paths[0], evict=False)
+    assert os.pread(cached.fd, 1, 0) == b"0" and list(cache._open) == ["k0"]
+    cache.release(cached)
+    cache.release(cache.acquire("k1", paths[1], evict=False))  # room: cached
+    assert list(cache._open) == ["k0", "k1"]
+    kept = [cache._open["k0"].fd, cache._open["k1"].fd]
+    private = cache.acquire("k2", paths[2], evict=False)
+    assert os.pread(private.fd, 1, 0) == b"2"
+    assert list(cache._open) == ["k0", "k1"]  # nothing evicted, the new file not cached
+    fd = private.fd
+    cache.release(private)
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed on release (no other file was opened meanwhile to reuse it)
+    assert [cache._open["k0"].fd, cache._open["k1"].fd] == kept
+    assert all(os.fstat(fd) for fd in kept)
+    cache.release(cache.acquire("k3", paths[3]))  # an ordinary acquire still evicts
+    assert list(cache._open) == ["k1", "k3"]
+    cache.close_all()
