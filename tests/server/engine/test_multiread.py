@@ -187,6 +187,28 @@ def test_answers_of_a_multi_range_response_are_those_of_single_reads(tmp_path: P
     run(tmp_path, scenario)
 
 
+def test_a_read_of_more_streams_than_the_fd_cache_holds_evicts_no_cached_file(
+    tmp_path: Path,
+) -> None:
+    """600 idle streams read in one multi-range read, the fd cache (512) full of the files of the
+    first 512: the files it cached before are the files it holds after (on main the read evicted them for files it read once),
+    and the answers are those of single reads."""
+
+    async def scenario(engine: Engine) -> None:
+        paths = [f"s/{i:04d}" for i in range(600)]
+        ranges = await make_idle(engine, paths)
+        cache = engine._data._ctx.cache
+        await one_by_one(engine, ranges[: cache.capacity], BIG)  # single reads cache their files
+        assert len(cache) == cache.capacity
+        before = set(cache._open)
+        results = await engine.read_ranges(iter(ranges), BIG, overhead=OVERHEAD)
+        assert set(cache._open) == before
+        assert [r.count for r in results] == [5] * 600  # type: ignore[union-attr]
+        same(results, await one_by_one(engine, ranges, BIG))
+
+    run(tmp_path, scenario)
+
+
 def test_streams_deleted_closed_or_appended_while_the_read_is_in_a_thread(tmp_path: Path) -> None:
     """The planned reads wait in the executor (its threads held) while one stream is deleted, one
     closed and one appended to: the deleted one answers 404 as a single read would now, the others
