@@ -12,6 +12,11 @@ bounded by ``GROUP`` ranges, whatever the request holds, and the bytes of a trip
 A range the loop cannot plan alone (a fork chain, an ``end`` whose boundary check needs a header scan,
 data still in the hot tail) or whose read failed in the thread is read by ``Engine.read_messages``
 itself, in order, so every answer and every error is the one a single read gives.
+
+The HTTP answer needs only each range's messages and next offset: ``read_answers`` gives those as an
+``Answer`` tuple, without the ``MessagesResult`` (and stream info) that ``read_ranges`` builds. The
+thread's reads do not evict cached files (``FdCache.acquire(evict=False)``): 10,000 streams read once
+each would otherwise push the files of busy streams out of the cache.
 """
 
 from __future__ import annotations
