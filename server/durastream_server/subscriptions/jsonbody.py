@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import accumulate
 from typing import Any, Final
 
 MAX_DEPTH: Final = 32
@@ -24,7 +25,7 @@ MAX_DEPTH: Final = 32
 # A JSON string (the unrolled form: no backtracking on long strings), and everything but brackets.
 _STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_BRACKET: Final = re.compile(rb"[^\[\]{}]+")
-_OPENERS: Final = frozenset(b"[{")
+_STEPS: Final = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 
 
 class JsonTooDeep(ValueError):
@@ -49,12 +50,7 @@ def nests_deeper(data: bytes, limit: int) -> bool:
     """Whether ``data`` opens more than ``limit`` arrays/objects inside each other (outside strings)."""
     if data.count(b"[") + data.count(b"{") <= limit:
         return False  # it cannot nest deeper than it has openers
-    depth = 0
-    for byte in _NOT_BRACKET.sub(b"", _STRING.sub(b"", data)):
-        if byte in _OPENERS:
-            depth += 1
-            if depth > limit:
-                return True
-        else:
-            depth -= 1
-    return False
+    # Each bracket as a signed step (+1 opens, -1 closes), summed in C: a Python loop over the
+    # brackets cost ~2.5 us a range of a multi-range read's body (http/multirange.py).
+    steps = _NOT_BRACKET.sub(b"", _STRING.sub(b"", data)).translate(_STEPS)
+    return max(accumulate(memoryview(steps).cast("b")), default=0) > limit
