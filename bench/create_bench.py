@@ -108,17 +108,26 @@ async def run_one(port: int, raw: bytes) -> tuple[int, str]:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    results = {"load_before": os.getloadavg()}
-    for src in args.server_src or [None]:
+    results: dict = {"load_before": os.getloadavg(), "runs": []}
+    sources = args.server_src or [None]
+    order = [
+        src for rep in range(args.repeat) for src in (sources if rep % 2 == 0 else sources[::-1])
+    ]
+    for src in order:
         with tempfile.TemporaryDirectory(prefix="create-bench-") as workdir:
-            server = ScaleServer(Path(workdir) / "data", src and str(Path(src).resolve()), [])
+            server = ScaleServer(
+                Path(workdir) / "data",
+                src and str(Path(src).resolve()),
+                ["--durability", args.durability],
+            )
             try:
                 server.spawn()
                 await asyncio.to_thread(server.wait_healthy)
                 figures = await measure(server, args)
             finally:
                 server.stop()
-        results[src or "this checkout"] = figures
+        figures["load"] = os.getloadavg()[0]
+        results["runs"].append({"server": src or "this checkout", **figures})
         print(src or "this checkout", json.dumps(figures), flush=True)
     results["load_after"] = os.getloadavg()
     return results
@@ -137,6 +146,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument(
         "--ensure", type=int, default=2000, help="streams in the bulk ensure (0: skip)"
+    )
+    parser.add_argument(
+        "--durability",
+        choices=("fsync", "none"),
+        default="fsync",
+        help="the servers' --durability (none: the Python alone, no syncs)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run the servers this many times, alternating"
     )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
