@@ -1,12 +1,13 @@
 """Where the event loop's CPU of a create goes: the real server under ``cProfile``, driven like
-``create_bench.py`` (``PUT`` alone, ``PUT`` + ``POST``, or one bulk ``ensure``).
+``create_bench.py`` (``PUT`` alone, ``PUT`` + ``POST``, one bulk ``ensure``, or ``sink``: that ensure
+then a bulk ``commits`` of each new stream's first data).
 
 ``cProfile`` profiles the thread that enables it, which is the server's main thread, the event loop's
 (uvicorn, the app, the engine); the commit thread and the I/O threads are not in the profile. Its
 overhead inflates every call (about 2x here), so read the figures as shares and relative costs, and take
 absolute CPU per create from ``create_bench.py``.
 
-Run: ``python bench/create_profile.py put|putpost|ensure [--count 3000] [--durability none|fsync]
+Run: ``python bench/create_profile.py put|putpost|ensure|sink [--count 3000] [--durability none|fsync]
 [--top 40] [--sort tottime|cumulative]``
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from create_bench import ENSURE, run_one  # noqa: E402
+from create_bench import COMMITS, ENSURE, first_commits, run_one  # noqa: E402
 from scale_bench import ScaleServer, raw_request, run_clients  # noqa: E402
 
 
@@ -42,7 +43,7 @@ async def drive(server: ScaleServer, args: argparse.Namespace) -> float:
         status, _ = await conn.request(raw_request("POST", f"p/s{i:06d}", body, "application/json"))
         assert status in (200, 204), status
 
-    if args.workload == "ensure":
+    if args.workload in ("ensure", "sink"):
         body = json.dumps(
             {
                 "streams": [f"e/s{i:06d}" for i in range(args.count)],
@@ -54,6 +55,12 @@ async def drive(server: ScaleServer, args: argparse.Namespace) -> float:
             server.port, raw_request("POST", ENSURE, body, "application/json")
         )
         assert status == 200, (status, text[:200])
+        if args.workload == "sink":  # then each new stream's first data, as create_bench does
+            body = first_commits([f"e/s{i:06d}" for i in range(args.count)])
+            status, _ = await run_one(
+                server.port, raw_request("POST", COMMITS, body, "application/json")
+            )
+            assert status == 200, status
         return time.perf_counter() - started
     work = put if args.workload == "put" else put_post
     return await run_clients(server.port, args.clients, range(args.count), work)
@@ -61,7 +68,7 @@ async def drive(server: ScaleServer, args: argparse.Namespace) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("workload", choices=("put", "putpost", "ensure"))
+    parser.add_argument("workload", choices=("put", "putpost", "ensure", "sink"))
     parser.add_argument("--count", type=int, default=3000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--durability", choices=("fsync", "none"), default="none")
