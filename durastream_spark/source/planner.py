@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from durastream_spark.errors import OptionError
 from durastream_spark.source.offsets import (
@@ -53,9 +54,9 @@ class LossNotice:
     reason: str
 
 
-@dataclass(frozen=True)
-class RangeSize:
-    """How much a range holds, as the server's limit lookup counts it (messages, payload bytes)."""
+class RangeSize(NamedTuple):
+    """How much a range holds, as the server's limit lookup counts it (messages, payload bytes). A
+    tuple: planning a batch over 10,000 streams makes one per range."""
 
     messages: int
     bytes: int
