@@ -265,10 +265,10 @@ class RangeLookup:
 
 def _stream_info(entry: Mapping[str, Any]) -> StreamInfo:
     return StreamInfo(
-        path=str(entry["path"]),
-        content_type=str(entry["content_type"]),
-        next_offset=str(entry["next_offset"]),
-        closed=bool(entry["closed"]),
+        str(entry["path"]),
+        str(entry["content_type"]),
+        str(entry["next_offset"]),
+        bool(entry["closed"]),
     )
 
 

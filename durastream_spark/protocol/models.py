@@ -171,9 +171,8 @@ class TimeLookup:
     closed: bool
 
 
-@dataclass(frozen=True)
-class StreamInfo:
-    """One live stream from the listing extension."""
+class StreamInfo(NamedTuple):
+    """One live stream from the listing extension. A tuple: a listing of 10,000 streams makes 10,000."""
 
     path: str
     content_type: str
