@@ -285,8 +285,8 @@ def filled(server, streams: Streams, name: str, **chosen) -> tuple[list[str], di
 def test_a_pattern_over_more_than_a_thousand_streams_is_listed_in_one_request(
     durastream_server, streams: Streams, exchanges
 ) -> None:
-    """The listing asks for the largest page the extension allows (10,000 streams): 1,050 streams are
-    one listing request, not two (the planning of a batch read over many streams waits on each)."""
+    """The listing asks for large pages (``LISTING_PAGE``, 2,500 streams): 1,050 streams are one
+    listing request, not two (the planning of a batch read over many streams waits on each)."""
     base = unique("one-page")
     with requests.Session() as session:
         for n in range(1050):
