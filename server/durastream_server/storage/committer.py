@@ -60,6 +60,7 @@ from typing import Any, Protocol
 
 from durastream_server.storage.files import FdCache, Handle, fsync_dir, is_out_of_space
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
+from durastream_server.storage.packs import PackBook
 from durastream_server.storage.records import AppendEntry, SoftDelete
 from durastream_server.storage.wal import Kind, WalEntry, WalFile
 from durastream_server.storage.writer import (
@@ -93,6 +94,33 @@ class RoundJob:
     seg_base: int  # the log's last segment
     end: int  # the log's file end
     cost: int  # what the batch counts against the round's size (``log._batch_bytes``)
+    promote: Promotion | None = None  # a packed stream's first write: make its directory too
+
+
+class Promotion(Protocol):
+    """A packed stream given its directory by its first write (``promotion.py``): staged under
+    ``staging/`` before the round's WAL sync, placed in ``streams/`` after it."""
+
+    @property
+    def log_id(self) -> str: ...
+
+    @property
+    def header_frame(self) -> bytes: ...
+
+    def stage(self) -> Handle:
+        """Make the directory under ``staging/`` with its first segment holding the header record
+        (unsynced); returns the segment's handle, cached and referenced once."""
+        ...
+
+    def place(self) -> str:
+        """Rename the staged directory into ``streams/``; returns where it is now."""
+        ...
+
+    def abandon(self) -> None:
+        """Remove whatever ``stage`` made (best effort, never raises)."""
+        ...
+
+    def catalog_line(self) -> bytes: ...
 
 
 class Creation(Protocol):
@@ -103,6 +131,9 @@ class Creation(Protocol):
 
     @property
     def data(self) -> bytes: ...  # the first segment's content: header record and initial data
+
+    @property
+    def packed(self) -> bool: ...  # a packed create (packs.py): the WAL entry alone, no directory
 
     def materialize(self) -> tuple[Handle, str]:
         """Make the directory and its first segment, unsynced (after the round's WAL sync). Returns
@@ -144,6 +175,8 @@ class Committer:
         on_made: Callable[[list[Any]], None] | None = None,
     ) -> None:
         self._cache = cache
+        # Live packed creates and the files holding them (packs.py).
+        self.packs = PackBook(wal_dir.parent if wal_dir is not None else None)
         # Told the creations a round made, in one call (the data directory's catalog lines: one
         # write per round, not one per create). Runs in the worker thread; must not raise.
         self._on_made = on_made
@@ -157,6 +190,7 @@ class Committer:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durastream-commit")
         self._ready: dict[Member, None] = {}  # logs waiting for a turn, in order (a set)
         self._creates: list[tuple[Creation, asyncio.Future[None]]] = []  # waiting for a round
+        self._packed: list[tuple[Creation, asyncio.Future[None]]] = []  # packed creates, likewise
         self._drops: list[tuple[str, asyncio.Future[None]]] = []
         # Streams whose create entry is in a WAL file not yet removed: WAL generation -> log ids.
         self._fresh: dict[str, int] = {}
@@ -191,7 +225,7 @@ class Committer:
         bring the whole stream back, never half of it)."""
         assert self._wal_dir is not None, "creates ride rounds only with a WAL"
         done = asyncio.get_running_loop().create_future()
-        self._creates.append((creation, done))
+        (self._packed if creation.packed else self._creates).append((creation, done))
         self._start()
         await done
 
@@ -201,8 +235,9 @@ class Committer:
 
     async def drop(self, log_id: str) -> None:
         """Before the directory of a fresh stream goes: a durable drop entry, so that a restart does
-        not make it again from its create entry (a no-op for a stream that is not fresh)."""
-        if log_id not in self._fresh:
+        not make it again from its create entry (a no-op for a stream that is not fresh). For a
+        packed stream the drop makes its packed create void (packs.py)."""
+        if log_id not in self._fresh and not self.packs.is_packed(log_id):
             return
         done = asyncio.get_running_loop().create_future()
         self._drops.append((log_id, done))
@@ -220,7 +255,7 @@ class Committer:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while self._ready or self._rotate or self._creates or self._drops:
+            while self._ready or self._rotate or self._creates or self._drops or self._packed:
                 members = list(self._ready)
                 self._ready.clear()
                 jobs: list[tuple[Member, RoundJob]] = []
@@ -240,7 +275,8 @@ class Committer:
                 room = max(0, 2 * self._checkpoint_files - (0 if rotate else len(self._pins)))
                 creates, self._creates = self._creates[:room], self._creates[room:]
                 drops, self._drops = self._drops, []
-                if not jobs and not rotate and not creates and not drops:
+                packed, self._packed = self._packed, []
+                if not jobs and not rotate and not creates and not drops and not packed:
                     if self._creates and self._checkpoint is not None:
                         await asyncio.shield(self._checkpoint)
                     elif self._creates:
@@ -254,25 +290,35 @@ class Committer:
                         rotate,
                         [creation for creation, _ in creates],
                         [log_id for log_id, _ in drops],
+                        [creation for creation, _ in packed],
                     )
                 except BaseException as exc:  # a bug (or cancellation): never leave a log waiting
                     failure = exc if isinstance(exc, Exception) else RuntimeError("round cancelled")
                     for member, _ in jobs:
                         member.round_done(failure)
-                    for _, done in creates + drops:
+                    for _, done in creates + drops + packed:
                         if not done.done():
                             done.set_exception(failure)
                     raise
                 self.rounds += 1
                 if retired is not None:
                     self._checkpoint = loop.create_task(self._run_checkpoint(retired))
-                for (member, _), result in zip(jobs, results, strict=True):
+                for (member, job), result in zip(jobs, results, strict=True):
+                    if job.promote is not None and not isinstance(result, BaseException):
+                        self._fresh[job.promote.log_id] = generation
+                        self.packs.superseded(job.promote.log_id, generation)
                     member.round_done(result)
                 for (creation, done), outcome in zip(creates, made, strict=True):
                     if outcome is None:
                         self._fresh[creation.log_id] = generation
                     _settle(done, outcome)
-                for _, done in drops:
+                for log_id, done in drops:
+                    if dropped is None:
+                        self.packs.superseded(log_id, generation)
+                    _settle(done, dropped)
+                for creation, done in packed:
+                    if dropped is None:  # the round's WAL write (and so each packed create) held
+                        self.packs.created(creation.log_id, generation)
                     _settle(done, dropped)
         finally:
             self._task = None
@@ -317,8 +363,15 @@ class Committer:
                 await asyncio.gather(*(loop.run_in_executor(self._io, _sync_dirs, d) for d in dirs))
                 await loop.run_in_executor(self._io, fsync_dir, os.path.dirname(made[0]))
             if retired.wal is not None:
-                await loop.run_in_executor(self._io, retired.wal.remove)
+                # Packs (packs.py): the sidecars of what this file made void, then the file kept as
+                # a pack if it holds live packed creates, or removed.
                 generation = retired.wal.generation
+                plan = self.packs.plan(generation)
+                size = await loop.run_in_executor(
+                    self._io,
+                    lambda: self.packs.carry_out(plan, retired.wal, sync=True),
+                )
+                self.packs.carried_out(plan, size)
                 for log_id in [i for i, g in self._fresh.items() if g <= generation]:
                     del self._fresh[log_id]
         except OSError as exc:
@@ -357,7 +410,7 @@ class Committer:
             await asyncio.shield(self._checkpoint)
         if (self._wal is not None or self._pins or self._made) and self._failure is None:
             *_, retired = await asyncio.get_running_loop().run_in_executor(
-                self._thread, self._write_round, [], True, [], []
+                self._thread, self._write_round, [], True, [], [], []
             )
             if retired is not None:
                 await self._run_checkpoint(retired)
@@ -373,6 +426,7 @@ class Committer:
         rotate: bool,
         creates: list[Creation],
         drops: list[str],
+        packed: list[Creation],
     ) -> tuple[
         list[BatchResult | BaseException],
         list[BaseException | None],
@@ -381,7 +435,8 @@ class Committer:
         _Retired | None,
     ]:
         """Write every job's records into its segment file, then (fsync durability) into the WAL with
-        the creates and drops, synced once; then make the created streams. Returns one result per job
+        the creates, drops and packed creates, synced once; then make the created streams. A job that
+        promotes a packed stream stages its directory first and places it after the sync. Returns one result per job
         (a ``BatchResult``, or the OSError that failed it), one per create (None: made), the drops'
         (None: durable), the WAL generation written, and the WAL file this round retired, if it
         started a new one."""
@@ -402,9 +457,13 @@ class Committer:
         records = round_messages = round_bytes = 0
         for i, job in enumerate(jobs):
             try:
+                if job.promote is not None:
+                    self._stage(job.promote)
                 chunks, result = lay_out(job.target, job.items, job.seg_base, job.end)
                 write_chunks(job.target, chunks, sync=False, keep=keep)
             except OSError as exc:
+                if job.promote is not None:
+                    self._abandon(job.promote)
                 results.append(exc)
                 continue
             results.append(result)
@@ -413,25 +472,48 @@ class Committer:
             round_messages += messages
             round_bytes += size
             if wal:
-                written.append((i, job.target, chunks))
+                written.append((i, job, chunks))
+                if job.promote is not None:  # replayed first: it makes the directory
+                    entries.append(
+                        WalEntry(job.promote.log_id, 0, 0, [job.promote.header_frame], Kind.CREATE)
+                    )
                 entries += [WalEntry(job.target.log_id, c.base, c.start, c.frames) for c in chunks]
         entries += [WalEntry(c.log_id, 0, 0, [c.data], Kind.CREATE) for c in creates]
         entries += [WalEntry(log_id, 0, 0, [], Kind.DROP) for log_id in drops]
+        entries += [WalEntry(c.log_id, 0, 0, [c.data], Kind.PACKED) for c in packed]
         if entries:
             try:
                 self._wal_append(entries)
             except OSError as exc:
-                for i, target, chunks in written:
-                    undo_chunks(target, chunks)
+                for i, job, chunks in written:
+                    if job.promote is not None:
+                        self._abandon(job.promote)
+                    else:
+                        undo_chunks(job.target, chunks)
                     results[i] = exc
                 return results, [exc] * len(creates), exc, -1, retired
+        promoted = []
+        for i, job in enumerate(jobs):
+            if job.promote is None or isinstance(results[i], BaseException):
+                continue
+            try:
+                self._made.append(job.promote.place())
+                promoted.append(job.promote)
+            except OSError as exc:
+                # Not acknowledged. The WAL holds its CREATE and records: a restart before the
+                # stream is written again would make the directory with them (decision 0010).
+                log.error("placing promoted stream %s failed: %r", job.promote.log_id, exc)
+                self._abandon(job.promote)
+                results[i] = exc
         if records:
             self._metrics.batch(records, round_messages, round_bytes)
         made = [self._make(creation) for creation in creates]
         failed = [c.log_id for c, outcome in zip(creates, made, strict=True) if outcome is not None]
-        if self._on_made is not None and len(failed) < len(creates):
+        if self._on_made is not None and (len(failed) < len(creates) or promoted):
             try:
-                self._on_made([c for c, ok in zip(creates, made, strict=True) if ok is None])
+                self._on_made(
+                    [c for c, ok in zip(creates, made, strict=True) if ok is None] + promoted
+                )
             except Exception as exc:  # the creates are made and durable: never fail them now
                 log.error("after a round's creates: %r", exc)
         if failed:
@@ -451,6 +533,20 @@ class Committer:
         self._pins[id(handle)] = handle  # a new handle: its one reference is the pin
         self._made.append(directory)
         return None
+
+    def _stage(self, promotion: Promotion) -> None:
+        handle = promotion.stage()
+        self._pins[id(handle)] = handle  # a new handle: its one reference is the pin
+
+    def _abandon(self, promotion: Promotion) -> None:
+        """Undo a promotion that failed: unpin and forget its handles, remove its staged directory."""
+        log_id = promotion.log_id
+        for key, handle in list(self._pins.items()):
+            if handle.key[0] == log_id:  # type: ignore[index]
+                del self._pins[key]
+                self._cache.release(handle)
+        self._cache.discard(lambda key: key[0] == log_id)  # type: ignore[index]
+        promotion.abandon()
 
     def _wal_append(self, entries: list[WalEntry]) -> None:
         assert self._wal_dir is not None

@@ -1,0 +1,259 @@
+"""Packed creates (decision 0010 step 1; ``storage/packs.py``, ``storage/promotion.py``) at the storage
+layer: each state of a packed stream, a power loss with the WAL live (the data directory copied while it
+runs, as ``test_wal.py`` does), a failed promotion, a damaged pack, and ``check``'s view of them."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from durastream_server import datacheck, errors
+from durastream_server.storage import DataDir, committer, packs, wal
+
+from ._util import append, config, crash_copy, header, open_dd, read_all, run
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tests decide when checkpoints run (close, or a forced rotation).
+    monkeypatch.setattr(committer, "CHECKPOINT_IDLE_SECONDS", 3600.0)
+
+
+async def _checkpoint(dd: DataDir) -> None:
+    """Rotate the WAL and wait for the checkpoint of the file it retired."""
+    committer_ = dd._committer
+    committer_._rotate = True
+    committer_._start()
+    while committer_._task is not None:
+        await asyncio.shield(committer_._task)
+    if committer_._checkpoint is not None:
+        await asyncio.shield(committer_._checkpoint)
+
+
+def _packs(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / packs.PACKS_DIR).iterdir())
+
+
+def test_a_packed_create_makes_no_directory_and_its_first_append_promotes_it(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        log = await dd.create_stream(header("/p", ttl_seconds=30), None)
+        assert log.packed and not os.listdir(tmp_path / "streams")
+        assert dd._committer.packs.is_packed(log.id)
+        assert await read_all(log) == []
+        # Concurrent writes while it is promoted: in order, one directory.
+        await asyncio.gather(*(append(log, b'"%d"' % i) for i in range(5)))
+        assert not log.packed and os.listdir(tmp_path / "streams") == [log.id]
+        assert await read_all(log) == [b'"%d"' % i for i in range(5)]
+        assert not os.listdir(tmp_path / "staging")
+        await dd.close()
+        assert _packs(tmp_path) == []  # its pack held nothing live after the promotion
+        dd = await open_dd(tmp_path)
+        again = dd.logs[log.id]
+        assert not again.packed and again.header.ttl_seconds == 30
+        assert await read_all(again) == [b'"%d"' % i for i in range(5)]
+        await dd.close()
+
+    run(go)
+
+
+def test_packed_streams_come_back_from_their_pack_after_a_clean_close(tmp_path: Path) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        made = [await dd.create_stream(header(f"/k{i}", "text/plain"), None) for i in range(3)]
+        await dd.close()
+        assert len([n for n in _packs(tmp_path) if n.endswith(".pack")]) == 1
+        assert not os.listdir(tmp_path / "wal") and not os.listdir(tmp_path / "streams")
+        dd = await open_dd(tmp_path)
+        assert sorted(dd.logs) == sorted(log.id for log in made)
+        for log in made:
+            back = dd.logs[log.id]
+            assert back.packed and back.header == log.header and await read_all(back) == []
+        await append(dd.logs[made[0].id], b"x")
+        assert dd.packs_bytes > 0 and dd.packed_streams == 2
+        await dd.close()
+
+    run(go)
+
+
+def test_a_power_loss_with_the_wal_live_keeps_packed_promoted_and_deleted_streams_right(
+    tmp_path: Path,
+) -> None:
+    """Copied with the WAL live: the promotion's directory never reached the disk (taken away in the
+    copy), a packed stream was deleted, another stayed packed from an older pack."""
+    root, copy = tmp_path / "live", tmp_path / "crashed"
+
+    async def write() -> dict[str, str]:
+        dd = await open_dd(root)
+        old = await dd.create_stream(header("/old"), None)
+        gone_old = await dd.create_stream(header("/gone-old"), None)
+        await _checkpoint(dd)  # /old and /gone-old are in a pack now
+        assert [n for n in _packs(root) if n.endswith(".pack")]
+        grown = await dd.create_stream(header("/grown"), None)
+        gone = await dd.create_stream(header("/gone"), None)
+        await append(grown, b'"g1"')
+        await append(grown, b'"g2"')
+        await dd.delete_stream(await _current(dd, "/gone"))
+        await dd.delete_stream(gone_old)
+        crash_copy(root, copy)
+        await dd.close()
+        return {"old": old.id, "grown": grown.id, "gone": gone.id, "gone_old": gone_old.id}
+
+    ids = run(write)
+    shutil.rmtree(copy / "streams" / ids["grown"])  # the promoted directory's name was lost
+
+    async def reopen() -> None:
+        dd = await DataDir.open(config(copy))
+        assert not dd.quarantined
+        assert set(dd.logs) == {ids["old"], ids["grown"]}
+        assert dd.logs[ids["old"]].packed and await read_all(dd.logs[ids["old"]]) == []
+        assert await read_all(dd.logs[ids["grown"]]) == [b'"g1"', b'"g2"']
+        await dd.close()
+        # And again: the start-up wrote what the WAL files said into the packs' sidecars.
+        dd = await DataDir.open(config(copy))
+        assert set(dd.logs) == {ids["old"], ids["grown"]}
+        await dd.close()
+
+    run(reopen)
+
+
+async def _current(dd: DataDir, path: str):  # noqa: ANN202
+    return next(log for log in dd.logs.values() if log.header.path == path)
+
+
+def test_a_delete_whose_wal_file_is_retired_before_the_pack_is_written_to_its_sidecar(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        keep = await dd.create_stream(header("/keep"), None)
+        gone = await dd.create_stream(header("/gone"), None)
+        grown = await dd.create_stream(header("/grown"), None)
+        await _checkpoint(dd)
+        [pack] = [n for n in _packs(tmp_path) if n.endswith(".pack")]
+        generation = int(pack.split(".")[0])
+        await dd.delete_stream(gone)
+        await append(grown, b"1")
+        await _checkpoint(dd)  # retires the WAL file with the DROP and the promotion
+        assert not os.listdir(tmp_path / "wal")
+        assert packs.read_dead(tmp_path / packs.PACKS_DIR, generation) == {gone.id, grown.id}
+        await dd.delete_stream(dd.logs[grown.id])
+        await _checkpoint(dd)
+        await dd.close()
+        dd = await open_dd(tmp_path)
+        assert set(dd.logs) == {keep.id}
+        await dd.close()
+
+    run(go)
+
+
+def test_a_failed_promotion_fails_that_write_only_and_heals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_mkdir = os.mkdir
+
+    def no_space(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if os.sep + "staging" + os.sep in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_mkdir(path, *args, **kwargs)
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        log = await dd.create_stream(header("/p"), None)
+        monkeypatch.setattr(os, "mkdir", no_space)
+        with pytest.raises(errors.InsufficientStorage):
+            await append(log, b'"lost"')
+        monkeypatch.undo()
+        assert log.packed and not os.listdir(tmp_path / "streams")
+        assert not os.listdir(tmp_path / "staging")
+        deadline = asyncio.get_running_loop().time() + 30
+        while log.poisoned:  # heals (out of space), as any log does
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+        assert log.state.tail == 0
+        await append(log, b'"kept"')
+        assert await read_all(log) == [b'"kept"']
+        await dd.close()
+        dd = await open_dd(tmp_path)
+        assert await read_all(dd.logs[log.id]) == [b'"kept"']
+        await dd.close()
+
+    run(go)
+
+
+def test_a_damaged_entry_in_a_pack_loses_only_the_stream_it_holds(tmp_path: Path) -> None:
+    async def go() -> list[str]:
+        dd = await open_dd(tmp_path)
+        made = [await dd.create_stream(header(f"/d{i}"), None) for i in range(3)]
+        await dd.close()
+        return [log.id for log in made]
+
+    ids = run(go)
+    [pack] = (tmp_path / packs.PACKS_DIR).glob("*.pack")
+    data = bytearray(pack.read_bytes())
+    at = data.index(b"/d1")  # inside the second entry's header record
+    data[at] ^= 0xFF
+    pack.write_bytes(bytes(data))
+    report = datacheck.verify_dir(tmp_path)
+    assert report.damaged and any(f.kind == "pack" for f in report.findings)
+    assert sorted(s.path for s in report.streams) == ["/d0", "/d2"]
+
+    async def reopen() -> None:
+        dd = await open_dd(tmp_path)
+        assert set(dd.logs) == {ids[0], ids[2]}  # the entries after the damage are read
+        await dd.close()
+
+    run(reopen)
+
+
+def test_check_and_inspect_see_packed_streams_as_empty_streams(tmp_path: Path) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        await dd.create_stream(header("/packed", "text/plain", ttl_seconds=60), None)
+        grown = await dd.create_stream(header("/grown"), None)
+        await append(grown, b'"1"')
+        await dd.close()
+
+    run(go)
+    report = datacheck.verify_dir(tmp_path)
+    assert not report.damaged and report.packed == 1 and report.packs_bytes > 0
+    by_path = {s.path: s for s in report.streams}
+    assert set(by_path) == {"/packed", "/grown"}
+    packed = by_path["/packed"]
+    assert packed.status == "ok" and packed.messages == 0 and packed.tail == 0
+    assert packed.content_type == "text/plain" and packed.ttl_seconds == 60
+    assert by_path["/grown"].messages == 1
+    only = datacheck.verify_dir(tmp_path, only="/packed")
+    assert [s.path for s in only.streams] == ["/packed"]
+
+
+def test_a_torn_wal_tail_after_packed_creates_is_an_unacknowledged_round(tmp_path: Path) -> None:
+    root, copy = tmp_path / "live", tmp_path / "crashed"
+
+    async def write() -> str:
+        dd = await open_dd(root)
+        kept = await dd.create_stream(header("/kept"), None)
+        crash_copy(root, copy)
+        await dd.close()
+        return kept.id
+
+    kept = run(write)
+    [path] = (copy / wal.WAL_DIR).glob("*.wal")
+    with open(path, "ab") as fh:
+        fh.write(b"\xd5\x77\x01\x03garbage")  # a round torn mid-entry
+
+    async def reopen() -> None:
+        dd = await DataDir.open(config(copy))
+        assert set(dd.logs) == {kept}
+        await dd.close()
+        [pack] = (copy / packs.PACKS_DIR).glob("*.pack")
+        assert b"garbage" not in pack.read_bytes()  # cut at its last whole entry
+
+    run(reopen)
