@@ -173,10 +173,11 @@ class Committer:
         wal_dir: Path | None,
         metrics: WriteMetrics = NO_METRICS,
         on_made: Callable[[list[Any]], None] | None = None,
+        packs_root: Path | None = None,
     ) -> None:
         self._cache = cache
         # Live packed creates and the files holding them (packs.py).
-        self.packs = PackBook(wal_dir.parent if wal_dir is not None else None)
+        self.packs = PackBook(packs_root)
         # Told the creations a round made, in one call (the data directory's catalog lines: one
         # write per round, not one per create). Runs in the worker thread; must not raise.
         self._on_made = on_made
@@ -238,6 +239,12 @@ class Committer:
         not make it again from its create entry (a no-op for a stream that is not fresh). For a
         packed stream the drop makes its packed create void (packs.py)."""
         if log_id not in self._fresh and not self.packs.is_packed(log_id):
+            return
+        if self._wal_dir is None:
+            # --durability none over a data directory that has packs (written with fsync): no WAL
+            # to say it, so the pack's sidecar does (unsynced, as everything is then).
+            await asyncio.get_running_loop().run_in_executor(self._io, self.packs.void_now, log_id)
+            self.packs.forget(log_id)
             return
         done = asyncio.get_running_loop().create_future()
         self._drops.append((log_id, done))
@@ -305,8 +312,11 @@ class Committer:
                     self._checkpoint = loop.create_task(self._run_checkpoint(retired))
                 for (member, job), result in zip(jobs, results, strict=True):
                     if job.promote is not None and not isinstance(result, BaseException):
-                        self._fresh[job.promote.log_id] = generation
-                        self.packs.superseded(job.promote.log_id, generation)
+                        if self._wal_dir is None:
+                            self.packs.forget(job.promote.log_id)  # its sidecar says so already
+                        else:
+                            self._fresh[job.promote.log_id] = generation
+                            self.packs.superseded(job.promote.log_id, generation)
                     member.round_done(result)
                 for (creation, done), outcome in zip(creates, made, strict=True):
                     if outcome is None:
@@ -497,7 +507,11 @@ class Committer:
             if job.promote is None or isinstance(results[i], BaseException):
                 continue
             try:
-                self._made.append(job.promote.place())
+                placed = job.promote.place()
+                if wal:
+                    self._made.append(placed)
+                else:
+                    self.packs.void_now(job.promote.log_id)
                 promoted.append(job.promote)
             except OSError as exc:
                 # Not acknowledged. The WAL holds its CREATE and records: a restart before the
@@ -536,7 +550,10 @@ class Committer:
 
     def _stage(self, promotion: Promotion) -> None:
         handle = promotion.stage()
-        self._pins[id(handle)] = handle  # a new handle: its one reference is the pin
+        if self._wal_dir is None:  # nothing to sync later (--durability none)
+            self._cache.release(handle)
+        else:
+            self._pins[id(handle)] = handle  # a new handle: its one reference is the pin
 
     def _abandon(self, promotion: Promotion) -> None:
         """Undo a promotion that failed: unpin and forget its handles, remove its staged directory."""

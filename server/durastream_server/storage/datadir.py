@@ -159,7 +159,12 @@ class DataDir:
         cache = FdCache(config.max_open_files)
         sync = config.durability == Durability.FSYNC
         self._committer = Committer(
-            cache, self._executor, self._dir(WAL_DIR) if sync else None, metrics, self._catalog_made
+            cache,
+            self._executor,
+            self._dir(WAL_DIR) if sync else None,
+            metrics,
+            self._catalog_made,
+            self.root,
         )
         self._ctx = LogContext(
             executor=self._executor,

@@ -284,6 +284,19 @@ class PackBook:
         if created is not None:
             self._dying.setdefault(generation, []).append((log_id, created))
 
+    def void_now(self, log_id: str) -> None:
+        """Without a WAL (``--durability none`` over a data directory written with fsync): write
+        ``log_id`` into its pack's sidecar at once, unsynced. Blocking; the caller then ``forget``s."""
+        created = self.live.get(log_id)
+        if created is not None and self.directory is not None and created in self.kept:
+            append_dead(self.directory, created, [log_id], sync=False)
+
+    def forget(self, log_id: str) -> None:
+        """On the loop, after ``void_now``."""
+        created = self.live.pop(log_id, None)
+        if created is not None:
+            self.counts[created] -= 1
+
     def plan(self, generation: int) -> Retirement:
         dead: dict[int, list[str]] = {}
         for log_id, created in self._dying.pop(generation, []):

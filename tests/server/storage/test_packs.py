@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from durastream_server import datacheck, errors
-from durastream_server.storage import DataDir, committer, packs, wal
+from durastream_server.storage import DataDir, Durability, committer, packs, wal
 
 from ._util import append, config, crash_copy, header, open_dd, read_all, run
 
@@ -257,3 +257,28 @@ def test_a_torn_wal_tail_after_packed_creates_is_an_unacknowledged_round(tmp_pat
         assert b"garbage" not in pack.read_bytes()  # cut at its last whole entry
 
     run(reopen)
+
+
+def test_packs_opened_with_durability_none_are_served_deleted_and_promoted(tmp_path: Path) -> None:
+    """A data directory written with fsync, reopened with ``--durability none`` (no WAL): the
+    sidecar says what a DROP or a promotion would have said."""
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        made = [await dd.create_stream(header(f"/n{i}"), None) for i in range(3)]
+        await dd.close()
+        dd = await open_dd(tmp_path, durability=Durability.NONE)
+        await dd.delete_stream(dd.logs[made[0].id])
+        await append(dd.logs[made[1].id], b'"grown"')
+        assert await read_all(dd.logs[made[1].id]) == [b'"grown"']
+        await dd.close()
+        dd = await open_dd(tmp_path)
+        assert set(dd.logs) == {made[1].id, made[2].id}
+        assert await read_all(dd.logs[made[1].id]) == [b'"grown"']
+        await dd.delete_stream(dd.logs[made[1].id])
+        await dd.close()
+        dd = await open_dd(tmp_path)
+        assert set(dd.logs) == {made[2].id} and dd.logs[made[2].id].packed
+        await dd.close()
+
+    run(go)
