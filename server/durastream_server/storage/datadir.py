@@ -62,7 +62,7 @@ from durastream_server.storage.files import (
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.log import LogContext, StreamLog
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
-from durastream_server.storage.packs import decode_header_frame
+from durastream_server.storage.packs import decode_header_frame, header_path
 from durastream_server.storage.pending import Pending, plan
 from durastream_server.storage.promotion import make_first_segment
 from durastream_server.storage.quarantine import QuarantinedStream, free_name, set_aside
@@ -281,12 +281,10 @@ class DataDir:
             # Packed streams (no directory, no catalog line): the path from the header they carry.
             for log_id, frame in list(packed.items()):
                 try:
-                    header = decode_header_frame(frame)
+                    hints[log_id] = catalog.Entry(header_path(frame), None)
                 except codec.CorruptRecord as exc:
                     log.error("packed stream %s cannot be served: %s", log_id, exc)
                     del packed[log_id]
-                    continue
-                hints[log_id] = catalog.Entry(header.path, None)
             ids = sorted([*ids, *packed])
         if unnamed:
             log.info("data dir %s: reading the headers of %d streams", self.root, len(unnamed))
@@ -324,7 +322,13 @@ class DataDir:
             ids = [i for i in ids if i not in self._packed_boot]
             for log_id in packed:
                 frame = self._packed_boot.pop(log_id)
-                adopted.append(self._packed_log(log_id, decode_header_frame(frame), len(frame)))
+                try:
+                    header = decode_header_frame(frame)
+                except codec.CorruptRecord as exc:  # its WAL entry checked out: a bug, not damage
+                    hint = self.pending.hints.get(log_id)
+                    self.quarantine(log_id, hint.path if hint else None, str(exc))
+                    continue
+                adopted.append(self._packed_log(log_id, header, len(frame)))
         streams = str(self._dir("streams"))
         interval = self.config.index_interval_bytes
         results = await self._run(recover_batch, streams, ids, interval, sync=self._ctx.sync)

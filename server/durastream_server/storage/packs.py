@@ -31,6 +31,7 @@ with its byte range; the entries after it are read (hazard 32).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -77,6 +78,20 @@ def decode_header_frame(data: bytes) -> StreamHeader:
     ):
         raise codec.CorruptRecord("a packed entry that is not a whole stream header record")
     return codec.decode_header(body)
+
+
+def header_path(data: bytes) -> str:
+    """The path a packed entry's header record names, without decoding the rest of it: start-up
+    needs only the path of 100,000 packed streams (their pending hints), and the full decode cost
+    ~55 us each (its field checks); the header is decoded and checked when the stream is recovered.
+    Raises ``codec.CorruptRecord``."""
+    try:
+        path = json.loads(data[codec.FRAME_SIZE :])["path"]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise codec.CorruptRecord(f"a packed entry without a readable path: {exc}") from exc
+    if not isinstance(path, str):
+        raise codec.CorruptRecord("a packed entry whose path is not a string")
+    return path
 
 
 def pack_generations(directory: Path) -> list[int]:
