@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -65,6 +66,7 @@ from durastream_server.storage.records import AppendEntry, SoftDelete
 from durastream_server.storage.wal import Kind, WalEntry, WalFile
 from durastream_server.storage.writer import (
     BatchResult,
+    Chunk,
     WriteTarget,
     lay_out,
     payload,
@@ -98,8 +100,8 @@ class RoundJob:
 
 
 class Promotion(Protocol):
-    """A packed stream given its directory by its first write (``promotion.py``): staged under
-    ``staging/`` before the round's WAL sync, placed in ``streams/`` after it."""
+    """A packed stream given its directory by its first write, in that write's round
+    (``promotion.py``)."""
 
     @property
     def log_id(self) -> str: ...
@@ -107,17 +109,25 @@ class Promotion(Protocol):
     @property
     def header_frame(self) -> bytes: ...
 
-    def stage(self) -> Handle:
-        """Make the directory under ``staging/`` with its first segment holding the header record
-        (unsynced); returns the segment's handle, cached and referenced once."""
+    @property
+    def final(self) -> str: ...  # its directory in streams/
+
+    @property
+    def staged(self) -> str: ...  # where it is built without a WAL (staging/)
+
+    def make(self) -> Handle:
+        """After the WAL sync: make the directory in ``streams/`` with its first segment holding the
+        header record (unsynced); returns the segment's handle, cached and referenced once."""
         ...
 
-    def place(self) -> str:
-        """Rename the staged directory into ``streams/``; returns where it is now."""
+    def stage(self) -> Handle:
+        """Without a WAL: ``make`` under ``staging/`` (``place`` renames it into ``streams/``)."""
         ...
+
+    def place(self) -> None: ...
 
     def abandon(self) -> None:
-        """Remove whatever ``stage`` made (best effort, never raises)."""
+        """Remove whatever ``make`` or ``stage`` made (best effort, never raises)."""
         ...
 
     def catalog_line(self) -> bytes: ...
@@ -446,7 +456,9 @@ class Committer:
     ]:
         """Write every job's records into its segment file, then (fsync durability) into the WAL with
         the creates, drops and packed creates, synced once; then make the created streams. A job that
-        promotes a packed stream stages its directory first and places it after the sync. Returns one result per job
+        promotes a packed stream writes nothing before the sync: its directory, header and records
+        are written after it, as a create's (without a WAL: staged, then placed). Returns one result
+        per job
         (a ``BatchResult``, or the OSError that failed it), one per create (None: made), the drops'
         (None: durable), the WAL generation written, and the WAL file this round retired, if it
         started a new one."""
@@ -465,12 +477,18 @@ class Committer:
         written = []
         keep = self._pin if wal else None
         records = round_messages = round_bytes = 0
+        later: list[tuple[int, RoundJob, list[Chunk]]] = []  # promotions, written after the sync
         for i, job in enumerate(jobs):
             try:
-                if job.promote is not None:
-                    self._stage(job.promote)
                 chunks, result = lay_out(job.target, job.items, job.seg_base, job.end)
-                write_chunks(job.target, chunks, sync=False, keep=keep)
+                if job.promote is None:
+                    write_chunks(job.target, chunks, sync=False, keep=keep)
+                elif wal:
+                    later.append((i, job, chunks))
+                else:
+                    self._stage(job.promote)
+                    staged = dataclasses.replace(job.target, directory=job.promote.staged)
+                    write_chunks(staged, chunks, sync=False)
             except OSError as exc:
                 if job.promote is not None:
                     self._abandon(job.promote)
@@ -496,9 +514,7 @@ class Committer:
                 self._wal_append(entries)
             except OSError as exc:
                 for i, job, chunks in written:
-                    if job.promote is not None:
-                        self._abandon(job.promote)
-                    else:
+                    if job.promote is None:
                         undo_chunks(job.target, chunks)
                     results[i] = exc
                 return results, [exc] * len(creates), exc, -1, retired
@@ -507,16 +523,17 @@ class Committer:
             if job.promote is None or isinstance(results[i], BaseException):
                 continue
             try:
-                placed = job.promote.place()
                 if wal:
-                    self._made.append(placed)
+                    self._make_promoted(job.promote, job.target, later)
+                    self._made.append(job.promote.final)
                 else:
+                    job.promote.place()
                     self.packs.void_now(job.promote.log_id)
                 promoted.append(job.promote)
             except OSError as exc:
                 # Not acknowledged. The WAL holds its CREATE and records: a restart before the
                 # stream is written again would make the directory with them (decision 0010).
-                log.error("placing promoted stream %s failed: %r", job.promote.log_id, exc)
+                log.error("making promoted stream %s failed: %r", job.promote.log_id, exc)
                 self._abandon(job.promote)
                 results[i] = exc
         if records:
@@ -548,12 +565,21 @@ class Committer:
         self._made.append(directory)
         return None
 
+    def _make_promoted(
+        self,
+        promotion: Promotion,
+        target: WriteTarget,
+        later: list[tuple[int, RoundJob, list[Chunk]]],
+    ) -> None:
+        """After the WAL sync: the directory in ``streams/``, its header, the write's records."""
+        handle = promotion.make()
+        self._pins[id(handle)] = handle  # a new handle: its one reference is the pin
+        chunks = next(chunks for _, job, chunks in later if job.promote is promotion)
+        write_chunks(target, chunks, sync=False, keep=self._pin)
+
     def _stage(self, promotion: Promotion) -> None:
         handle = promotion.stage()
-        if self._wal_dir is None:  # nothing to sync later (--durability none)
-            self._cache.release(handle)
-        else:
-            self._pins[id(handle)] = handle  # a new handle: its one reference is the pin
+        self._cache.release(handle)  # nothing syncs it later (--durability none)
 
     def _abandon(self, promotion: Promotion) -> None:
         """Undo a promotion that failed: unpin and forget its handles, remove its staged directory."""

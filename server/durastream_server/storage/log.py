@@ -362,16 +362,11 @@ class StreamLog:
     def poisoned(self) -> bool:
         return self._failure is not None
 
-    def _write_target(self, directory: str | None = None) -> WriteTarget:
+    def _write_target(self) -> WriteTarget:
         """Made per batch, not kept: a log that is not written to holds none (issue 17)."""
         ctx = self._ctx
         return WriteTarget(
-            directory or self.directory,
-            self.id,
-            ctx.cache,
-            ctx.segment_bytes,
-            ctx.sync,
-            ctx.metrics,
+            self.directory, self.id, ctx.cache, ctx.segment_bytes, ctx.sync, ctx.metrics
         )
 
     def _promotion(self) -> Promotion:
@@ -497,7 +492,7 @@ class StreamLog:
             if not self._queue and rare is not None and rare._promote_waiters:
                 self._inflight = []
                 promote = self._promotion()
-                target = self._write_target(promote.staged)
+                target = self._write_target()
                 return RoundJob(target, [], 0, self._file_end, 0, promote)
             promote = self._promotion() if self._queue else None
         if (rare is not None and rare._failure is not None) or not self._queue:
@@ -515,9 +510,7 @@ class StreamLog:
                 # Written alone once the directory is there: this round makes only the directory.
                 self._queue = [*batch, *rest]
                 self._inflight = []
-                return RoundJob(
-                    self._write_target(promote.staged), [], 0, self._file_end, 0, promote
-                )
+                return RoundJob(self._write_target(), [], 0, self._file_end, 0, promote)
         elif is_group_batch(batch) or cost > ROUND_BATCH_BYTES:
             self._writer = asyncio.get_running_loop().create_task(
                 self._write_alone(batch, snapshot_state)
@@ -528,7 +521,7 @@ class StreamLog:
         elif snapshot_state is not None:
             self._round_snapshot = snapshot_state
         return RoundJob(
-            self._write_target(promote.staged if promote is not None else None),
+            self._write_target(),
             [item for item, _ in batch],
             self._segments.last,
             self._file_end,

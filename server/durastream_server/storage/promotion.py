@@ -1,20 +1,26 @@
 """A packed stream's promotion to a directory of its own, made by the commit round of its first write.
 
 A packed stream (``packs.py``) has no directory. Its first write (append, close, producer state, soft
-delete, a staged-append commit) gives it one, in the same round as the write (``committer.py``):
+delete, a staged-append commit) gives it one, in the same round as the write (``committer.py``), at the
+cost of today's create + append minus one round:
 
-1. before the round's WAL write, its directory is made under ``staging/<id>/`` with segment 0 holding the
-   header record, and the write's records are written after it (all unsynced, as every round's);
+1. before the round's WAL write nothing of it is written (its records are laid out only);
 2. the round's WAL entries carry a CREATE entry (the header record at offset 0 of segment 0) followed by
    the records' entries, synced once with the round;
-3. after the sync, the directory is renamed into ``streams/`` (unsynced: the checkpoint of that WAL file
-   syncs the segment, the directory and ``streams/``, and only then makes the packed create void).
+3. after the sync its directory is made in ``streams/`` with segment 0 holding the header and the
+   records after it (unsynced, as a create's: the checkpoint of that WAL file syncs the segment, the
+   directory and ``streams/``, and only then makes the packed create void).
 
-A crash before 3 leaves the directory under ``staging/``, emptied at start-up: the stream is still packed,
-and if the round's WAL write was whole its replay makes the directory with the write (acknowledged or
-about to be); if not, the stream comes back packed and empty. A crash after 3 leaves the directory in
-``streams/``, which wins over the pack at start-up (``packs.settle``). A failure before the sync removes
-the staged directory: the stream stays packed and correct, and only that write fails.
+A crash before the sync leaves nothing: the stream comes back packed and empty (a torn round). A crash
+after it leaves the CREATE entry durable: the replay makes the directory and writes the header and the
+records back wherever they did not reach the disk, and the directory wins over the pack at start-up
+(``packs.settle``). A failure after the sync (making the directory or writing it) removes what was made
+and fails only that write; the stream stays packed in memory. The WAL still holds the round, so a
+restart before the next checkpoint makes the stream with that write (a failed write that appears whole,
+never half: decision 0010).
+
+Without a WAL (``--durability none`` over a data directory written with fsync) the directory is built
+under ``staging/`` and renamed into ``streams/`` once whole (hazard 20).
 """
 
 from __future__ import annotations
@@ -49,17 +55,20 @@ class Promotion:
         self._cache = cache
         self._entry = entry
 
-    def stage(self) -> Handle:
-        return self._cache.adopt(
-            (self.log_id, 0), make_first_segment(self.staged, self.header_frame)
-        )
+    def make(self) -> Handle:
+        fd = make_first_segment(self.final, self.header_frame)
+        return self._cache.adopt((self.log_id, 0), fd)
 
-    def place(self) -> str:
+    def stage(self) -> Handle:
+        fd = make_first_segment(self.staged, self.header_frame)
+        return self._cache.adopt((self.log_id, 0), fd)
+
+    def place(self) -> None:
         os.rename(self.staged, self.final)
-        return self.final
 
     def abandon(self) -> None:
         shutil.rmtree(self.staged, ignore_errors=True)
+        shutil.rmtree(self.final, ignore_errors=True)
 
     def catalog_line(self) -> bytes:
         return catalog.encode(self.log_id, self._entry)
