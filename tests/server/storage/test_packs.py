@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from durastream_server import datacheck, errors
-from durastream_server.storage import DataDir, Durability, committer, packs, wal
+from durastream_server.storage import DataDir, Durability, codec, committer, packs, wal
+from durastream_server.storage.segments import segment_name
 
 from ._util import append, config, crash_copy, header, open_dd, read_all, run
 
@@ -97,28 +98,41 @@ def test_a_power_loss_with_the_wal_live_keeps_packed_promoted_and_deleted_stream
         await _checkpoint(dd)  # /old and /gone-old are in a pack now
         assert [n for n in _packs(root) if n.endswith(".pack")]
         grown = await dd.create_stream(header("/grown"), None)
+        half = await dd.create_stream(header("/half"), None)
         gone = await dd.create_stream(header("/gone"), None)
         await append(grown, b'"g1"')
         await append(grown, b'"g2"')
+        await append(half, b'"h1"')
         await dd.delete_stream(await _current(dd, "/gone"))
         await dd.delete_stream(gone_old)
         crash_copy(root, copy)
         await dd.close()
-        return {"old": old.id, "grown": grown.id, "gone": gone.id, "gone_old": gone_old.id}
+        return {
+            "old": old.id,
+            "grown": grown.id,
+            "half": half.id,
+            "gone": gone.id,
+            "gone_old": gone_old.id,
+        }
 
     ids = run(write)
     shutil.rmtree(copy / "streams" / ids["grown"])  # the promoted directory's name was lost
+    # Half made: the directory and the header reached the disk, the first write's record not.
+    segment = copy / "streams" / ids["half"] / segment_name(0)
+    header_end = codec.parse_frame(segment.read_bytes()).record_len
+    os.truncate(segment, header_end)
 
     async def reopen() -> None:
         dd = await DataDir.open(config(copy))
         assert not dd.quarantined
-        assert set(dd.logs) == {ids["old"], ids["grown"]}
+        assert set(dd.logs) == {ids["old"], ids["grown"], ids["half"]}
         assert dd.logs[ids["old"]].packed and await read_all(dd.logs[ids["old"]]) == []
         assert await read_all(dd.logs[ids["grown"]]) == [b'"g1"', b'"g2"']
+        assert await read_all(dd.logs[ids["half"]]) == [b'"h1"']
         await dd.close()
         # And again: the start-up wrote what the WAL files said into the packs' sidecars.
         dd = await DataDir.open(config(copy))
-        assert set(dd.logs) == {ids["old"], ids["grown"]}
+        assert set(dd.logs) == {ids["old"], ids["grown"], ids["half"]}
         await dd.close()
 
     run(reopen)
