@@ -402,6 +402,7 @@ class Committer:
         finally:
             for handle in handles:
                 self._cache.release(handle)
+            self._cache.trim()  # promotions are not held back by pins as creates are
             self._checkpoint = None
         if self._wal is None or not self._wal.end:
             return

@@ -295,3 +295,18 @@ def test_packs_opened_with_durability_none_are_served_deleted_and_promoted(tmp_p
         await dd.close()
 
     run(go)
+
+
+def test_promotions_beyond_the_fd_bound_close_their_files_at_the_checkpoint(tmp_path: Path) -> None:
+    """Promotions are not held back by the pinned handles as creates are: 60 of them in flight keep
+    60 segment files open until their checkpoint, which then trims the cache to its bound."""
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path, max_open_files=8)
+        logs = await asyncio.gather(*(dd.create_stream(header(f"/f{i}"), None) for i in range(60)))
+        await asyncio.gather(*(append(log, b'"x"') for log in logs))
+        await _checkpoint(dd)
+        assert len(dd._ctx.cache) <= 8
+        await dd.close()
+
+    run(go)
