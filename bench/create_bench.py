@@ -7,7 +7,9 @@ with fsync durability (the defaults), driven over loopback by ``scale_bench``'s 
 ``put+post``  ``--streams`` more, each created with ``PUT`` and given one small message with ``POST`` (the
               issue's method);
 ``ensure``    one bulk ``ensure`` request creating ``--ensure`` streams (docs/extensions.md section 11), as
-              the connector's routed sink does; reported as creates/s of that request.
+              the connector's routed sink does; reported as creates/s of that request; then one bulk
+              ``commits`` request giving each of those new streams its first data (an inline commit of
+              10 rows), the sink's next request.
 
 Figures: creates/s and the server's CPU per create (user + system of the server process: robust under
 load), and the part of it spent by the event loop's thread (HTTP, protocol, engine; the rest is the commit
@@ -33,7 +35,11 @@ sys.path.insert(0, str(BENCH_DIR))
 
 from scale_bench import ScaleServer, raw_request, run_clients  # noqa: E402
 
+from durastream_server.http.bulk import encode_requests  # noqa: E402
+from durastream_server.offsets import format_offset  # noqa: E402
+
 ENSURE = "__ds/x-durastream/ensure"  # under /v1/stream/ (raw_request)
+COMMITS = "__ds/x-durastream/commits"
 
 
 async def measure(server: ScaleServer, args: argparse.Namespace) -> dict:
@@ -88,7 +94,50 @@ async def measure(server: ScaleServer, args: argparse.Namespace) -> dict:
             "server_cpu_us_per_create": round(1e6 * cpu / args.ensure),
             "loop_cpu_us_per_create": round(1e6 * loop / args.ensure),
         }
+        # The sink's next request: each new stream's first data, an inline commit (10 rows) in one
+        # bulk ``commits`` request (docs/extensions.md section 11), as a routed batch sends it.
+        paths = [f"ensure/s{i:06d}" for i in range(args.ensure)]
+        cpu0, loop0 = server.cpu(), loop_cpu(server.pid)
+        started = time.perf_counter()
+        status, text = await run_one(
+            server.port,
+            raw_request("POST", COMMITS, first_commits(paths), "application/json"),
+        )
+        elapsed = time.perf_counter() - started
+        cpu, loop = server.cpu() - cpu0, loop_cpu(server.pid) - loop0
+        if status != 200:
+            raise RuntimeError(f"commits: HTTP {status}")
+        for i in (0, args.ensure - 1):  # the entries were committed (each is answered on its own)
+            status, tail = await run_one(server.port, raw_request("HEAD", f"ensure/s{i:06d}"))
+            if status != 200 or tail == format_offset(0):
+                raise RuntimeError(f"commits: stream {i} has no data (HTTP {status}, {tail})")
+        figures["first_commits"] = {
+            "streams": args.ensure,
+            "seconds": round(elapsed, 3),
+            "server_cpu_us_per_stream": round(1e6 * cpu / args.ensure),
+            "loop_cpu_us_per_stream": round(1e6 * loop / args.ensure),
+        }
     return figures
+
+
+def first_commits(paths: list[str]) -> bytes:
+    """A bulk ``commits`` body giving each stream its first data: an inline commit of 10 rows."""
+    return encode_requests(
+        [
+            (
+                path,
+                {
+                    "Content-Type": "application/json",
+                    "Durastream-Commit-Key": "b0",
+                    "Producer-Id": f"w{i}",
+                    "Producer-Epoch": "0",
+                    "Producer-Seq": "0",
+                },
+                json.dumps([{"i": i, "n": n} for n in range(10)]).encode(),
+            )
+            for i, path in enumerate(paths)
+        ]
+    )
 
 
 def loop_cpu(pid: int) -> float:
@@ -108,17 +157,26 @@ async def run_one(port: int, raw: bytes) -> tuple[int, str]:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    results = {"load_before": os.getloadavg()}
-    for src in args.server_src or [None]:
+    results: dict = {"load_before": os.getloadavg(), "runs": []}
+    sources = args.server_src or [None]
+    order = [
+        src for rep in range(args.repeat) for src in (sources if rep % 2 == 0 else sources[::-1])
+    ]
+    for src in order:
         with tempfile.TemporaryDirectory(prefix="create-bench-") as workdir:
-            server = ScaleServer(Path(workdir) / "data", src and str(Path(src).resolve()), [])
+            server = ScaleServer(
+                Path(workdir) / "data",
+                src and str(Path(src).resolve()),
+                ["--durability", args.durability],
+            )
             try:
                 server.spawn()
                 await asyncio.to_thread(server.wait_healthy)
                 figures = await measure(server, args)
             finally:
                 server.stop()
-        results[src or "this checkout"] = figures
+        figures["load"] = os.getloadavg()[0]
+        results["runs"].append({"server": src or "this checkout", **figures})
         print(src or "this checkout", json.dumps(figures), flush=True)
     results["load_after"] = os.getloadavg()
     return results
@@ -137,6 +195,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument(
         "--ensure", type=int, default=2000, help="streams in the bulk ensure (0: skip)"
+    )
+    parser.add_argument(
+        "--durability",
+        choices=("fsync", "none"),
+        default="fsync",
+        help="the servers' --durability (none: the Python alone, no syncs)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run the servers this many times, alternating"
     )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()

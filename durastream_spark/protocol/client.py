@@ -342,27 +342,37 @@ def _multi_read(
         raise MalformedResponse(f"{context.describe()}: bad multi-frames header: {exc}") from None
     if not isinstance(entries, list) or not 1 <= len(entries) <= len(ranges):
         raise MalformedResponse(f"{context.describe()}: the answer covers no range, or too many")
+
+    def where(path: str, start: str, end: str) -> RequestContext:
+        return RequestContext("GET", stream_url(path), stream=path, offset=start, end=end)
+
     answers: list[RangeAnswer] = []
     for index, ((path, start, end), entry) in enumerate(zip(ranges, entries, strict=False)):
-        where = RequestContext("GET", stream_url(path), stream=path, offset=start, end=end)
-        error = _range_error(where, entry, reply)
-        if error is not None:
-            if isinstance(error, MalformedResponse):
-                raise error
-            answers.append(RangeAnswer(0, None, False, error))
-            continue
+        # The context (its URL quoted) only for an error or a refusal: built for each of the 2,000
+        # entries of an answer, it was most of the ~20 ms the reading thread spent on one.
+        if type(entry) is not dict or "error" in entry:
+            error = _range_error(where(path, start, end), entry, reply)
+            if error is not None:
+                if isinstance(error, MalformedResponse):
+                    raise error
+                answers.append(RangeAnswer(0, None, False, error))
+                continue
         try:
             messages, next_offset = int(entry["messages"]), str(entry["next_offset"])
             reached = bool(entry["end_reached"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise MalformedResponse(f"{where.describe()}: bad multi-frames entry: {exc}") from None
+            raise MalformedResponse(
+                f"{where(path, start, end).describe()}: bad multi-frames entry: {exc}"
+            ) from None
         if next_offset > end or reached != (next_offset == end):
             raise MalformedResponse(
-                f"{where.describe()}: a read bounded by end {end} stopped at {next_offset} "
+                f"{where(path, start, end).describe()}: a read bounded by end {end} stopped at {next_offset} "
                 f"(end reached: {reached}). Refusing the data."
             )
         if not reached and index != len(entries) - 1:
-            raise MalformedResponse(f"{where.describe()}: only the last range may be cut short")
+            raise MalformedResponse(
+                f"{where(path, start, end).describe()}: only the last range may be cut short"
+            )
         answers.append(RangeAnswer(messages, next_offset, reached))
     return MultiReadChunk(tuple(answers), body, frames_at)
 

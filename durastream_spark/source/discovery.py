@@ -88,7 +88,23 @@ def _segment_regex(segment: str) -> re.Pattern[str]:
 
 def glob_matches(pattern: str, path: str) -> bool:
     """Whether the root-relative ``path`` matches ``pattern`` (rules in the module docstring)."""
+    whole = _whole_regex(pattern)
+    if whole is not None:
+        return whole.fullmatch(path) is not None
     return _match(tuple(pattern.split("/")), tuple(path.split("/")))
+
+
+@lru_cache(maxsize=256)
+def _whole_regex(pattern: str) -> re.Pattern[str] | None:
+    """A pattern without ``**`` as one regex (a ``*`` matches within a segment): a snapshot of 10,000
+    streams tests each path once in C rather than segment by segment in Python. None with ``**``."""
+    segments = pattern.split("/")
+    if "**" in segments:
+        return None
+    return re.compile(
+        "/".join("[^/]*".join(map(re.escape, segment.split("*"))) for segment in segments),
+        re.DOTALL,
+    )
 
 
 def _match(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:

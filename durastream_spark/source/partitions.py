@@ -78,10 +78,13 @@ class Partitioner:
         extensions = self.client.extensions()
         route = choose_route(extensions)
         sizes = {} if sizes is None else sizes
+        checked: set[str] = set()  # content types: 10,000 streams usually share one
         for item in ranges:
             known = content_types.get(item.stream)
-            if known is not None:  # unknown: the stream is gone, and reading it reports data loss
+            # Unknown: the stream is gone, and reading it reports data loss.
+            if known is not None and known not in checked:
                 self.check_schema(item.stream, known)
+                checked.add(known)
         if extensions.limit_lookup and route != PINNED_ROUTE:  # pins are per range end
             result = self._packed(ranges, content_types, sizes, route, extensions)
         else:

@@ -100,10 +100,12 @@ async def serve_ensure(engine: Engine, request: Request, max_body_bytes: int) ->
         check_scope(request, path)
         created = False
         try:
-            info = engine.head(path)
-        except NotFound:
-            if not create:
-                raise
+            info = engine.head_if_any(path)  # None: a new path, without an error built per entry
+        except NotFound:  # expired: the create replaces it
+            info = None
+        if info is None and not create:
+            info = engine.head(path)  # head's 404, message and all (nothing awaited since the look)
+        if info is None:
             result = await engine.create(CreateRequest(path=path, content_type=content_type))
             info, created = result.info, result.created
         return {

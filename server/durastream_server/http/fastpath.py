@@ -115,6 +115,12 @@ def _header_lines(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return b"".join(lines)
 
 
+def header_value_ok(value: bytes) -> bool:
+    """Whether uvicorn sends ``value`` as a header value (``_header_lines``' check of a value; only
+    with the fast path, ``HttpToolsProtocol``)."""
+    return HEADER_VALUE_RE.search(value) is None
+
+
 def header_lines(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     """``_header_lines`` for the app's pre-encoded answers (``handlers.AppendAnswers``)."""
     return _header_lines(headers)

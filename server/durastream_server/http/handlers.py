@@ -169,14 +169,35 @@ class StreamHandlers:
     @staticmethod
     def create_answer_lines(request: Request, result: CreateResult) -> tuple[int, bytes] | None:
         """``create_answer`` as the wire lines the direct path writes (``fastpath.prepare_lines``):
-        the generic encoding itself, since two of its values echo the request (Content-Type, the
-        Location's host and path) and must pass uvicorn's checks. None without the fast path or
-        where uvicorn would refuse a header (the ordinary send then answers)."""
-        if fastpath.HttpToolsProtocol is None:
+        byte for byte what ``fastpath.prepare`` makes of ``responses.response_headers`` of it, built
+        from pre-encoded pieces (as ``append_answer_lines``); the two values that echo the request
+        (Content-Type, the Location's host and path) are checked as uvicorn checks them. None
+        without the fast path or where uvicorn would refuse a header (the ordinary send then
+        answers)."""
+        base = _answer_base()
+        if base is None:
             return None
-        status, headers = StreamHandlers.create_answer(request, result)
-        lines = fastpath.header_lines(responses.response_headers(status, headers, b""))
-        return None if lines is None else (status, lines)
+        info = result.info
+        content_type = info.content_type.encode("latin-1", "replace")
+        if not fastpath.header_value_ok(content_type):
+            return None
+        parts = [
+            base,
+            b"content-type: ",
+            content_type,
+            b"\r\nstream-next-offset: ",
+            info.next_offset.encode("latin-1"),
+            _NO_STORE,
+        ]
+        if info.closed:
+            parts.append(_CLOSED_LINE)
+        if result.created:
+            location = request.absolute_url().encode("latin-1", "replace")
+            if not fastpath.header_value_ok(location):
+                return None
+            parts += (b"location: ", location, b"\r\n")
+        parts.append(b"content-length: 0\r\n")
+        return (201 if result.created else 200), b"".join(parts)
 
     async def _post(self, request: Request, path: str) -> None:
         request.route = txn.route_class(request.headers)  # append, stage, commit or abort

@@ -50,7 +50,12 @@ from durastream_server.storage.index import LogIndex
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.ordinals import floor_boundary, message_start
 from durastream_server.storage.promotion import Promotion
-from durastream_server.storage.reader import NotABoundary, read_entries, read_range
+from durastream_server.storage.reader import (
+    NotABoundary,
+    read_entries,
+    read_one_record,
+    read_range,
+)
 from durastream_server.storage.records import (
     AppendEntry,
     GroupCommit,
@@ -115,18 +120,12 @@ class DiskRead:
         """``reader.read_range`` of this read (blocking). Raises ``NotABoundary``,
         ``codec.CorruptRecord`` or ``OSError``, which ``StreamLog.read`` turns into its errors.
         ``evict``: as in ``FdCache.acquire``."""
-        return read_range(
-            self.segments,
-            self.cache,
-            self.scan_from,
-            self.start,
-            self.cap,
-            max_bytes,
-            whole_messages,
-            runs,
-            overhead,
-            evict=evict,
-        )
+        where = (self.segments, self.cache, self.scan_from, self.start, self.cap, max_bytes)
+        if whole_messages and runs:
+            lean = read_one_record(*where, overhead, evict=evict)
+            if lean is not None:
+                return lean
+        return read_range(*where, whole_messages, runs, overhead, evict=evict)
 
 
 class InvalidPosition(ValueError):

@@ -95,8 +95,9 @@ class SegmentView:
         return os.path.join(self.root, self.log_id)
 
     def path(self, base: int) -> str:
-        """The file of the segment at ``base``."""
-        return os.path.join(self.root, self.log_id, segment_name(base))
+        """The file of the segment at ``base`` (formatted in one step, not joined: ~1 us a range of a
+        multi-range read, which opens 10,000 files)."""
+        return f"{self.root}{os.sep}{self.log_id}{os.sep}{base:020d}.seg"
 
     def locate(self, offset: int) -> tuple[int, int]:
         """(base, segment end) of the segment holding global ``offset``."""

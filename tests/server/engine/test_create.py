@@ -14,11 +14,21 @@ from durastream_server.errors import (
     BadRequest,
     ConfigMismatch,
     EmptyJsonArray,
+    Gone,
     InvalidJson,
     NotFound,
     StreamClosed,
 )
-from tests.server.engine.support import Recorder, append, create, read, run, text
+from tests.server.engine.support import (
+    ZERO,
+    FakeClock,
+    Recorder,
+    append,
+    create,
+    read,
+    run,
+    text,
+)
 
 
 def test_create_then_idempotent_then_mismatch(tmp_path: Path) -> None:
@@ -234,3 +244,65 @@ def test_listing_index_follows_creates_deletes_and_restarts(tmp_path: Path) -> N
         assert index(engine) == ["a", "a/10", "a/2", "b", "c/x", "fork"]
 
     run(tmp_path, after_restart)
+
+
+def test_create_tasks_are_held_until_they_end_and_then_forgotten(tmp_path: Path) -> None:
+    """A create runs in a task nobody awaits on the direct path (``create_nowait``): the engine holds
+    it while it runs (the loop keeps only weak references) and forgets it when it ends, whether it
+    created, found or failed (the task removes itself: no done callback per create)."""
+
+    async def scenario(engine: Engine) -> None:
+        future = engine.create_nowait(CreateRequest(path="held", content_type="text/plain"))
+        assert future in engine._creating
+        assert (await future).created
+        bad = engine.create_nowait(
+            CreateRequest(path="bad", content_type="application/json", body=b"{")
+        )
+        assert bad in engine._creating
+        with pytest.raises(InvalidJson):
+            await bad
+        found = await asyncio.gather(*(create(engine, "held") for _ in range(5)))
+        assert not any(result.created for result in found)
+        assert not engine._creating
+
+    run(tmp_path, scenario)
+
+
+def test_creates_without_a_body_make_empty_streams_of_either_mode(tmp_path: Path) -> None:
+    """No body: no message in JSON mode (nothing to validate) and none in byte mode; a JSON body that
+    is empty of messages (``[]``) and a bad one are still parsed."""
+
+    async def scenario(engine: Engine) -> None:
+        for path, content_type in (("j", "application/json"), ("b", "text/plain")):
+            created = await create(engine, path, b"", content_type=content_type)
+            assert created.created and created.info.next_offset == ZERO
+            assert (await read(engine, path)).messages == ()
+        assert (await create(engine, "e", b"[]", content_type="application/json")).created
+        with pytest.raises(InvalidJson):
+            await create(engine, "x", b" ", content_type="application/json")
+
+    run(tmp_path, scenario)
+
+
+def test_head_if_any_is_head_except_for_a_path_never_used(tmp_path: Path) -> None:
+    """``head_if_any`` (the bulk ensure's look): None only where ``head`` would answer 404 for a path
+    without a stream; a stream's info, and ``head``'s errors for the others."""
+    clock = FakeClock()
+
+    async def scenario(engine: Engine) -> None:
+        assert engine.head_if_any("nothing") is None
+        with pytest.raises(NotFound):
+            engine.head("nothing")
+        await create(engine, "s", b"abc")
+        assert engine.head_if_any("s") == engine.head("s")
+        await create(engine, "src", b"kept")
+        await engine.create(CreateRequest(path="f", content_type="text/plain", forked_from="src"))
+        await engine.delete("src")  # soft-deleted: its fork still reads it
+        with pytest.raises(Gone):
+            engine.head_if_any("src")
+        await create(engine, "ttl", ttl_seconds=5)
+        clock.advance(10)
+        with pytest.raises(NotFound):  # expired, not yet swept: head's 404
+            engine.head_if_any("ttl")
+
+    run(tmp_path, scenario, clock=clock)

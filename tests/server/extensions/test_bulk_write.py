@@ -5,6 +5,7 @@ single request would be."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import requests
@@ -320,3 +321,22 @@ def test_a_bulk_request_of_many_entries_runs_them_on_a_few_tasks() -> None:
             assert result["status"] == 400 and "refused" in json.dumps(result), result
         else:
             assert result == {"item": item}
+
+
+def test_ensure_treats_an_expired_stream_as_missing(durastream_server: ServerProcess) -> None:
+    """An expired stream not yet swept: without ``create`` it is reported missing (HEAD's 404, with
+    its message); with ``create`` it is replaced by a new stream, as a PUT would."""
+    path = unique("bulk-expired")
+    url = durastream_server.stream_url(path)
+    assert requests.put(url, headers={"Content-Type": JSON, "Stream-TTL": "1"}).status_code == 201
+    deadline = time.monotonic() + 30
+    while requests.head(url, timeout=TIMEOUT).status_code != 404:
+        assert time.monotonic() < deadline, "the stream did not expire"
+        time.sleep(0.1)
+    response = ensure(durastream_server, {"streams": [path], "content_type": JSON, "create": False})
+    (missing,) = response.json()["results"]
+    assert missing["status"] == 404 and path in missing["error"]["message"]
+    response = ensure(durastream_server, {"streams": [path], "content_type": JSON})
+    (created,) = response.json()["results"]
+    assert created["created"] is True and created["content_type"] == JSON
+    assert requests.head(url, timeout=TIMEOUT).status_code == 200

@@ -38,6 +38,8 @@ def decode_multi(body: bytes) -> tuple[list[dict[str, Any]], Frames]:
     length = int.from_bytes(body[4:8], "little")
     assert (8 + length) % 8 == 0
     header = json.loads(body[8 : 8 + length])
+    # Compact JSON, as json.dumps writes it (the server writes a range's entry as text), then padding.
+    assert body[8 : 8 + length].rstrip(b" ") == json.dumps(header, separators=(",", ":")).encode()
     return header["ranges"], decode_frames(body[8 + length :])
 
 

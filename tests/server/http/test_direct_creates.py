@@ -65,6 +65,15 @@ SESSION: list[tuple[str, bytes | None, bytes, bytes]] = [
     ("/v1/stream/k", b"x" * 100, TEXT + b"X-Request-Id: create-k\r\n", b"localhost"),  # 201
     ("/v1/stream/k%2", b"", JSON, b"localhost"),  # 400 bad path
     ("/v1/stream/__ds/streams", b"", JSON, b"localhost"),  # not a stream: ordinary path
+    # 201: the Location echoes the raw path and the Host, the Content-Type its parameters
+    (
+        "/v1/stream/%C3%A9t%C3%A9/l",
+        b"",
+        b"Content-Type: Text/Plain; charset=UTF-8\r\n",
+        b"[::1]:8080",
+    ),
+    ("/v1/stream/m", b"1", TEXT + CLOSED, b"localhost"),  # 201 closed with data
+    ("/v1/stream/m", b"", TEXT + CLOSED, b"localhost"),  # 200 closed
 ]
 
 
@@ -128,10 +137,10 @@ def test_direct_creates_are_byte_identical_to_the_ordinary_path(tmp_path: Path) 
         ):  # else both runs took the ordinary path: their answers must still agree
             # Every success in one write; the engine's refusals (409, 404, invalid JSON) went out
             # through the ordinary send, the others were declined before the engine.
-            assert taken == statuses.count(201) + statuses.count(200) == 14
+            assert taken == statuses.count(201) + statuses.count(200) == 17
         assert statuses == [
             *(201, 200, 200, 409, 201, 201, 200, 201, 409, 201, 200, 409, 400, 400, 201),
-            *(400, 201, 201, 200, 404, 400, 201, 400, 404),
+            *(400, 201, 201, 200, 404, 400, 201, 400, 404, 201, 201, 200),
         ]
         assert header(direct[0], b"location") == b"http://localhost/v1/stream/a"
         assert header(direct[4], b"location") == b"http://localhost:8080/v1/stream/b"
@@ -139,6 +148,9 @@ def test_direct_creates_are_byte_identical_to_the_ordinary_path(tmp_path: Path) 
         assert header(direct[7], b"stream-closed") == b"true"
         assert header(direct[2], b"access-control-allow-origin") == b"http://localhost:3000"
         assert header(direct[21], b"x-request-id") == b"create-k"
+        assert header(direct[24], b"location") == b"http://[::1]:8080/v1/stream/%C3%A9t%C3%A9/l"
+        assert header(direct[24], b"content-type") == b"text/plain; charset=UTF-8"
+        assert header(direct[26], b"stream-closed") == b"true"
         assert b'"code": "' in direct[3] and header(direct[3], b"content-type") == (
             b"application/json"
         )
