@@ -235,8 +235,11 @@ def test_a_pack_whose_streams_are_all_promoted_or_deleted_is_removed(server_fact
     _post(server, "r/c", '{"c":1}')
     poll_until(lambda: not _pack_files(server), "the empty pack to be removed", timeout=30)
     assert not list((server.data_dir / packs.PACKS_DIR).iterdir())  # its sidecar too
-    health = server.health()
-    assert health["packs_bytes"] == 0 and health["packed_streams"] == 0
+    poll_until(
+        lambda: (server.health()["packs_bytes"], server.health()["packed_streams"]) == (0, 0),
+        "/healthz to report no pack",
+        timeout=30,
+    )
     server.kill()
     server.restart()
     assert _status(server, "r/a") == 404
