@@ -338,7 +338,7 @@ class Committer:
                     _settle(done, dropped)
                 for creation, done in packed:
                     if dropped is None:  # the round's WAL write (and so each packed create) held
-                        self.packs.created(creation.log_id, generation)
+                        self.packs.created(creation.log_id, generation, creation.data)
                     _settle(done, dropped)
         finally:
             self._task = None
@@ -383,15 +383,15 @@ class Committer:
                 await asyncio.gather(*(loop.run_in_executor(self._io, _sync_dirs, d) for d in dirs))
                 await loop.run_in_executor(self._io, fsync_dir, os.path.dirname(made[0]))
             if retired.wal is not None:
-                # Packs (packs.py): the sidecars of what this file made void, then the file kept as
-                # a pack if it holds live packed creates, or removed.
+                # Packs (packs.py): the sidecars of what this file made void (or those packs
+                # rewritten), then its live packed creates written as a pack, then it is removed.
                 generation = retired.wal.generation
                 plan = self.packs.plan(generation)
-                size = await loop.run_in_executor(
+                carried = await loop.run_in_executor(
                     self._io,
                     lambda: self.packs.carry_out(plan, retired.wal, sync=True),
                 )
-                self.packs.carried_out(plan, size)
+                self.packs.carried_out(plan, carried)
                 for log_id in [i for i, g in self._fresh.items() if g <= generation]:
                     del self._fresh[log_id]
         except OSError as exc:
@@ -520,6 +520,7 @@ class Committer:
                     results[i] = exc
                 return results, [exc] * len(creates), exc, -1, retired
         promoted = []
+        unpromoted = []
         for i, job in enumerate(jobs):
             if job.promote is None or isinstance(results[i], BaseException):
                 continue
@@ -532,11 +533,14 @@ class Committer:
                     self.packs.void_now(job.promote.log_id)
                 promoted.append(job.promote)
             except OSError as exc:
-                # Not acknowledged. The WAL holds its CREATE and records: a restart before the
-                # stream is written again would make the directory with them (decision 0010).
+                # Not acknowledged: its CREATE and records are in the WAL, voided below.
                 log.error("making promoted stream %s failed: %r", job.promote.log_id, exc)
                 self._abandon(job.promote)
                 results[i] = exc
+                if wal:
+                    unpromoted.append(job.promote.log_id)
+        if unpromoted:
+            self._unpromote(unpromoted)
         if records:
             self._metrics.batch(records, round_messages, round_bytes)
         made = [self._make(creation) for creation in creates]
@@ -556,6 +560,18 @@ class Committer:
                 log.error("could not record that %d failed creates are gone: %r", len(failed), exc)
         generation = self._wal.generation if self._wal is not None else -1
         return results, made, None, generation, retired
+
+    def _unpromote(self, log_ids: list[str]) -> None:
+        """Before failed promotions are answered: a synced UNPROMOTE entry each, so that a restart
+        does not make their directories from the CREATE and records entries the round's WAL write
+        made durable (``wal.py``); the streams stay packed. If even that cannot be written, no log
+        may write until a restart (``failure``): a later promotion of the same stream would be
+        replayed over the failed one's entries, and the restart may bring the failed write back
+        (whole, never half)."""
+        try:
+            self._wal_append([WalEntry(log_id, 0, 0, [], Kind.UNPROMOTE) for log_id in log_ids])
+        except OSError as exc:
+            self._fail(exc, f"recording that the promotions of {len(log_ids)} streams failed")
 
     def _make(self, creation: Creation) -> BaseException | None:
         try:

@@ -18,7 +18,7 @@
                    every directory (``catalog.py``).
   ``wal/``         the write-ahead log of the shared commit rounds (``wal.py``, ``committer.py``); empty
                    after a clean shutdown, replayed into the segment files at start-up otherwise.
-  ``packs/``       former WAL files kept for the packed creates they hold (``packs.py``): with fsync
+  ``packs/``       the live packed creates of retired WAL files, one pack per WAL file (``packs.py``): with fsync
                    durability a new stream without initial data that is not a fork has no directory
                    until its first write (decision 0010).
 

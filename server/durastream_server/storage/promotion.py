@@ -14,10 +14,11 @@ cost of today's create + append minus one round:
 A crash before the sync leaves nothing: the stream comes back packed and empty (a torn round). A crash
 after it leaves the CREATE entry durable: the replay makes the directory and writes the header and the
 records back wherever they did not reach the disk, and the directory wins over the pack at start-up
-(``packs.settle``). A failure after the sync (making the directory or writing it) removes what was made
-and fails only that write; the stream stays packed in memory. The WAL still holds the round, so a
-restart before the next checkpoint makes the stream with that write (a failed write that appears whole,
-never half: decision 0010).
+(``packs.settle``). A failure after the sync (making the directory or writing it) removes what was made, writes an
+UNPROMOTE entry (synced) that voids the round's CREATE and records entries of that stream, and only then
+fails that write; the stream stays packed. So a restart never brings the failed write back (the replay
+skips a stream's entries before its UNPROMOTE, and removes a directory the failure left behind). If even
+the UNPROMOTE cannot be written, the committer stops every write until a restart (``committer.py``).
 
 Without a WAL (``--durability none`` over a data directory written with fsync) the directory is built
 under ``staging/`` and renamed into ``streams/`` once whole (hazard 20).

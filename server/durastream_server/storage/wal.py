@@ -15,8 +15,8 @@ acknowledged byte not yet synced in its segment is in a WAL file that still exis
 Start-up (``replay``), before any stream is recovered: every WAL file left behind is read in generation
 order and each entry's bytes are put back at their place in their segment file, where they differ (after
 a power loss the segment may have lost them; after a process crash they are all there and nothing is
-written). The segments written are synced, then the WAL files are removed (those still holding live
-packed creates are moved into ``packs/`` instead: ``packs.py``). A WAL file ends at its first
+written). The segments written are synced, then the WAL files are removed (after their live packed
+creates are copied into ``packs/``: ``packs.py``). A WAL file ends at its first
 entry that does not check out: a round's entries are written together and acknowledged only after the
 sync, so a torn end is a round that was never acknowledged. Entries of streams no longer in ``streams/``
 (deleted, or quarantined) are skipped.
@@ -33,7 +33,7 @@ Entry (little-endian)::
 
     magic        2 bytes  b"\\xd5\\x77"
     version      u8       1
-    kind         u8       0 records, 1 create, 2 drop (``Kind``)
+    kind         u8       0 records, 1 create, 2 drop, 3 packed, 4 unpromote (``Kind``)
     length       u32      body length
     crc          u32      crc32(body)
     body:
@@ -46,7 +46,10 @@ Entry (little-endian)::
 
 A *packed* entry (kind 3, decision 0010) is a create that makes no directory: its records are the new
 stream's header record, and the entry alone is the stream (``packs.py``). The replay writes nothing for it;
-``packs.settle`` keeps every file that still holds a live one (moved into ``packs/``) instead of removing it.
+``packs.settle`` copies the live ones of every WAL file into a pack before the file is removed. An
+*unpromote* entry (kind 4) voids the CREATE and records entries of a packed stream written before it in
+the WAL: its promotion failed after the round's sync, the write was answered as failed, and it stays
+packed (``promotion.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import struct
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -95,6 +99,9 @@ class Kind(IntEnum):
     CREATE = 1  # the same, and the stream directory is to be made if it is not there
     DROP = 2  # the stream's directory must not be made again (it was deleted, or its create failed)
     PACKED = 3  # a packed create: the stream exists with this header record, and has no directory
+    # A promotion of this packed stream failed after its round's sync (its directory could not be
+    # made or written): its CREATE and records entries before this one are void, and it stays packed.
+    UNPROMOTE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +212,11 @@ def generations(directory: Path) -> list[int]:
 def read_entries(path: Path, generation: int) -> list[tuple[str, int, int, bytes]]:
     """The records entries (and creates) of one WAL file up to its first damaged one, as ``(log id,
     segment base, offset, records)``."""
-    return [found[:4] for found in read_kinds(path, generation) if found[4] != Kind.DROP]
+    return [
+        found[:4]
+        for found in read_kinds(path, generation)
+        if found[4] in (Kind.RECORDS, Kind.CREATE)
+    ]
 
 
 def read_kinds(path: Path, generation: int) -> list[tuple[str, int, int, bytes, int]]:
@@ -268,7 +279,7 @@ def _entry_at(
     if (
         magic != MAGIC
         or version != VERSION
-        or kind > Kind.PACKED
+        or kind > Kind.UNPROMOTE
         or length < FIXED_SIZE
         or length > MAX_ENTRY_BYTES
         or body_at + length > len(data)
@@ -315,11 +326,14 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
     scans = [(g, scan(directory / wal_name(g), g)) for g in found]
     files = [(g, scanned.entries) for g, scanned in scans]
     dropped = {e[0] for _, kinds in files for e in kinds if e[4] == Kind.DROP}
+    unpromoted = _unpromoted(root, files)
     try:
-        for _generation, kinds in files:
-            for log_id, segment, offset, records, kind in kinds:
-                if kind == Kind.DROP or kind == Kind.PACKED:
+        for file_index, (_generation, kinds) in enumerate(files):
+            for entry_index, (log_id, segment, offset, records, kind) in enumerate(kinds):
+                if kind == Kind.DROP or kind == Kind.PACKED or kind == Kind.UNPROMOTE:
                     continue  # a packed create has no segment (packs.settle)
+                if unpromoted.get(log_id, (-1, -1)) > (file_index, entry_index):
+                    continue  # a failed promotion's entries: the stream stays packed
                 if kind == Kind.CREATE:
                     creates += 1
                 else:
@@ -360,10 +374,9 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
     from durastream_server.storage.packs import Settled, settle
 
     packed = Settled()
-    kept = settle(root, scans, sync=sync, out=packed)
+    settle(root, scans, sync=sync, out=packed)
     for generation in found:
-        if generation not in kept:
-            os.unlink(directory / wal_name(generation))
+        os.unlink(directory / wal_name(generation))
     if found and sync:
         fsync_dir(directory)
     if repaired:
@@ -382,6 +395,26 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
         made=made,
         packed=packed,
     )
+
+
+def _unpromoted(root: Path, files: list[tuple[int, list[Any]]]) -> dict[str, tuple[int, int]]:
+    """Where (file, entry) the last ``UNPROMOTE`` entry of each stream is: the replay skips its
+    entries before it. A directory such a failed promotion left behind (its removal failed too) and
+    that no later ``CREATE`` makes again is removed: the stream is packed (``packs.settle``)."""
+    found: dict[str, tuple[int, int]] = {}
+    created: dict[str, tuple[int, int]] = {}
+    for file_index, (_generation, kinds) in enumerate(files):
+        for entry_index, entry in enumerate(kinds):
+            if entry[4] == Kind.UNPROMOTE:
+                found[entry[0]] = (file_index, entry_index)
+            elif entry[4] == Kind.CREATE:
+                created[entry[0]] = (file_index, entry_index)
+    for log_id, at in found.items():
+        stream_dir = os.path.join(root, "streams", log_id)
+        if _makeable(log_id, set()) and created.get(log_id, at) <= at and os.path.isdir(stream_dir):
+            log.warning("WAL replay: removing %s, left by a promotion that failed", stream_dir)
+            shutil.rmtree(stream_dir)
+    return found
 
 
 def _makeable(log_id: str, dropped: set[str]) -> bool:

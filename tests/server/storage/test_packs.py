@@ -147,7 +147,8 @@ def test_a_delete_whose_wal_file_is_retired_before_the_pack_is_written_to_its_si
 ) -> None:
     async def go() -> None:
         dd = await open_dd(tmp_path)
-        keep = await dd.create_stream(header("/keep"), None)
+        # Three of five stay live: the pack is not half void, so it is kept with a sidecar.
+        kept = [await dd.create_stream(header(f"/keep{i}"), None) for i in range(3)]
         gone = await dd.create_stream(header("/gone"), None)
         grown = await dd.create_stream(header("/grown"), None)
         await _checkpoint(dd)
@@ -162,15 +163,15 @@ def test_a_delete_whose_wal_file_is_retired_before_the_pack_is_written_to_its_si
         await _checkpoint(dd)
         await dd.close()
         dd = await open_dd(tmp_path)
-        assert set(dd.logs) == {keep.id}
+        assert set(dd.logs) == {log.id for log in kept}
         await dd.close()
 
     run(go)
 
 
-def test_a_failed_promotion_fails_that_write_only_and_heals(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _no_space_in_streams(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mkdir`` in ``streams/`` fails as on a full disk (the one system call failed for real would
+    need a full file system)."""
     real_mkdir = os.mkdir
 
     def no_space(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
@@ -178,18 +179,28 @@ def test_a_failed_promotion_fails_that_write_only_and_heals(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_mkdir(path, *args, **kwargs)
 
+    monkeypatch.setattr(os, "mkdir", no_space)
+
+
+async def _healed(log) -> None:  # noqa: ANN001
+    deadline = asyncio.get_running_loop().time() + 30
+    while log.poisoned:  # heals (out of space), as any log does
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.02)
+
+
+def test_a_failed_promotion_fails_that_write_only_and_heals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def go() -> None:
         dd = await open_dd(tmp_path)
         log = await dd.create_stream(header("/p"), None)
-        monkeypatch.setattr(os, "mkdir", no_space)
-        with pytest.raises(errors.InsufficientStorage):
-            await append(log, b'"lost"')
-        monkeypatch.undo()
+        with monkeypatch.context() as patched:
+            _no_space_in_streams(patched)
+            with pytest.raises(errors.InsufficientStorage):
+                await append(log, b'"lost"')
         assert log.packed and not os.listdir(tmp_path / "streams")
-        deadline = asyncio.get_running_loop().time() + 30
-        while log.poisoned:  # heals (out of space), as any log does
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.02)
+        await _healed(log)
         assert log.state.tail == 0
         await append(log, b'"kept"')
         assert await read_all(log) == [b'"kept"']
@@ -310,3 +321,252 @@ def test_promotions_beyond_the_fd_bound_close_their_files_at_the_checkpoint(tmp_
         await dd.close()
 
     run(go)
+
+
+def test_a_write_whose_promotion_failed_does_not_come_back_after_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failed promotion's CREATE and record are durable in the WAL before the mkdir fails; the
+    UNPROMOTE entry written before the answer voids them. Copied with the WAL live: once right after
+    the failure (the stream comes back packed and empty), once after a later write promoted it (only
+    that write). A directory the failed promotion left behind is removed by the replay."""
+    root = tmp_path / "live"
+
+    async def write() -> tuple[str, str]:
+        dd = await open_dd(root)
+        log = await dd.create_stream(header("/p"), None)
+        other = await dd.create_stream(header("/other"), None)
+        with monkeypatch.context() as patched:
+            _no_space_in_streams(patched)
+            with pytest.raises(errors.InsufficientStorage):
+                await append(log, b'"lost"')
+        kinds = [
+            e[4] for e in wal.read_kinds(dd._committer._wal.path, dd._committer._wal.generation)
+        ]
+        assert kinds[-1] == wal.Kind.UNPROMOTE and wal.Kind.CREATE in kinds
+        crash_copy(root, tmp_path / "after-failure")
+        await _healed(log)
+        await append(log, b'"kept"')
+        await append(other, b'"o"')
+        crash_copy(root, tmp_path / "after-retry")
+        await dd.close()
+        return log.id, other.id
+
+    log_id, other_id = run(write)
+    # As if removing the failed promotion's directory had failed too (a header-only segment 0).
+    leftover = tmp_path / "after-failure" / "streams" / log_id
+    leftover.mkdir()
+    (leftover / segment_name(0)).write_bytes(codec.encode_header(header("/p")))
+
+    async def reopen() -> None:
+        dd = await DataDir.open(config(tmp_path / "after-failure"))
+        assert set(dd.logs) == {log_id, other_id} and not dd.quarantined
+        assert dd.logs[log_id].packed and await read_all(dd.logs[log_id]) == []
+        assert not os.listdir(tmp_path / "after-failure" / "streams")
+        await append(dd.logs[log_id], b'"new"')
+        assert await read_all(dd.logs[log_id]) == [b'"new"']
+        await dd.close()
+        dd = await DataDir.open(config(tmp_path / "after-retry"))
+        assert await read_all(dd.logs[log_id]) == [b'"kept"']
+        assert await read_all(dd.logs[other_id]) == [b'"o"']
+        await dd.close()
+
+    run(reopen)
+
+
+def test_an_unpromote_that_cannot_be_written_stops_writes_until_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both the promotion and its UNPROMOTE entry fail: no log writes again (a later promotion would
+    be replayed over the failed one's entries) until a restart."""
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        log = await dd.create_stream(header("/p"), None)
+        real_append = wal.WalFile.append
+
+        def refuse_unpromote(self, entries):  # noqa: ANN001, ANN202
+            if any(e.kind == wal.Kind.UNPROMOTE for e in entries):
+                raise OSError(errno.EIO, "Input/output error")
+            return real_append(self, entries)
+
+        with monkeypatch.context() as patched:
+            _no_space_in_streams(patched)
+            patched.setattr(wal.WalFile, "append", refuse_unpromote)
+            with pytest.raises(errors.InsufficientStorage):
+                await append(log, b'"lost"')
+        assert dd._committer.failure is not None
+        await dd.close()
+
+    run(go)
+
+
+def _pack_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / packs.PACKS_DIR).iterdir())
+
+
+def test_packs_hold_only_live_packed_creates_while_appends_fill_wal_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,000 creates, of which 1 stays packed, while appends fill several WAL files: each checkpoint
+    writes a pack of its file's live packed creates only (not the WAL file), and half-void packs
+    are rewritten, so packs/ stays a few KiB. Start-up then finds the one packed stream."""
+    monkeypatch.setattr(committer, "CHECKPOINT_WAL_BYTES", 256 * 1024)
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        unused = await dd.create_stream(header("/unused"), None)
+        busy = [await dd.create_stream(header(f"/s{i}"), None) for i in range(999)]
+        payload = b'"' + b"x" * 2000 + b'"'
+        for round_ in range(4):  # each pass writes every stream: ~2 MiB, several WAL files
+            await asyncio.gather(*(append(log_, payload) for log_ in busy))
+            await _checkpoint(dd)
+            await _checkpoint(dd)  # the promotions' WAL files retired: their creates are void
+            assert _pack_bytes(tmp_path) < 4096, (round_, _packs(tmp_path))
+        assert dd._committer.packs.disk_bytes < 4096
+        await dd.close()
+        dd = await open_dd(tmp_path)
+        assert dd.logs[unused.id].packed and dd._committer.packs.live == {
+            unused.id: dd._committer.packs.live[unused.id]
+        }
+        assert _pack_bytes(tmp_path) < 4096
+        await dd.close()
+
+    run(go)
+
+
+def test_a_half_void_pack_is_rewritten_with_its_live_creates_and_its_sidecar_goes(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        logs = [await dd.create_stream(header(f"/p{i}"), None) for i in range(10)]
+        await _checkpoint(dd)
+        [pack] = [n for n in _packs(tmp_path) if n.endswith(".pack")]
+        generation = int(pack.split(".")[0])
+        full = _pack_bytes(tmp_path)
+        for log_ in logs[:4]:  # 4 of 10 void: a sidecar
+            await dd.delete_stream(log_)
+        await _checkpoint(dd)
+        assert packs.read_dead(tmp_path / packs.PACKS_DIR, generation) == {g.id for g in logs[:4]}
+        await dd.delete_stream(logs[4])  # 5 of 10: rewritten with the 5 live ones
+        await _checkpoint(dd)
+        assert _packs(tmp_path) == [pack]
+        assert _pack_bytes(tmp_path) < full * 0.6
+        scanned = wal.scan(tmp_path / packs.PACKS_DIR / pack, generation, resync=True)
+        assert [e[0] for e in scanned.entries] == [g.id for g in logs[5:]]
+        assert dd._committer.packs.entries[generation] == 5
+        await dd.close()
+        dd = await open_dd(tmp_path)
+        assert set(dd.logs) == {g.id for g in logs[5:]}
+        assert all(dd.logs[g.id].packed for g in logs[5:])
+        await dd.close()
+
+    run(go)
+
+
+def test_an_old_pack_that_is_a_whole_wal_file_is_cut_to_its_live_creates_at_start_up(
+    tmp_path: Path,
+) -> None:
+    """Packs written before this change were whole WAL files (records of other streams included):
+    the first start-up rewrites them with their live packed creates only."""
+
+    async def go() -> str:
+        dd = await open_dd(tmp_path)
+        keep = await dd.create_stream(header("/keep"), None)
+        busy = await dd.create_stream(header("/busy"), None)
+        for i in range(50):
+            await append(busy, b'"%d"' % i)
+        path = dd._committer._wal.path
+        generation = dd._committer._wal.generation
+        whole = path.read_bytes()
+        await dd.close()
+        (tmp_path / packs.PACKS_DIR / packs.pack_name(generation)).write_bytes(whole)
+        return keep.id
+
+    keep_id = run(go)
+    before = _pack_bytes(tmp_path)
+
+    async def reopen() -> None:
+        dd = await open_dd(tmp_path)
+        assert dd.logs[keep_id].packed
+        assert _pack_bytes(tmp_path) < before / 4
+        await dd.close()
+
+    run(reopen)
+
+
+def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The data directory copied as a SIGKILL would leave it just before and after every rename into
+    ``packs/`` (a new pack of a retired WAL file, a half-void pack rewritten) and before the WAL
+    file's removal: each copy starts with the same streams, each once, packed as they were."""
+    root = tmp_path / "live"
+    snapshots: list[tuple[str, Path]] = []
+    real_rename, real_unlink = os.rename, os.unlink
+
+    def snapshot(label: str) -> None:
+        into = tmp_path / f"crash{len(snapshots)}"
+        shutil.copytree(
+            root, into, ignore=lambda d, names: names if Path(d).name == "trash" else ()
+        )
+        snapshots.append((label, into))
+
+    def rename(src, dst, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(dst).endswith(".pack"):
+            snapshot(f"before renaming {dst}")
+            real_rename(src, dst, *args, **kwargs)
+            snapshot(f"after renaming {dst}")
+            return None
+        return real_rename(src, dst, *args, **kwargs)
+
+    def unlink(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        if str(path).endswith((".wal", ".dead")):
+            snapshot(f"before removing {path}")
+        return real_unlink(path, *args, **kwargs)
+
+    async def write() -> tuple[set[str], set[str], int]:
+        dd = await open_dd(root)
+        logs = [await dd.create_stream(header(f"/p{i}"), None) for i in range(10)]
+        await _checkpoint(dd)  # pack A
+        first = len(snapshots)
+        for log_ in logs[:6]:
+            await dd.delete_stream(log_)
+        await append(logs[6], b'"grown"')
+        late = [await dd.create_stream(header(f"/late{i}"), None) for i in range(2)]
+        # Retires the WAL file of the deletes, the promotion and /late*: A (7 of 10 void) is
+        # rewritten, pack B holds /late*, then the WAL file goes.
+        await _checkpoint(dd)
+        await dd.close()
+        packed = {g.id for g in logs[7:] + late}
+        return packed, packed | {logs[6].id}, first
+
+    with monkeypatch.context() as patched:
+        patched.setattr(os, "rename", rename)
+        patched.setattr(os, "unlink", unlink)
+        packed, streams, first = run(write)
+    assert len(snapshots) >= 8, [label for label, _ in snapshots]
+
+    labels = [label for label, _ in snapshots[first:]]
+    assert any("before renaming" in x for x in labels) and any(".wal" in x for x in labels), labels
+
+    async def reopen(label: str, copy: Path) -> None:
+        for _ in range(2):  # and once more after the first start-up settled the packs
+            dd = await DataDir.open(config(copy))
+            book = dd._committer.packs
+            # Every delete and the append were acknowledged before these copies were taken.
+            assert set(dd.logs) == streams, label
+            assert {i for i, log_ in dd.logs.items() if log_.packed} == packed == set(book.live)
+            assert sum(book.counts.values()) == len(packed), label
+            scanned = [
+                e[0]
+                for g in packs.pack_generations(copy / packs.PACKS_DIR)
+                for e in wal.scan(copy / packs.PACKS_DIR / packs.pack_name(g), g).entries
+            ]
+            assert sorted(scanned) == sorted(packed), label  # one entry per packed stream
+            assert not [n for n in os.listdir(copy / packs.PACKS_DIR) if n.endswith(".tmp")]
+            await dd.close()
+
+    for label, copy in snapshots[first:]:
+        run(lambda: reopen(label, copy))  # noqa: B023
