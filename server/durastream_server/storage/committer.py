@@ -539,6 +539,11 @@ class Committer:
                 results[i] = exc
                 if wal:
                     unpromoted.append(job.promote.log_id)
+                    if os.path.lexists(job.promote.final):
+                        # Left behind: once the UNPROMOTE's WAL file is retired, a restart would
+                        # take it for the stream. Until a restart (whose replay removes it), no
+                        # log writes.
+                        self._fail(exc, f"removing {job.promote.final} after a failed promotion")
         if unpromoted:
             self._unpromote(unpromoted)
         if records:

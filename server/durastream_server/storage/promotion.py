@@ -18,7 +18,8 @@ records back wherever they did not reach the disk, and the directory wins over t
 UNPROMOTE entry (synced) that voids the round's CREATE and records entries of that stream, and only then
 fails that write; the stream stays packed. So a restart never brings the failed write back (the replay
 skips a stream's entries before its UNPROMOTE, and removes a directory the failure left behind). If even
-the UNPROMOTE cannot be written, the committer stops every write until a restart (``committer.py``).
+the UNPROMOTE cannot be written, or the directory cannot be removed, the committer stops every write
+until a restart (``committer.py``).
 
 Without a WAL (``--durability none`` over a data directory written with fsync) the directory is built
 under ``staging/`` and renamed into ``streams/`` once whole (hazard 20).

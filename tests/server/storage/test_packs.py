@@ -14,6 +14,7 @@ import pytest
 
 from durastream_server import datacheck, errors
 from durastream_server.storage import DataDir, Durability, codec, committer, packs, wal
+from durastream_server.storage import promotion as promotion_module
 from durastream_server.storage.segments import segment_name
 
 from ._util import append, config, crash_copy, header, open_dd, read_all, run
@@ -570,3 +571,38 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
 
     for label, copy in snapshots[first:]:
         run(lambda: reopen(label, copy))  # noqa: B023
+
+
+def test_a_failed_promotion_whose_directory_cannot_be_removed_stops_writes_until_a_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The segment write fails after the mkdir and the directory cannot be removed either: once the
+    UNPROMOTE's WAL file were retired, a restart would take that directory for the stream. So no log
+    writes until the restart, whose replay removes it: the stream is packed and empty."""
+
+    async def go() -> str:
+        dd = await open_dd(tmp_path)
+        log = await dd.create_stream(header("/p"), None)
+        with monkeypatch.context() as patched:
+            patched.setattr(
+                promotion_module,
+                "pwrite_all",
+                lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device")),
+            )
+            patched.setattr(promotion_module.shutil, "rmtree", lambda *a, **k: None)
+            with pytest.raises(errors.InsufficientStorage):
+                await append(log, b'"lost"')
+        assert os.listdir(tmp_path / "streams") == [log.id]
+        assert dd._committer.failure is not None
+        await dd.close()
+        return log.id
+
+    log_id = run(go)
+
+    async def reopen() -> None:
+        dd = await open_dd(tmp_path)
+        assert not os.listdir(tmp_path / "streams")
+        assert dd.logs[log_id].packed and await read_all(dd.logs[log_id]) == []
+        await dd.close()
+
+    run(reopen)
