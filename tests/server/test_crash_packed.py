@@ -1,7 +1,7 @@
 """SIGKILL a real server around packed creates (decision 0010, ``storage/packs.py``), restart, check.
 
 A ``PUT`` without a body (not a fork) is *packed*: acknowledged once its WAL entry is synced, with no
-directory at all; at its checkpoint the WAL file is kept as ``packs/<generation>.pack``. Its first write
+directory at all; at its checkpoint it is copied into ``packs/<generation>.pack``. Its first write
 promotes it to a directory (``storage/promotion.py``). These tests kill the server before and after the
 checkpoint, during promotions, and after the WAL file holding a delete (or a promotion) was retired while
 the pack holding the original create is still kept: every acknowledged stream must come back once, with
@@ -244,3 +244,63 @@ def test_a_pack_whose_streams_are_all_promoted_or_deleted_is_removed(server_fact
     server.restart()
     assert _status(server, "r/a") == 404
     assert _read_all_messages(server.stream_url("r/b")) == [{"b": 1}]
+
+
+def _append_loop(
+    server: ServerProcess, names: list[str], stop: threading.Event, acked: list
+) -> None:
+    """Append to ``names`` in turn (about 2 KB each) until ``stop``; ``acked``: (name, n) answered."""
+    padding = "x" * 2000
+    n = 0
+    with requests.Session() as session:
+        while not stop.is_set():
+            name = names[n % len(names)]
+            try:
+                response = session.post(
+                    server.stream_url(name),
+                    data=f'{{"n":{n},"pad":"{padding}"}}',
+                    headers={"Content-Type": JSON},
+                    timeout=10,
+                )
+            except requests.RequestException:
+                return
+            if response.status_code not in (200, 204):
+                return
+            acked.append((name, n))
+            n += 1
+
+
+def test_one_unused_packed_stream_keeps_only_its_entry_through_checkpoints_and_a_sigkill(
+    server_factory,
+) -> None:
+    """Streams created together with one that is never written, then appended to through several
+    checkpoints (128 promoted segment files each) and SIGKILLed: the unused stream keeps only its own
+    entry in packs/ (the WAL files it was created in held everyone's appends, and were kept whole
+    before), and every acknowledged append comes back once."""
+    server = server_factory()
+    names = [f"u/{c}/{n}" for c in range(CLIENTS) for n in range(60)]
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(lambda name: _put(server, name), names[: len(names) // 2]))
+        _put(server, "u/unused")
+        list(pool.map(lambda name: _put(server, name), names[len(names) // 2 :]))
+    acked: list[list[tuple[str, int]]] = [[] for _ in range(CLIENTS)]
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        futures = [
+            pool.submit(_append_loop, server, names[c * 60 : (c + 1) * 60], stop, acked[c])
+            for c in range(CLIENTS)
+        ]
+        # Each client's first 60 appends promote its streams: 360 segment files, ~3 checkpoints.
+        kill_under_load(server, futures, stop, lambda: sum(map(len, acked)), 1200, "appends")
+    server.restart()
+    assert server.health()["quarantined"] == []
+    assert _status(server, "u/unused") == 200
+    assert _read_all_messages(server.stream_url("u/unused")) == []
+    assert server.health()["packed_streams"] == 1
+    assert sum(p.stat().st_size for p in (server.data_dir / packs.PACKS_DIR).iterdir()) < 4096
+    for c in range(CLIENTS):
+        for name in names[c * 60 : (c + 1) * 60]:
+            got = [m["n"] for m in _read_all_messages(server.stream_url(name))]
+            assert len(got) == len(set(got)), name  # nothing twice
+            wanted = [n for stream, n in acked[c] if stream == name]
+            assert got[: len(wanted)] == wanted, name  # every acknowledged append, in order
