@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -264,10 +265,10 @@ class RangeLookup:
 
 def _stream_info(entry: Mapping[str, Any]) -> StreamInfo:
     return StreamInfo(
-        path=str(entry["path"]),
-        content_type=str(entry["content_type"]),
-        next_offset=str(entry["next_offset"]),
-        closed=bool(entry["closed"]),
+        str(entry["path"]),
+        str(entry["content_type"]),
+        str(entry["next_offset"]),
+        bool(entry["closed"]),
     )
 
 
@@ -910,29 +911,44 @@ class StreamClient:
     def list_streams(
         self, prefix: str | None = None, pattern: str | None = None, *, page_size: int = 1000
     ) -> Iterator[StreamInfo]:
-        """Live streams under ``prefix`` / matching ``pattern`` (``*`` one segment, ``**`` any), by path."""
+        """Live streams under ``prefix`` / matching ``pattern`` (``*`` one segment, ``**`` any), by path.
+
+        The next page is fetched (on one helper thread) while the caller consumes the current one: a
+        listing of many pages costs about its round trips or its processing, whichever is longer, not
+        their sum."""
         self._require(ext.LISTING, "list streams")
         if not 1 <= page_size <= 10_000:
             raise ValueError(f"page_size must be in [1, 10000], got {page_size}")
         base = self.connection.url + ext.LISTING_PATH
-        after: str | None = None
-        while True:
+
+        def page(after: str | None) -> tuple[list[StreamInfo], str | None]:
             params = {"prefix": prefix, "pattern": pattern, "after": after, "limit": page_size}
             context = RequestContext("GET", base)
             reply = self._checked("GET", base + query_string(params), context, {}, ok=(200,))
             document = self._json(reply, context)
             try:
-                entries = document["streams"]
+                infos = [_stream_info(entry) for entry in document["streams"]]
                 following = document.get("next")
-                infos = [_stream_info(entry) for entry in entries]
             except (KeyError, TypeError, AttributeError) as exc:
                 raise MalformedResponse(f"malformed stream listing: {exc!r}") from None
-            yield from infos
-            if following is None:
-                return
-            if following == after:
+            if following is not None and following == after:
                 raise MalformedResponse(f"stream listing did not advance past {after!r}")
-            after = str(following)
+            return infos, None if following is None else str(following)
+
+        infos, following = page(None)
+        if following is None:  # one page: no helper thread
+            yield from infos
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="durastream-listing") as ahead:
+            while following is not None:
+                fetching = ahead.submit(page, following)
+                try:
+                    yield from infos
+                except GeneratorExit:  # the caller stopped early: drop the page in flight
+                    fetching.cancel()
+                    raise
+                infos, following = fetching.result()
+            yield from infos
 
     # ---- protocol section 6: subscriptions, as a stream listing -----------------------------------------
 

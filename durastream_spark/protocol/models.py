@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -35,14 +36,15 @@ def _token_parts(offset: str) -> tuple[str, int] | None:
     """``(generation, position)`` of a token, ``("", 0)`` for ``-1``, ``None`` for anything else."""
     if offset == START_OFFSET:
         return "", 0
-    generation, sep, position = offset.partition("_")
-    if not sep or len(generation) != 16 or len(position) != 16:
+    token = _TOKEN.fullmatch(offset)
+    if token is None:
         return None
-    if not (
-        generation.isascii() and generation.isdigit() and position.isascii() and position.isdigit()
-    ):
-        return None
-    return generation, int(position)
+    return token[1], int(token[2])
+
+
+# A token: 16 ASCII digits of generation, ``_``, 16 of position. One C match per offset (a batch over
+# 10,000 streams reads 20,000 of them while it plans).
+_TOKEN = re.compile(r"([0-9]{16})_([0-9]{16})")
 
 
 def normalize_content_type(value: str | None) -> str:
@@ -169,9 +171,8 @@ class TimeLookup:
     closed: bool
 
 
-@dataclass(frozen=True)
-class StreamInfo:
-    """One live stream from the listing extension."""
+class StreamInfo(NamedTuple):
+    """One live stream from the listing extension. A tuple: a listing of 10,000 streams makes 10,000."""
 
     path: str
     content_type: str

@@ -2,7 +2,8 @@
 
 A snapshot is taken once per ``latestOffset()`` (and once per batch read): for ``streams``, one ``HEAD`` per
 stream (in parallel when there are several); for ``pattern``, the server's listing extension (one request per
-1000 streams), which also makes streams created while the query runs appear in the next snapshot. A server
+10,000 streams, the largest page the extension allows: a 10,000-stream batch read is one or two round
+trips, not ten), which also makes streams created while the query runs appear in the next snapshot. A server
 without the listing extension but with the protocol's subscriptions (section 6, the Node reference server)
 lists through them: a pull-wake subscription for the pattern links every matching stream when it is
 created, so each snapshot creates one, reads its streams and deletes it (three requests), then ``HEAD``s
@@ -19,11 +20,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from durastream_spark.errors import ExtensionNotSupported, StreamGone, StreamNotFound
 
@@ -33,11 +33,14 @@ if TYPE_CHECKING:  # the client imports the package root: importing it here woul
 log = logging.getLogger(__name__)
 
 _HEAD_PARALLELISM = 16
+# The listing extension's largest page (docs/extensions.md section 4): the listing's time is mostly
+# round trips, and a page's server cost is O(log n + limit) whatever its size.
+LISTING_PAGE = 10_000
 
 
-@dataclass(frozen=True)
-class StreamState:
-    """One stream as the server described it: its tail (next offset), closure and content type."""
+class StreamState(NamedTuple):
+    """One stream as the server described it: its tail (next offset), closure and content type. A
+    tuple: a snapshot of 10,000 streams makes 10,000."""
 
     path: str
     tail: str
@@ -136,23 +139,34 @@ class StreamCatalog:
     def snapshot(self) -> dict[str, StreamState]:
         """``{path: StreamState}`` of every selected stream that exists now (sorted by path)."""
         if self.pattern is not None and self.client.extensions().listing:
+            selected = self._selector()
             found = {
                 info.path: StreamState(info.path, info.next_offset, info.closed, info.content_type)
-                for info in self.client.list_streams(pattern=self.pattern)
-                if self._selected(info.path)  # defensive: the server filtered already
+                for info in self.client.list_streams(pattern=self.pattern, page_size=LISTING_PAGE)
+                if selected(info.path)  # defensive: the server filtered already
             }
         elif self.pattern is not None:
             wake = (self.exclude_prefix or "__durastream/") + "__wake"
             paths = self.client.subscription_streams(whole_segment_glob(self.pattern), wake)
-            found = self._heads(tuple(sorted({p for p in paths if self._selected(p)})))
+            selected = self._selector()
+            found = self._heads(tuple(sorted({p for p in paths if selected(p)})))
         else:
             found = self._heads(self.streams)
         return {path: found[path] for path in sorted(found)}
 
-    def _selected(self, path: str) -> bool:
+    def _selector(self) -> Callable[[str], bool]:
+        """The test of one path, built once per snapshot: a listing of 10,000 streams checks each
+        path with one compiled regex call, not a cache lookup and two method calls per path."""
         assert self.pattern is not None
-        excluded = self.exclude_prefix is not None and path.startswith(self.exclude_prefix)
-        return glob_matches(self.pattern, path) and not excluded
+        pattern, excluded = self.pattern, self.exclude_prefix
+        whole = _whole_regex(pattern)
+        if whole is not None and excluded is None:
+            return lambda path: whole.fullmatch(path) is not None
+        if whole is not None:
+            return lambda path: whole.fullmatch(path) is not None and not path.startswith(excluded)
+        return lambda path: (
+            glob_matches(pattern, path) and not (excluded is not None and path.startswith(excluded))
+        )
 
     def _heads(self, paths: tuple[str, ...]) -> dict[str, StreamState]:
         if len(paths) <= 1:

@@ -17,14 +17,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from durastream_spark.source.planner import RangeSize, SplitRules
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
     """A range, or a part of one, with its size (``messages`` 0 when it was sized by its offsets'
-    byte positions, which do not count messages)."""
+    byte positions, which do not count messages). A tuple: a batch over 10,000 streams makes one per
+    range, and a tuple is built and read in C."""
 
     stream: str
     start: str

@@ -108,10 +108,19 @@ class Partitioner:
         else:
             measured = measure(self.client, ranges, sizes, self._lost)
             caps = task_caps(measured.values(), self.rules)
-        readable = [item for item in ranges if _holds_data(measured.get(item.stream, _EMPTY))]
         pieces: list[Piece] = []
-        for item in readable:
-            pieces.extend(self._pieces(item, measured[item.stream], caps))
+        add = pieces.append
+        most_bytes, most_messages = caps.bytes, caps.messages
+        for item in ranges:  # one pass; a range within the caps is one piece, no cut to plan
+            size = measured.get(item.stream)
+            if size is None or not (size.messages or size.bytes):
+                continue  # lost since the listing, or empty
+            if size.bytes <= most_bytes and (
+                most_messages is None or size.messages <= most_messages
+            ):
+                add(Piece(item.stream, item.start, item.end, size))
+            else:
+                pieces.extend(self._pieces(item, size, caps))
         result: list[RangePartition | PackedPartition] = []
         for task in pack(pieces, caps):
             if len(task) == 1:
@@ -123,16 +132,11 @@ class Partitioner:
                     )
                 )
                 continue
+            fallback = self._content_type({}, "")  # a stream gone since the listing
+            known = content_types.get
             segments = tuple(
-                Segment(
-                    piece.stream,
-                    piece.start,
-                    piece.end,
-                    self._content_type(content_types, piece.stream),
-                    piece.size.messages,
-                    piece.size.bytes,
-                )
-                for piece in task
+                Segment(stream, start, end, known(stream, fallback), size[0], size[1])
+                for stream, start, end, size in task
             )
             result.append(PackedPartition(segments, route, extensions))
         return result
@@ -245,11 +249,3 @@ class Partitioner:
             left = RangeSize(left.messages - part.messages, left.bytes - part.bytes)
             pieces.append(Piece(item.stream, begin, finish, part))
         return pieces
-
-
-_EMPTY = RangeSize(0, 0)
-
-
-def _holds_data(size: RangeSize) -> bool:
-    """Measured by lookup (messages counted) or by positions (bytes only)."""
-    return size.messages > 0 or size.bytes > 0

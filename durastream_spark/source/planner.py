@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from durastream_spark.errors import OptionError
 from durastream_spark.source.offsets import (
@@ -34,9 +35,9 @@ from durastream_spark.source.offsets import (
 )
 
 
-@dataclass(frozen=True)
-class StreamRange:
-    """``[start, end)`` of one stream. ``start`` is ``EARLIEST`` or a token; ``end`` is a token."""
+class StreamRange(NamedTuple):
+    """``[start, end)`` of one stream. ``start`` is ``EARLIEST`` or a token; ``end`` is a token. A
+    tuple, as ``RangeSize``: a batch over 10,000 streams makes one per stream."""
 
     stream: str
     start: str
@@ -53,9 +54,9 @@ class LossNotice:
     reason: str
 
 
-@dataclass(frozen=True)
-class RangeSize:
-    """How much a range holds, as the server's limit lookup counts it (messages, payload bytes)."""
+class RangeSize(NamedTuple):
+    """How much a range holds, as the server's limit lookup counts it (messages, payload bytes). A
+    tuple: planning a batch over 10,000 streams makes one per range."""
 
     messages: int
     bytes: int
@@ -198,6 +199,14 @@ def batch_ranges(
     """``spark.read`` ranges from the two specs (instants already resolved) and the current tails. Raises
     ``OptionError`` (naming ``starting_option``/``ending_option``) when a spec names an offset past a
     stream's tail or a start after its end."""
+    if isinstance(starting, EarliestSpec) and isinstance(ending, LatestSpec):
+        # The default read, each stream whole up to its tail: nothing can be out of bounds, and a
+        # read of 10,000 streams needs no per-stream checks.
+        return [
+            StreamRange(path, EARLIEST, tail)
+            for path, tail in sorted(tails.items())
+            if tail != EARLIEST  # a server that names an empty stream's tail -1: nothing to read
+        ]
     ranges: list[StreamRange] = []
     for path in sorted(tails):
         tail = tails[path]

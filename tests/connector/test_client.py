@@ -339,6 +339,22 @@ def test_listing_follows_pages_that_found_nothing(server_factory) -> None:
     assert found == [prefix + "zz/hit"]
 
 
+def test_a_listing_stopped_early_leaves_the_client_usable(client: StreamClient) -> None:
+    """The next page is fetched while the caller reads the current one: a caller that stops after the
+    first stream gets it, the page in flight is dropped, and the client keeps working (the same
+    listing read to the end still holds every stream once, in order)."""
+    require(client, ext.LISTING)
+    prefix = f"early-{uuid.uuid4().hex}/"
+    names = [f"{prefix}{n}" for n in range(7)]
+    for name in names:
+        client.create(name, JSON)
+    listing = client.list_streams(prefix=prefix, page_size=2)
+    assert next(listing).path == names[0]
+    listing.close()
+    assert [s.path for s in client.list_streams(prefix=prefix, page_size=2)] == names
+    assert client.head(names[-1]).content_type == JSON
+
+
 def test_staged_append_commit_and_abort(client: StreamClient, path: str) -> None:
     require(client, ext.STAGED_APPEND)
     tail = client.create(path, JSON).next_offset

@@ -111,3 +111,16 @@ def test_many_stars_in_one_segment_do_not_backtrack() -> None:
     worker.start()
     worker.join(30)
     assert result == [False]
+
+
+def test_the_common_shape_is_one_regex_without_backtracking() -> None:
+    """No ``**`` and at most one ``*`` per segment (``sessions/*``): matched as one compiled regex
+    (a listing page checks 10,000 paths), which cannot backtrack past a ``/``: a long segment costs
+    one scan. Other shapes keep the segment walk. Agreement with the definition is the property test
+    above."""
+    common = compile_pattern("x/a*b/*")
+    assert common.whole is not None
+    assert compile_pattern("x/**").whole is None and compile_pattern("x/*a*b").whole is None
+    assert common.matches("x/a" + "a" * 200_000 + "c/y") is False
+    assert common.matches("x/a" + "/" * 1000 + "b/y") is False
+    assert common.matches("x/a\nb/y") is True

@@ -22,6 +22,7 @@ from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.extensions import (
     BYTE_POSITIONS,
     CHANGES_PATH,
+    LISTING_PATH,
     LOOKUPS_PATH,
     READS_PATH,
 )
@@ -279,6 +280,24 @@ def filled(server, streams: Streams, name: str, **chosen) -> tuple[list[str], di
     base = unique(name)
     paths = fill(streams, base)
     return paths, options_for(server, pattern=f"{base}/*", **chosen)
+
+
+def test_a_pattern_over_more_than_a_thousand_streams_is_listed_in_one_request(
+    durastream_server, streams: Streams, exchanges
+) -> None:
+    """The listing asks for the largest page the extension allows (10,000 streams): 1,050 streams are
+    one listing request, not two (the planning of a batch read over many streams waits on each)."""
+    base = unique("one-page")
+    with requests.Session() as session:
+        for n in range(1050):
+            url = durastream_server.stream_url(f"{base}/s{n:04d}")
+            put = session.put(url, headers={"Content-Type": "application/json"}, timeout=30)
+            assert put.status_code == 201
+    exchanges.clear()
+    catalog = batch_reader(options_for(durastream_server, pattern=f"{base}/*"), DEFAULT_SCHEMA)
+    assert catalog.partitions() == []  # empty streams: nothing to read
+    listings = [url for _, url in exchanges if LISTING_PATH in url]
+    assert len(listings) == 1, listings
 
 
 def test_a_batch_read_is_packed_by_byte_positions_without_lookups(

@@ -139,6 +139,22 @@ def test_batch_ranges_resolve_specs_against_tails() -> None:
     assert batch_ranges(starting, ending, tails) == [StreamRange("a", tok(4), tok(8))]
 
 
+def test_the_default_read_takes_every_stream_whole_as_the_general_rules_do() -> None:
+    """earliest -> latest skips the per-stream checks (nothing can be out of bounds) and gives what the
+    general path gives for the same ends: an empty stream whose tail is ``-1`` has no range."""
+    tails = {"b": tok(20), "a": tok(10), "empty": EARLIEST, "zero": tok(0)}
+    every = SpecificSpec((), EARLIEST)  # the general path with the same ends
+    assert (
+        batch_ranges(EarliestSpec(), LatestSpec(), tails)
+        == batch_ranges(every, SpecificSpec((), LATEST), tails)
+        == [
+            StreamRange("a", EARLIEST, tok(10)),
+            StreamRange("b", EARLIEST, tok(20)),
+            StreamRange("zero", EARLIEST, tok(0)),
+        ]
+    )
+
+
 @pytest.mark.parametrize(
     "starting, ending, option",
     [
