@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -61,7 +62,7 @@ from typing import Any, Protocol
 
 from durastream_server.storage.files import FdCache, Handle, fsync_dir, is_out_of_space
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
-from durastream_server.storage.packs import PackBook
+from durastream_server.storage.packs import PackBook, Retirement
 from durastream_server.storage.records import AppendEntry, SoftDelete
 from durastream_server.storage.wal import Kind, WalEntry, WalFile
 from durastream_server.storage.writer import (
@@ -205,6 +206,8 @@ class Committer:
         self._drops: list[tuple[str, asyncio.Future[None]]] = []
         # Streams whose create entry is in a WAL file not yet removed: WAL generation -> log ids.
         self._fresh: dict[str, int] = {}
+        # Retired WAL files whose packs could not be written yet (out of space), oldest first.
+        self._unpacked: list[tuple[Retirement, WalFile]] = []
         self._task: asyncio.Task[None] | None = None
         self._rotate = False  # the next round starts a new WAL file
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -383,22 +386,15 @@ class Committer:
                 await asyncio.gather(*(loop.run_in_executor(self._io, _sync_dirs, d) for d in dirs))
                 await loop.run_in_executor(self._io, fsync_dir, os.path.dirname(made[0]))
             if retired.wal is not None:
-                # Packs (packs.py): the sidecars of what this file made void (or those packs
-                # rewritten), then its live packed creates written as a pack, then it is removed.
-                generation = retired.wal.generation
-                plan = self.packs.plan(generation)
-                carried = await loop.run_in_executor(
-                    self._io,
-                    lambda: self.packs.carry_out(plan, retired.wal, sync=True),
-                )
-                self.packs.carried_out(plan, carried)
-                for log_id in [i for i, g in self._fresh.items() if g <= generation]:
-                    del self._fresh[log_id]
+                self._unpacked.append((self.packs.plan(retired.wal.generation), retired.wal))
+            await self._carry_out_packs()
         except OSError as exc:
             self._fail(exc, "a checkpoint (syncing segment files before removing their WAL) failed")
-            if retired.wal is not None:
+            unpacked = [wal for _, wal in self._unpacked]
+            self._unpacked.clear()
+            for wal in {id(w): w for w in [*unpacked, retired.wal] if w is not None}.values():
                 with contextlib.suppress(OSError):
-                    retired.wal.close()
+                    wal.close()
         finally:
             for handle in handles:
                 self._cache.release(handle)
@@ -407,6 +403,37 @@ class Committer:
         if self._wal is None or not self._wal.end:
             return
         self._arm_idle_timer()
+
+    async def _carry_out_packs(self) -> None:
+        """Packs (packs.py) of the retired WAL files, oldest first: the sidecars of what each file
+        made void (or those packs rewritten), then its live packed creates written as a pack, then the
+        file is removed. Unlike the syncs before it, this writes new bytes, so it can run out of space;
+        then the WAL files stay (their segments are synced already: a restart's replay only reads
+        them again, and they still hold every create, drop and promotion the packs lack), writes go on,
+        and the next checkpoint tries again from the oldest. Redoing a half-done plan is harmless: a
+        sidecar line written twice names the same id, a pack is replaced whole. Any other error raises
+        (the checkpoint fails the committer)."""
+        loop = asyncio.get_running_loop()
+        while self._unpacked:
+            plan, wal = self._unpacked[0]
+            try:
+                carried = await loop.run_in_executor(
+                    self._io, functools.partial(self.packs.carry_out, plan, wal, sync=True)
+                )
+            except OSError as exc:
+                if not is_out_of_space(exc):
+                    raise
+                log.warning(
+                    "no space to write the packs of %d retired WAL file(s) (%r); they stay in "
+                    "wal/ and the next checkpoint tries again",
+                    len(self._unpacked),
+                    exc,
+                )
+                return
+            del self._unpacked[0]
+            self.packs.carried_out(plan, carried)
+            for log_id in [i for i, g in self._fresh.items() if g <= plan.generation]:
+                del self._fresh[log_id]
 
     def _fail(self, exc: BaseException, what: str) -> None:
         if self._failure is None:
@@ -437,6 +464,8 @@ class Committer:
                 await self._run_checkpoint(retired)
         if self._wal is not None:
             self._wal.close()
+        for _, wal in self._unpacked:  # still out of space: a restart reads them again
+            wal.close()
         self._thread.shutdown(wait=True)
 
     # ------------------------------------------------------------------------- the worker thread

@@ -54,6 +54,7 @@ packed (``promotion.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -174,9 +175,11 @@ class WalFile:
             self.fd = -1
 
     def remove(self) -> None:
-        """Close and delete (after a checkpoint: every byte in it is synced in its segment)."""
+        """Close and delete (after a checkpoint: every byte in it is synced in its segment). Gone
+        already is fine: a checkpoint redone after running out of space may have removed it."""
         self.close()
-        os.unlink(self.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
         fsync_dir(self.directory)
 
 

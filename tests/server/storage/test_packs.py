@@ -606,3 +606,72 @@ def test_a_failed_promotion_whose_directory_cannot_be_removed_stops_writes_until
         await dd.close()
 
     run(reopen)
+
+
+def test_no_space_for_a_pack_keeps_its_wal_file_writes_go_on_and_the_next_checkpoint_writes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint's pack is new bytes: on a full disk it cannot be written. The retired WAL file then
+    stays (it still holds the packed creates), no stream stops accepting writes, and once there is
+    space the next checkpoint writes the packs of every file left, oldest first. A crash or a clean
+    close meanwhile reads the files left in wal/ again."""
+
+    def no_space(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def wal_files(root: Path) -> list[str]:
+        return sorted(os.listdir(root / "wal"))
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        with monkeypatch.context() as patched:
+            patched.setattr(packs, "write_pack", no_space)
+            first = await dd.create_stream(header("/first"), None)
+            await _checkpoint(dd)
+            second = await dd.create_stream(header("/second"), None)
+            busy = await dd.create_stream(header("/busy"), None)
+            await append(busy, b'"1"')  # a promotion: writes go on
+            await _checkpoint(dd)
+            assert dd._committer.failure is None
+            assert len(dd._committer._unpacked) == 2
+            assert not [n for n in _packs(tmp_path) if n.endswith(".pack")]
+            assert len(wal_files(tmp_path)) == 2  # both retired files kept
+            await append(busy, b'"2"')
+            crashed = crash_copy(tmp_path, tmp_path.parent / "crashed")
+        await _checkpoint(dd)  # space again: both files' packs written, the files removed
+        assert dd._committer._unpacked == [] and dd._committer.failure is None
+        assert len([n for n in _packs(tmp_path) if n.endswith(".pack")]) == 2
+        assert len(wal_files(tmp_path)) <= 1
+        assert dd.packed_streams == 2
+        await dd.close()
+        for root in (tmp_path, crashed):
+            dd = await open_dd(root)
+            assert dd.logs[first.id].packed and dd.logs[second.id].packed
+            assert await read_all(dd.logs[first.id]) == []
+            assert await read_all(dd.logs[busy.id]) == [b'"1"', b'"2"']
+            assert dd.packed_streams == 2
+            await dd.close()
+
+    run(go)
+
+
+def test_a_close_while_out_of_space_for_packs_leaves_the_wal_files_to_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_space(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        with monkeypatch.context() as patched:
+            patched.setattr(packs, "write_pack", no_space)
+            made = [await dd.create_stream(header(f"/k{i}"), None) for i in range(3)]
+            await dd.close()
+        assert os.listdir(tmp_path / "wal")  # kept: they hold the packed creates
+        dd = await open_dd(tmp_path)
+        assert all(dd.logs[log.id].packed for log in made)
+        await dd.close()
+        assert not os.listdir(tmp_path / "wal")
+        assert [n for n in _packs(tmp_path) if n.endswith(".pack")]
+
+    run(go)
