@@ -13,7 +13,9 @@ Per stream it checks:
   builds (same points, ordinals and times);
 - staged-append files: header and every record (a bad record followed by valid data is damage), and
   the tombstones file.
-Then the subscriptions' state files and the quarantine.
+Then the packed streams (``storage/packs.py``: streams that are a create entry in ``packs/`` or ``wal/``,
+with no directory yet; reported as empty streams, with 0 segments), the subscriptions' state files and the
+quarantine.
 
 Findings are ``damage`` (data the server cannot serve as acknowledged: it would quarantine the stream or
 refuse a handle) or ``repair`` (what start-up fixes by itself with nothing acknowledged lost: a torn tail
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from durastream_server.storage import recovery
+from durastream_server.storage import codec, packs, recovery
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.quarantine import QUARANTINE_DIR
 from durastream_server.storage.records import StreamHeader
@@ -302,6 +304,8 @@ class DirectoryReport:
     subscriptions: int = 0
     bytes_read: int = 0
     seconds: float = 0.0
+    packed: int = 0  # packed streams (no directory yet)
+    packs_bytes: int = 0  # bytes of the files in packs/
 
     @property
     def damaged(self) -> bool:
@@ -334,11 +338,41 @@ def verify_dir(root: Path, only: str | None = None) -> DirectoryReport:
             continue
         report.streams.append(stream)
         report.bytes_read += stream.bytes_on_disk
+    _verify_packed(root, only, report)
     if only is None:
         _verify_subscriptions(root / "meta" / "subscriptions" / "subscriptions", report)
         report.quarantined = _quarantined(root)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _verify_packed(root: Path, only: str | None, report: DirectoryReport) -> None:
+    """Packed streams, as the server would find them at start-up (``packs.survey``, read only)."""
+    found = packs.survey(root, packs.wal_scans(root))
+    for path, start, end in found.damaged:
+        report.findings.append(
+            Finding(DAMAGE, "pack", f"{path.name}: bytes {start}-{end} are damaged")
+        )
+    for generation, _ in found.pack_scans:
+        pack = root / packs.PACKS_DIR / packs.pack_name(generation)
+        report.packs_bytes += pack.stat().st_size
+        report.bytes_read += pack.stat().st_size
+    for log_id, (_, frame) in sorted(found.live.items()):
+        stream = StreamReport(log_id)
+        try:
+            header = packs.decode_header_frame(frame)
+        except codec.CorruptRecord as exc:
+            stream.note(DAMAGE, "header", f"packed create: {exc}")
+            report.streams.append(stream)
+            continue
+        if only is not None and header.path != only:
+            continue
+        report.packed += 1
+        _describe(stream, header)
+        stream.tail = header.fork_position
+        stream.messages = 0
+        stream.closed = stream.soft_deleted = False
+        report.streams.append(stream)
 
 
 def _verify_subscriptions(directory: Path, report: DirectoryReport) -> None:

@@ -180,8 +180,15 @@ def _damage_header(data_dir: Path) -> str:
 
 
 def _damage_missing_segment(data_dir: Path) -> str:
-    (stream_dir(data_dir, "wake/pool") / ("0" * 20 + ".seg")).unlink()
+    (stream_dir(data_dir, "tenant/staged") / ("0" * 20 + ".seg")).unlink()
     return "segment"
+
+
+def _damage_pack(data_dir: Path) -> str:
+    """wake/pool was never written: it is a packed create, in a pack (storage/packs.py)."""
+    [pack] = (data_dir / "packs").glob("*.pack")
+    flip(pack, pack.read_bytes().index(b"wake/pool"))
+    return "pack"
 
 
 def _damage_snapshot(data_dir: Path) -> str:
@@ -226,6 +233,7 @@ def _damage_subscription(data_dir: Path) -> str:
         _damage_record,
         _damage_header,
         _damage_missing_segment,
+        _damage_pack,
         _damage_snapshot,
         _damage_index,
         _damage_staging,

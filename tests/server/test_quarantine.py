@@ -129,7 +129,9 @@ def test_unusable_stream_header_is_quarantined_while_the_others_are_served(
 ) -> None:
     server = server_factory()
     for name in ("good", "victim/expiry", "victim/type", "victim/json"):
-        response = requests.put(server.stream_url(name), headers={"Content-Type": TEXT})
+        # Victims with data: a directory (a PUT without a body is packed, storage/packs.py).
+        body = b"" if name == "good" else b"x"
+        response = requests.put(server.stream_url(name), data=body, headers={"Content-Type": TEXT})
         assert response.status_code == 201
     assert requests.post(server.stream_url("good"), data=b"ok", headers={"Content-Type": TEXT}).ok
     _kill_once_checkpointed(server)
@@ -213,7 +215,8 @@ def test_healthz_lists_quarantined_streams_without_paths_when_tokens_are_require
     args = ["--auth-token", "secret-token-1234"] if auth else []
     server = server_factory(extra_args=args)
     headers = {"Authorization": "Bearer secret-token-1234", "Content-Type": TEXT}
-    assert requests.put(server.stream_url("tenant-a/secret"), headers=headers).status_code == 201
+    secret = server.stream_url("tenant-a/secret")
+    assert requests.put(secret, data=b"x", headers=headers).status_code == 201
     _kill_once_checkpointed(server)
     directory = _stream_dirs(server.data_dir)["tenant-a/secret"]
     _write_header(

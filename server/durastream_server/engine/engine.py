@@ -238,6 +238,12 @@ class Engine:
         """Stream directories not recovered yet (``/healthz``)."""
         return self._recovery.remaining
 
+    @property
+    def packs(self) -> tuple[int, int]:
+        """Packed streams (no directory yet) and the bytes ``packs/`` holds for them (``/healthz``;
+        ``storage/packs.py``)."""
+        return self._data.packed_streams, self._data.packs_bytes
+
     async def prepare(self, path: str) -> None:
         """Recover ``path``'s streams now if they are still pending: a request naming a path calls
         this before anything else while ``recovering`` (the HTTP layer does)."""

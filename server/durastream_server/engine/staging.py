@@ -297,6 +297,7 @@ class TxnManager:
                 path, [header_frame, codec.encode_append(entry)], sync=sync
             )
 
+        await inc.log.ensure_directory()  # a packed stream gets its directory (storage/packs.py)
         try:
             end = await self._io(create)
         except OSError as exc:
@@ -543,6 +544,7 @@ class TxnManager:
             txnfile.make_txn_dir(inc.log.directory, sync=sync)
             txnfile.append_tombstones(space.txn_dir, entries, sync=sync)
 
+        await inc.log.ensure_directory()
         try:
             await self._io(write)
         except OSError as exc:

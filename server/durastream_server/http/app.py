@@ -512,6 +512,7 @@ class DurastreamApp:
             # Serving while streams still recover (engine/recovery.py): how many are left.
             document["recovering"] = engine.recovering
             document["streams_pending"] = engine.streams_pending
+            document["packed_streams"], document["packs_bytes"] = engine.packs
             count, entries = engine.quarantined(HEALTH_QUARANTINE_LIST)
             document["quarantined_count"] = count
             document["quarantined"] = self._quarantined(entries)

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import os
 import time
@@ -60,10 +62,12 @@ from typing import Any, Protocol
 
 from durastream_server.storage.files import FdCache, Handle, fsync_dir, is_out_of_space
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
+from durastream_server.storage.packs import PackBook, Retirement
 from durastream_server.storage.records import AppendEntry, SoftDelete
 from durastream_server.storage.wal import Kind, WalEntry, WalFile
 from durastream_server.storage.writer import (
     BatchResult,
+    Chunk,
     WriteTarget,
     lay_out,
     payload,
@@ -93,6 +97,41 @@ class RoundJob:
     seg_base: int  # the log's last segment
     end: int  # the log's file end
     cost: int  # what the batch counts against the round's size (``log._batch_bytes``)
+    promote: Promotion | None = None  # a packed stream's first write: make its directory too
+
+
+class Promotion(Protocol):
+    """A packed stream given its directory by its first write, in that write's round
+    (``promotion.py``)."""
+
+    @property
+    def log_id(self) -> str: ...
+
+    @property
+    def header_frame(self) -> bytes: ...
+
+    @property
+    def final(self) -> str: ...  # its directory in streams/
+
+    @property
+    def staged(self) -> str: ...  # where it is built without a WAL (staging/)
+
+    def make(self) -> Handle:
+        """After the WAL sync: make the directory in ``streams/`` with its first segment holding the
+        header record (unsynced); returns the segment's handle, cached and referenced once."""
+        ...
+
+    def stage(self) -> Handle:
+        """Without a WAL: ``make`` under ``staging/`` (``place`` renames it into ``streams/``)."""
+        ...
+
+    def place(self) -> None: ...
+
+    def abandon(self) -> None:
+        """Remove whatever ``make`` or ``stage`` made (best effort, never raises)."""
+        ...
+
+    def catalog_line(self) -> bytes: ...
 
 
 class Creation(Protocol):
@@ -103,6 +142,9 @@ class Creation(Protocol):
 
     @property
     def data(self) -> bytes: ...  # the first segment's content: header record and initial data
+
+    @property
+    def packed(self) -> bool: ...  # a packed create (packs.py): the WAL entry alone, no directory
 
     def materialize(self) -> tuple[Handle, str]:
         """Make the directory and its first segment, unsynced (after the round's WAL sync). Returns
@@ -142,8 +184,11 @@ class Committer:
         wal_dir: Path | None,
         metrics: WriteMetrics = NO_METRICS,
         on_made: Callable[[list[Any]], None] | None = None,
+        packs_root: Path | None = None,
     ) -> None:
         self._cache = cache
+        # Live packed creates and the files holding them (packs.py).
+        self.packs = PackBook(packs_root)
         # Told the creations a round made, in one call (the data directory's catalog lines: one
         # write per round, not one per create). Runs in the worker thread; must not raise.
         self._on_made = on_made
@@ -157,9 +202,12 @@ class Committer:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="durastream-commit")
         self._ready: dict[Member, None] = {}  # logs waiting for a turn, in order (a set)
         self._creates: list[tuple[Creation, asyncio.Future[None]]] = []  # waiting for a round
+        self._packed: list[tuple[Creation, asyncio.Future[None]]] = []  # packed creates, likewise
         self._drops: list[tuple[str, asyncio.Future[None]]] = []
         # Streams whose create entry is in a WAL file not yet removed: WAL generation -> log ids.
         self._fresh: dict[str, int] = {}
+        # Retired WAL files whose packs could not be written yet (out of space), oldest first.
+        self._unpacked: list[tuple[Retirement, WalFile]] = []
         self._task: asyncio.Task[None] | None = None
         self._rotate = False  # the next round starts a new WAL file
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -191,7 +239,7 @@ class Committer:
         bring the whole stream back, never half of it)."""
         assert self._wal_dir is not None, "creates ride rounds only with a WAL"
         done = asyncio.get_running_loop().create_future()
-        self._creates.append((creation, done))
+        (self._packed if creation.packed else self._creates).append((creation, done))
         self._start()
         await done
 
@@ -201,8 +249,15 @@ class Committer:
 
     async def drop(self, log_id: str) -> None:
         """Before the directory of a fresh stream goes: a durable drop entry, so that a restart does
-        not make it again from its create entry (a no-op for a stream that is not fresh)."""
-        if log_id not in self._fresh:
+        not make it again from its create entry (a no-op for a stream that is not fresh). For a
+        packed stream the drop makes its packed create void (packs.py)."""
+        if log_id not in self._fresh and not self.packs.is_packed(log_id):
+            return
+        if self._wal_dir is None:
+            # --durability none over a data directory that has packs (written with fsync): no WAL
+            # to say it, so the pack's sidecar does (unsynced, as everything is then).
+            await asyncio.get_running_loop().run_in_executor(self._io, self.packs.void_now, log_id)
+            self.packs.forget(log_id)
             return
         done = asyncio.get_running_loop().create_future()
         self._drops.append((log_id, done))
@@ -220,7 +275,7 @@ class Committer:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while self._ready or self._rotate or self._creates or self._drops:
+            while self._ready or self._rotate or self._creates or self._drops or self._packed:
                 members = list(self._ready)
                 self._ready.clear()
                 jobs: list[tuple[Member, RoundJob]] = []
@@ -240,7 +295,8 @@ class Committer:
                 room = max(0, 2 * self._checkpoint_files - (0 if rotate else len(self._pins)))
                 creates, self._creates = self._creates[:room], self._creates[room:]
                 drops, self._drops = self._drops, []
-                if not jobs and not rotate and not creates and not drops:
+                packed, self._packed = self._packed, []
+                if not jobs and not rotate and not creates and not drops and not packed:
                     if self._creates and self._checkpoint is not None:
                         await asyncio.shield(self._checkpoint)
                     elif self._creates:
@@ -254,25 +310,38 @@ class Committer:
                         rotate,
                         [creation for creation, _ in creates],
                         [log_id for log_id, _ in drops],
+                        [creation for creation, _ in packed],
                     )
                 except BaseException as exc:  # a bug (or cancellation): never leave a log waiting
                     failure = exc if isinstance(exc, Exception) else RuntimeError("round cancelled")
                     for member, _ in jobs:
                         member.round_done(failure)
-                    for _, done in creates + drops:
+                    for _, done in creates + drops + packed:
                         if not done.done():
                             done.set_exception(failure)
                     raise
                 self.rounds += 1
                 if retired is not None:
                     self._checkpoint = loop.create_task(self._run_checkpoint(retired))
-                for (member, _), result in zip(jobs, results, strict=True):
+                for (member, job), result in zip(jobs, results, strict=True):
+                    if job.promote is not None and not isinstance(result, BaseException):
+                        if self._wal_dir is None:
+                            self.packs.forget(job.promote.log_id)  # its sidecar says so already
+                        else:
+                            self._fresh[job.promote.log_id] = generation
+                            self.packs.superseded(job.promote.log_id, generation)
                     member.round_done(result)
                 for (creation, done), outcome in zip(creates, made, strict=True):
                     if outcome is None:
                         self._fresh[creation.log_id] = generation
                     _settle(done, outcome)
-                for _, done in drops:
+                for log_id, done in drops:
+                    if dropped is None:
+                        self.packs.superseded(log_id, generation)
+                    _settle(done, dropped)
+                for creation, done in packed:
+                    if dropped is None:  # the round's WAL write (and so each packed create) held
+                        self.packs.created(creation.log_id, generation, creation.data)
                     _settle(done, dropped)
         finally:
             self._task = None
@@ -317,22 +386,54 @@ class Committer:
                 await asyncio.gather(*(loop.run_in_executor(self._io, _sync_dirs, d) for d in dirs))
                 await loop.run_in_executor(self._io, fsync_dir, os.path.dirname(made[0]))
             if retired.wal is not None:
-                await loop.run_in_executor(self._io, retired.wal.remove)
-                generation = retired.wal.generation
-                for log_id in [i for i, g in self._fresh.items() if g <= generation]:
-                    del self._fresh[log_id]
+                self._unpacked.append((self.packs.plan(retired.wal.generation), retired.wal))
+            await self._carry_out_packs()
         except OSError as exc:
             self._fail(exc, "a checkpoint (syncing segment files before removing their WAL) failed")
-            if retired.wal is not None:
+            unpacked = [wal for _, wal in self._unpacked]
+            self._unpacked.clear()
+            for wal in {id(w): w for w in [*unpacked, retired.wal] if w is not None}.values():
                 with contextlib.suppress(OSError):
-                    retired.wal.close()
+                    wal.close()
         finally:
             for handle in handles:
                 self._cache.release(handle)
+            self._cache.trim()  # promotions are not held back by pins as creates are
             self._checkpoint = None
         if self._wal is None or not self._wal.end:
             return
         self._arm_idle_timer()
+
+    async def _carry_out_packs(self) -> None:
+        """Packs (packs.py) of the retired WAL files, oldest first: the sidecars of what each file
+        made void (or those packs rewritten), then its live packed creates written as a pack, then the
+        file is removed. Unlike the syncs before it, this writes new bytes, so it can run out of space;
+        then the WAL files stay (their segments are synced already: a restart's replay only reads
+        them again, and they still hold every create, drop and promotion the packs lack), writes go on,
+        and the next checkpoint tries again from the oldest. Redoing a half-done plan is harmless: a
+        sidecar line written twice names the same id, a pack is replaced whole. Any other error raises
+        (the checkpoint fails the committer)."""
+        loop = asyncio.get_running_loop()
+        while self._unpacked:
+            plan, wal = self._unpacked[0]
+            try:
+                carried = await loop.run_in_executor(
+                    self._io, functools.partial(self.packs.carry_out, plan, wal, sync=True)
+                )
+            except OSError as exc:
+                if not is_out_of_space(exc):
+                    raise
+                log.warning(
+                    "no space to write the packs of %d retired WAL file(s) (%r); they stay in "
+                    "wal/ and the next checkpoint tries again",
+                    len(self._unpacked),
+                    exc,
+                )
+                return
+            del self._unpacked[0]
+            self.packs.carried_out(plan, carried)
+            for log_id in [i for i, g in self._fresh.items() if g <= plan.generation]:
+                del self._fresh[log_id]
 
     def _fail(self, exc: BaseException, what: str) -> None:
         if self._failure is None:
@@ -357,12 +458,14 @@ class Committer:
             await asyncio.shield(self._checkpoint)
         if (self._wal is not None or self._pins or self._made) and self._failure is None:
             *_, retired = await asyncio.get_running_loop().run_in_executor(
-                self._thread, self._write_round, [], True, [], []
+                self._thread, self._write_round, [], True, [], [], []
             )
             if retired is not None:
                 await self._run_checkpoint(retired)
         if self._wal is not None:
             self._wal.close()
+        for _, wal in self._unpacked:  # still out of space: a restart reads them again
+            wal.close()
         self._thread.shutdown(wait=True)
 
     # ------------------------------------------------------------------------- the worker thread
@@ -373,6 +476,7 @@ class Committer:
         rotate: bool,
         creates: list[Creation],
         drops: list[str],
+        packed: list[Creation],
     ) -> tuple[
         list[BatchResult | BaseException],
         list[BaseException | None],
@@ -381,7 +485,10 @@ class Committer:
         _Retired | None,
     ]:
         """Write every job's records into its segment file, then (fsync durability) into the WAL with
-        the creates and drops, synced once; then make the created streams. Returns one result per job
+        the creates, drops and packed creates, synced once; then make the created streams. A job that
+        promotes a packed stream writes nothing before the sync: its directory, header and records
+        are written after it, as a create's (without a WAL: staged, then placed). Returns one result
+        per job
         (a ``BatchResult``, or the OSError that failed it), one per create (None: made), the drops'
         (None: durable), the WAL generation written, and the WAL file this round retired, if it
         started a new one."""
@@ -400,11 +507,21 @@ class Committer:
         written = []
         keep = self._pin if wal else None
         records = round_messages = round_bytes = 0
+        later: list[tuple[int, RoundJob, list[Chunk]]] = []  # promotions, written after the sync
         for i, job in enumerate(jobs):
             try:
                 chunks, result = lay_out(job.target, job.items, job.seg_base, job.end)
-                write_chunks(job.target, chunks, sync=False, keep=keep)
+                if job.promote is None:
+                    write_chunks(job.target, chunks, sync=False, keep=keep)
+                elif wal:
+                    later.append((i, job, chunks))
+                else:
+                    self._stage(job.promote)
+                    staged = dataclasses.replace(job.target, directory=job.promote.staged)
+                    write_chunks(staged, chunks, sync=False)
             except OSError as exc:
+                if job.promote is not None:
+                    self._abandon(job.promote)
                 results.append(exc)
                 continue
             results.append(result)
@@ -413,25 +530,60 @@ class Committer:
             round_messages += messages
             round_bytes += size
             if wal:
-                written.append((i, job.target, chunks))
+                written.append((i, job, chunks))
+                if job.promote is not None:  # replayed first: it makes the directory
+                    entries.append(
+                        WalEntry(job.promote.log_id, 0, 0, [job.promote.header_frame], Kind.CREATE)
+                    )
                 entries += [WalEntry(job.target.log_id, c.base, c.start, c.frames) for c in chunks]
         entries += [WalEntry(c.log_id, 0, 0, [c.data], Kind.CREATE) for c in creates]
         entries += [WalEntry(log_id, 0, 0, [], Kind.DROP) for log_id in drops]
+        entries += [WalEntry(c.log_id, 0, 0, [c.data], Kind.PACKED) for c in packed]
         if entries:
             try:
                 self._wal_append(entries)
             except OSError as exc:
-                for i, target, chunks in written:
-                    undo_chunks(target, chunks)
+                for i, job, chunks in written:
+                    if job.promote is None:
+                        undo_chunks(job.target, chunks)
                     results[i] = exc
                 return results, [exc] * len(creates), exc, -1, retired
+        promoted = []
+        unpromoted = []
+        for i, job in enumerate(jobs):
+            if job.promote is None or isinstance(results[i], BaseException):
+                continue
+            try:
+                if wal:
+                    self._make_promoted(job.promote, job.target, later)
+                    self._made.append(job.promote.final)
+                else:
+                    job.promote.place()
+                    self.packs.void_now(job.promote.log_id)
+                promoted.append(job.promote)
+            except OSError as exc:
+                # Not acknowledged: its CREATE and records are in the WAL, voided below.
+                log.error("making promoted stream %s failed: %r", job.promote.log_id, exc)
+                self._abandon(job.promote)
+                results[i] = exc
+                if wal:
+                    unpromoted.append(job.promote.log_id)
+                    if os.path.lexists(job.promote.final):
+                        # Left behind: once the UNPROMOTE's WAL file is retired, a restart would
+                        # take it for the stream. Until a restart (whose replay removes it), no
+                        # log writes.
+                        self._fail(exc, f"removing {job.promote.final} after a failed promotion")
+        if unpromoted:
+            self._unpromote(unpromoted)
         if records:
             self._metrics.batch(records, round_messages, round_bytes)
         made = [self._make(creation) for creation in creates]
         failed = [c.log_id for c, outcome in zip(creates, made, strict=True) if outcome is not None]
-        if self._on_made is not None and len(failed) < len(creates):
+        if self._on_made is not None and (len(failed) < len(creates) or promoted):
             try:
-                self._on_made([c for c, ok in zip(creates, made, strict=True) if ok is None])
+                self._on_made(
+                    [c for c, ok in zip(creates, made, strict=True) if ok is None] + promoted
+                )
             except Exception as exc:  # the creates are made and durable: never fail them now
                 log.error("after a round's creates: %r", exc)
         if failed:
@@ -443,6 +595,18 @@ class Committer:
         generation = self._wal.generation if self._wal is not None else -1
         return results, made, None, generation, retired
 
+    def _unpromote(self, log_ids: list[str]) -> None:
+        """Before failed promotions are answered: a synced UNPROMOTE entry each, so that a restart
+        does not make their directories from the CREATE and records entries the round's WAL write
+        made durable (``wal.py``); the streams stay packed. If even that cannot be written, no log
+        may write until a restart (``failure``): a later promotion of the same stream would be
+        replayed over the failed one's entries, and the restart may bring the failed write back
+        (whole, never half)."""
+        try:
+            self._wal_append([WalEntry(log_id, 0, 0, [], Kind.UNPROMOTE) for log_id in log_ids])
+        except OSError as exc:
+            self._fail(exc, f"recording that the promotions of {len(log_ids)} streams failed")
+
     def _make(self, creation: Creation) -> BaseException | None:
         try:
             handle, directory = creation.materialize()
@@ -451,6 +615,32 @@ class Committer:
         self._pins[id(handle)] = handle  # a new handle: its one reference is the pin
         self._made.append(directory)
         return None
+
+    def _make_promoted(
+        self,
+        promotion: Promotion,
+        target: WriteTarget,
+        later: list[tuple[int, RoundJob, list[Chunk]]],
+    ) -> None:
+        """After the WAL sync: the directory in ``streams/``, its header, the write's records."""
+        handle = promotion.make()
+        self._pins[id(handle)] = handle  # a new handle: its one reference is the pin
+        chunks = next(chunks for _, job, chunks in later if job.promote is promotion)
+        write_chunks(target, chunks, sync=False, keep=self._pin)
+
+    def _stage(self, promotion: Promotion) -> None:
+        handle = promotion.stage()
+        self._cache.release(handle)  # nothing syncs it later (--durability none)
+
+    def _abandon(self, promotion: Promotion) -> None:
+        """Undo a promotion that failed: unpin and forget its handles, remove its staged directory."""
+        log_id = promotion.log_id
+        for key, handle in list(self._pins.items()):
+            if handle.key[0] == log_id:  # type: ignore[index]
+                del self._pins[key]
+                self._cache.release(handle)
+        self._cache.discard(lambda key: key[0] == log_id)  # type: ignore[index]
+        promotion.abandon()
 
     def _wal_append(self, entries: list[WalEntry]) -> None:
         assert self._wal_dir is not None

@@ -18,6 +18,9 @@
                    every directory (``catalog.py``).
   ``wal/``         the write-ahead log of the shared commit rounds (``wal.py``, ``committer.py``); empty
                    after a clean shutdown, replayed into the segment files at start-up otherwise.
+  ``packs/``       the live packed creates of retired WAL files, one pack per WAL file (``packs.py``): with fsync
+                   durability a new stream without initial data that is not a fork has no directory
+                   until its first write (decision 0010).
 
 Recovery (``open``): truncate a torn tail to the last valid record before anything is appended (hazard 18);
 a checksum failure *followed by valid data* is mid-file corruption: the stream is quarantined
@@ -54,13 +57,14 @@ from durastream_server.storage.files import (
     Handle,
     fsync_dir,
     is_out_of_space,
-    pwrite_all,
     write_file,
 )
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.log import LogContext, StreamLog
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
+from durastream_server.storage.packs import decode_header_frame, header_path
 from durastream_server.storage.pending import Pending, plan
+from durastream_server.storage.promotion import make_first_segment
 from durastream_server.storage.quarantine import QuarantinedStream, free_name, set_aside
 from durastream_server.storage.quarantine import load as load_quarantine
 from durastream_server.storage.records import AppendEntry, StreamHeader
@@ -141,6 +145,8 @@ class DataDir:
         self.corrupt = {}
         self.with_staging = set()
         self.pending = Pending()
+        # Packed streams found at start-up, not recovered yet: id -> header record (``packs.py``).
+        self._packed_boot: dict[str, bytes] = {}
         self._streams = str(self.root / "streams")
         self._catalog: catalog.Catalog | None = None
         self._lock_fd = lock_fd
@@ -153,7 +159,12 @@ class DataDir:
         cache = FdCache(config.max_open_files)
         sync = config.durability == Durability.FSYNC
         self._committer = Committer(
-            cache, self._executor, self._dir(WAL_DIR) if sync else None, metrics, self._catalog_made
+            cache,
+            self._executor,
+            self._dir(WAL_DIR) if sync else None,
+            metrics,
+            self._catalog_made,
+            self.root,
         )
         self._ctx = LogContext(
             executor=self._executor,
@@ -204,6 +215,9 @@ class DataDir:
             # Before any stream is read: put back what the write-ahead log holds (wal.py).
             report = await self._run(replay_wal, root, sync=self._ctx.sync)
             self._committer.generation = report.next_generation
+            settled = report.packed
+            self._committer.packs.load(settled)
+            self._packed_boot = {i: frame for i, (_, frame) in settled.live.items()}
             if report.files:
                 log.info(
                     "data dir %s: write-ahead log replayed (%d files, %d entries, %d written back; "
@@ -262,6 +276,16 @@ class DataDir:
         )
         ids, hints = listed, loaded.entries
         unnamed = [i for i in ids if i not in hints]
+        packed = self._packed_boot
+        if packed:
+            # Packed streams (no directory, no catalog line): the path from the header they carry.
+            for log_id, frame in list(packed.items()):
+                try:
+                    hints[log_id] = catalog.Entry(header_path(frame), None)
+                except codec.CorruptRecord as exc:
+                    log.error("packed stream %s cannot be served: %s", log_id, exc)
+                    del packed[log_id]
+            ids = sorted([*ids, *packed])
         if unnamed:
             log.info("data dir %s: reading the headers of %d streams", self.root, len(unnamed))
             batches = _batches(unnamed)
@@ -275,10 +299,11 @@ class DataDir:
                         hints[log_id] = catalog.Entry(header.path, header.fork_source_id)
         self.pending = await self._run(plan, ids, hints)
         self._catalog = await self._run(catalog.Catalog, self.root)
-        if unnamed or loaded.lines != len(self.pending.hints):
+        lines = {i: e for i, e in self.pending.hints.items() if i not in packed}
+        if unnamed or loaded.lines != len(lines):
             # Lines of streams that are gone, damaged or missing ones: rewritten once serving.
             rewrite = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._catalog.rewrite, dict(self.pending.hints)
+                self._executor, self._catalog.rewrite, lines
             )
             self._background.add(rewrite)
             rewrite.add_done_callback(self._background.discard)
@@ -291,10 +316,22 @@ class DataDir:
         """Recover the stream directories ``ids`` (pending ones) on the I/O pool: the logs recovered,
         now in ``logs``; those that cannot be are quarantined (their catalog path reserved when the
         header itself is lost). The caller marks their units recovered (``pending.recovered``)."""
+        adopted: list[StreamLog] = []
+        packed = [i for i in ids if i in self._packed_boot]
+        if packed:
+            ids = [i for i in ids if i not in self._packed_boot]
+            for log_id in packed:
+                frame = self._packed_boot.pop(log_id)
+                try:
+                    header = decode_header_frame(frame)
+                except codec.CorruptRecord as exc:  # its WAL entry checked out: a bug, not damage
+                    hint = self.pending.hints.get(log_id)
+                    self.quarantine(log_id, hint.path if hint else None, str(exc))
+                    continue
+                adopted.append(self._packed_log(log_id, header, len(frame)))
         streams = str(self._dir("streams"))
         interval = self.config.index_interval_bytes
         results = await self._run(recover_batch, streams, ids, interval, sync=self._ctx.sync)
-        adopted: list[StreamLog] = []
         for log_id, result in zip(ids, results, strict=True):
             if isinstance(result, Quarantine):
                 hint = self.pending.hints.get(log_id)
@@ -401,9 +438,12 @@ class DataDir:
         header_frame = codec.encode_header(header)
         initial_frame = codec.encode_append(initial) if initial is not None else None
         entry = catalog.Entry(header.path, header.fork_source_id)
+        # Packed (decision 0010): no directory until its first write. Forks read their source's
+        # files and creates with data write some: both keep today's path.
+        packed = self._ctx.sync and initial is None and header.fork_source_id is None
         try:
             if self._ctx.sync:  # one shared WAL sync for every create in flight (committer.py)
-                creation = _NewStream(self, log_id, entry, header_frame, initial_frame)
+                creation = _NewStream(self, log_id, entry, header_frame, initial_frame, packed)
                 await self._committer.create(creation)
                 directory = creation.directory
             else:
@@ -415,15 +455,45 @@ class DataDir:
             if is_out_of_space(exc):
                 raise errors.InsufficientStorage(f"no space to create {header.path!r}") from exc
             raise errors.StorageFailure(f"could not create {header.path!r}: {exc}") from exc
-        header_end = len(header_frame)
+        stream = self._new_log(
+            log_id,
+            header,
+            state,
+            directory,
+            len(header_frame),
+            initial,
+            len(initial_frame) if initial_frame is not None else 0,
+        )
+        stream.packed = packed
+        return stream
+
+    def _packed_log(self, log_id: str, header: StreamHeader, header_end: int) -> StreamLog:
+        """A packed stream found at start-up (``packs.py``): what ``create_stream`` made of it."""
+        state = StreamState(
+            tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
+        )
+        directory = os.path.join(self._streams, log_id)
+        stream = self._new_log(log_id, header, state, directory, header_end, None, 0)
+        stream.packed = True
+        return stream
+
+    def _new_log(
+        self,
+        log_id: str,
+        header: StreamHeader,
+        state: StreamState,
+        directory: str,
+        header_end: int,
+        initial: AppendEntry | None,
+        initial_len: int,
+    ) -> StreamLog:
+        """The log of a stream just created (or packed): its header and optional initial record."""
         index = LogIndex(
             SparseIndex(self.config.index_interval_bytes, last_time=header.append_time_floor_ms)
         )
         index.sparse.note(header.fork_position, header_end, 0)
-        file_end = header_end
         if initial is not None:
             index.note(initial.position, header_end, len(initial.messages), initial.timestamp_ms)
-            file_end += len(initial_frame)  # type: ignore[arg-type]
         stream = StreamLog(
             self._ctx,
             log_id,
@@ -431,13 +501,23 @@ class DataDir:
             state,
             SegmentTable(directory, log_id, [0]),
             index,
-            file_end,
+            header_end + initial_len,
             header_end if initial is not None else 0,
         )
         stream._snapshot_entries = 0
         stream._snapshot_end = 0
         self.logs[log_id] = stream
         return stream
+
+    @property
+    def packs_bytes(self) -> int:
+        """Disk held by ``packs/`` (bounded by the live packed streams: ``packs.py``)."""
+        return self._committer.packs.disk_bytes
+
+    @property
+    def packed_streams(self) -> int:
+        """Streams that are packed creates (no directory yet)."""
+        return len(self._committer.packs.live)
 
     def _catalog_made(self, creations: list[_NewStream]) -> None:
         """A commit round's creates, made: their catalog lines in one write (committer.py)."""
@@ -493,6 +573,9 @@ class DataDir:
         log._deleted = True  # from here on, readers get NotFound rather than a missing-file error
         try:
             await self._committer.drop(log.id)  # a restart must not make it again (committer.py)
+            if log.packed:  # no directory: the drop entry voids its packed create (packs.py)
+                log._forget_files()
+                return
             await self._run(self._move_to_trash, src, dst)
         except OSError as exc:
             log._closed = log._deleted = False  # still on disk and intact: keep serving it
@@ -577,7 +660,7 @@ class DataDir:
 class _NewStream:
     """A create riding a commit round (``committer.Creation``): made after the round's WAL sync."""
 
-    __slots__ = ("_owner", "log_id", "data", "directory", "_entry")
+    __slots__ = ("_owner", "log_id", "data", "directory", "_entry", "packed")
 
     def __init__(
         self,
@@ -586,8 +669,10 @@ class _NewStream:
         entry: catalog.Entry,
         header_frame: bytes,
         initial_frame: bytes | None,
+        packed: bool = False,
     ) -> None:
         self._owner = owner
+        self.packed = packed  # the WAL entry alone (packs.py): never materialized
         self.log_id = log_id
         self.data = header_frame if initial_frame is None else header_frame + initial_frame
         self.directory = os.path.join(owner._streams, log_id)
@@ -600,18 +685,7 @@ class _NewStream:
         """Make the directory and the first segment, unsynced (the WAL holds them; the checkpoint
         syncs them). Leaves nothing behind on an OSError (hazard 20). Its catalog line is written
         with the round's others (``DataDir._catalog_made``)."""
-        os.mkdir(self.directory)
-        try:
-            path = os.path.join(self.directory, segment_name(0))
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
-            try:
-                pwrite_all(fd, [self.data], 0)
-            except BaseException:
-                os.close(fd)
-                raise
-        except BaseException:
-            _remove(self.directory)
-            raise
+        fd = make_first_segment(self.directory, self.data)
         handle = self._owner._ctx.cache.adopt((self.log_id, 0), fd)
         return handle, self.directory
 

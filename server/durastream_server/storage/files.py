@@ -133,6 +133,15 @@ class FdCache:
         for fd in to_close:
             os.close(fd)
 
+    def trim(self) -> None:
+        """Close the least recently used handles not in use, down to ``capacity``: after a checkpoint
+        releases the handles it kept in use (``committer.py``), a cache that grew past its bound
+        meanwhile shrinks now, not at its next acquire (which an idle server may never make)."""
+        with self._lock:
+            to_close = self._evict_locked()
+        for fd in to_close:
+            os.close(fd)
+
     def close_all(self) -> None:
         self.discard(lambda _key: True)
 

@@ -42,13 +42,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from durastream_server import errors
-from durastream_server.storage import codec
+from durastream_server.storage import catalog, codec
 from durastream_server.storage.committer import ROUND_BATCH_BYTES, Committer, RoundJob
 from durastream_server.storage.files import FdCache, is_out_of_space
 from durastream_server.storage.group import GroupResult, is_group_batch, split_batch, write_group
 from durastream_server.storage.index import LogIndex
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.ordinals import floor_boundary, message_start
+from durastream_server.storage.promotion import Promotion
 from durastream_server.storage.reader import (
     NotABoundary,
     read_entries,
@@ -178,6 +179,7 @@ class _Rare:
         "_hot_timer",
         "_healing",
         "_heal_failures",
+        "_promote_waiters",
     )
 
     def __init__(self) -> None:
@@ -197,6 +199,7 @@ class _Rare:
         self._hot_timer: asyncio.TimerHandle | None = None
         self._healing: asyncio.Task[None] | None = None  # see _heal
         self._heal_failures = 0  # out-of-space poisonings since the last successful commit
+        self._promote_waiters: list[asyncio.Future[None]] | tuple[()] = ()  # ensure_directory
 
     def at_defaults(self) -> bool:
         return (
@@ -212,6 +215,7 @@ class _Rare:
             and self._hot_timer is None
             and self._healing is None
             and self._heal_failures == 0
+            and not self._promote_waiters
         )
 
 
@@ -272,6 +276,7 @@ class StreamLog:
         "_snapshot_end",
         "_hot",
         "_rare",
+        "packed",
     )
 
     def __init__(
@@ -313,6 +318,9 @@ class StreamLog:
         # What only a written, waited-on or healing log needs (``_Rare``): made on the first change
         # from its defaults, dropped once the log is idle again (issue 17).
         self._rare: _Rare | None = None
+        # No directory yet: the stream is its packed create (``packs.py``); the first write promotes
+        # it (``promotion.py``).
+        self.packed = False
 
     _writer = _rare_field("_writer")
     _failure = _rare_field("_failure")
@@ -330,6 +338,7 @@ class StreamLog:
     _hot_timer = _rare_field("_hot_timer")
     _healing = _rare_field("_healing")
     _heal_failures = _rare_field("_heal_failures")
+    _promote_waiters = _rare_field("_promote_waiters")
 
     # ----------------------------------------------------------------------------------------- writes
 
@@ -358,6 +367,32 @@ class StreamLog:
         return WriteTarget(
             self.directory, self.id, ctx.cache, ctx.segment_bytes, ctx.sync, ctx.metrics
         )
+
+    def _promotion(self) -> Promotion:
+        return Promotion(
+            self.id,
+            bytes(codec.encode_header(self.header)),
+            self.directory,
+            self._ctx.cache,
+            catalog.Entry(self.header.path, self.header.fork_source_id),
+        )
+
+    async def ensure_directory(self) -> None:
+        """Give a packed stream its directory now, in a round of its own (a staged-append space
+        writes files into it); a no-op for any other. Raises the write error that failed it."""
+        if not self.packed:
+            return
+        if not self._writable():
+            raise self._error()
+        waiter = asyncio.get_running_loop().create_future()
+        if self._promote_waiters:
+            self._promote_waiters.append(waiter)  # type: ignore[union-attr]
+        else:
+            self._promote_waiters = [waiter]
+        if not self._busy:
+            self._busy = True
+            self._ctx.committer.schedule(self)
+        await waiter
 
     def _writable(self) -> bool:
         """Not poisoned, not closed, and the data directory's WAL has not failed (``committer.py``)."""
@@ -451,6 +486,14 @@ class StreamLog:
         if failure is not None and self._failure is None:
             self._poison(failure)
         rare = self._rare
+        promote = None
+        if self.packed and (rare is None or rare._failure is None):
+            if not self._queue and rare is not None and rare._promote_waiters:
+                self._inflight = []
+                promote = self._promotion()
+                target = self._write_target()
+                return RoundJob(target, [], 0, self._file_end, 0, promote)
+            promote = self._promotion() if self._queue else None
         if (rare is not None and rare._failure is not None) or not self._queue:
             self._set_idle()
             return None
@@ -461,7 +504,13 @@ class StreamLog:
         self._inflight = batch
         snapshot_state = capture(self.state) if not rest and self._snapshot_due() else None
         cost = _batch_bytes(batch)
-        if is_group_batch(batch) or cost > ROUND_BATCH_BYTES:
+        if promote is not None:
+            if is_group_batch(batch) or cost > ROUND_BATCH_BYTES:
+                # Written alone once the directory is there: this round makes only the directory.
+                self._queue = [*batch, *rest]
+                self._inflight = []
+                return RoundJob(self._write_target(), [], 0, self._file_end, 0, promote)
+        elif is_group_batch(batch) or cost > ROUND_BATCH_BYTES:
             self._writer = asyncio.get_running_loop().create_task(
                 self._write_alone(batch, snapshot_state)
             )
@@ -476,6 +525,7 @@ class StreamLog:
             self._segments.last,
             self._file_end,
             cost,
+            promote,
         )
 
     def round_done(self, result: BatchResult | BaseException) -> None:
@@ -484,6 +534,9 @@ class StreamLog:
         snapshot_state = None
         if rare is not None:
             snapshot_state, rare._round_snapshot = rare._round_snapshot, None
+        if self.packed and not isinstance(result, BaseException):
+            self.packed = False  # promoted by this round (``promotion.py``)
+            self._settle_promote_waiters(None)
         if self._finish_batch(result) and snapshot_state is not None:
             self._writer = asyncio.get_running_loop().create_task(
                 self._snapshot_then_continue(snapshot_state, result.end)  # type: ignore[union-attr]
@@ -689,6 +742,18 @@ class StreamLog:
         if rare is not None and not self._busy and rare.at_defaults():
             self._rare = None
 
+    def _settle_promote_waiters(self, exc: BaseException | None) -> None:
+        rare = self._rare
+        if rare is None or not rare._promote_waiters:
+            return
+        waiters, rare._promote_waiters = rare._promote_waiters, ()
+        for waiter in waiters:
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
+
     def _poison(self, exc: BaseException) -> None:
         self._failure = exc
         log.error(
@@ -710,6 +775,7 @@ class StreamLog:
         for _, waiter in waiters:
             if not waiter.done():
                 waiter.set_exception(self._error())
+        self._settle_promote_waiters(self._error())
         if is_out_of_space(exc) and not self._closed and self._healing is None:
             self._heal_failures += 1
             delay = min(HEAL_MAX_DELAY, HEAL_FIRST_DELAY * 2 ** (self._heal_failures - 1))
@@ -732,6 +798,20 @@ class StreamLog:
                 return
             if self._ctx.committer.failure is not None:
                 return  # the WAL itself failed: nothing writes until a restart
+            if self.packed:  # its failed promotion left nothing: back to the packed create's state
+                self._drop_hot()
+                self.state = StreamState(
+                    tail=self.header.fork_position,
+                    last_timestamp_ms=self.header.append_time_floor_ms,
+                )
+                self._staged_count = self._durable_count
+                self._failure = None
+                log.warning(
+                    "stream %s (%s): healed after running out of space (still packed)",
+                    self.id,
+                    self.header.path,
+                )
+                return
             interval = self._index.sparse.interval
             try:
                 recovered = await asyncio.get_running_loop().run_in_executor(

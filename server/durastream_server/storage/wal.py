@@ -15,7 +15,8 @@ acknowledged byte not yet synced in its segment is in a WAL file that still exis
 Start-up (``replay``), before any stream is recovered: every WAL file left behind is read in generation
 order and each entry's bytes are put back at their place in their segment file, where they differ (after
 a power loss the segment may have lost them; after a process crash they are all there and nothing is
-written). The segments written are synced, then the WAL files are removed. A WAL file ends at its first
+written). The segments written are synced, then the WAL files are removed (after their live packed
+creates are copied into ``packs/``: ``packs.py``). A WAL file ends at its first
 entry that does not check out: a round's entries are written together and acknowledged only after the
 sync, so a torn end is a round that was never acknowledged. Entries of streams no longer in ``streams/``
 (deleted, or quarantined) are skipped.
@@ -32,7 +33,7 @@ Entry (little-endian)::
 
     magic        2 bytes  b"\\xd5\\x77"
     version      u8       1
-    kind         u8       0 records, 1 create, 2 drop (``Kind``)
+    kind         u8       0 records, 1 create, 2 drop, 3 packed, 4 unpromote (``Kind``)
     length       u32      body length
     crc          u32      crc32(body)
     body:
@@ -42,19 +43,29 @@ Entry (little-endian)::
       id_len     u16
       log id     ascii    the stream incarnation's storage id (its directory name)
       records    whole log records (codec.py), exactly the bytes written to the segment
+
+A *packed* entry (kind 3, decision 0010) is a create that makes no directory: its records are the new
+stream's header record, and the entry alone is the stream (``packs.py``). The replay writes nothing for it;
+``packs.settle`` copies the live ones of every WAL file into a pack before the file is removed. An
+*unpromote* entry (kind 4) voids the CREATE and records entries of a packed stream written before it in
+the WAL: its promotion failed after the round's sync, the write was answered as failed, and it stays
+packed (``promotion.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import shutil
 import struct
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
+from typing import Any
 
 from durastream_server.storage.crc import crc32
 from durastream_server.storage.files import fsync_dir, pread_exact, pwrite_all
@@ -88,6 +99,10 @@ class Kind(IntEnum):
     RECORDS = 0  # these records are at this place in this segment file
     CREATE = 1  # the same, and the stream directory is to be made if it is not there
     DROP = 2  # the stream's directory must not be made again (it was deleted, or its create failed)
+    PACKED = 3  # a packed create: the stream exists with this header record, and has no directory
+    # A promotion of this packed stream failed after its round's sync (its directory could not be
+    # made or written): its CREATE and records entries before this one are void, and it stays packed.
+    UNPROMOTE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +175,11 @@ class WalFile:
             self.fd = -1
 
     def remove(self) -> None:
-        """Close and delete (after a checkpoint: every byte in it is synced in its segment)."""
+        """Close and delete (after a checkpoint: every byte in it is synced in its segment). Gone
+        already is fine: a checkpoint redone after running out of space may have removed it."""
         self.close()
-        os.unlink(self.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
         fsync_dir(self.directory)
 
 
@@ -182,6 +199,7 @@ class ReplayReport:
         0  # create entries that checked out (written back when needed: not in ``repaired``)
     )
     made: int = 0  # stream directories made again from their create entries
+    packed: Any = None  # packs.Settled: the live packed streams and the packs kept
 
 
 def generations(directory: Path) -> list[int]:
@@ -197,44 +215,98 @@ def generations(directory: Path) -> list[int]:
 def read_entries(path: Path, generation: int) -> list[tuple[str, int, int, bytes]]:
     """The records entries (and creates) of one WAL file up to its first damaged one, as ``(log id,
     segment base, offset, records)``."""
-    return [found[:4] for found in read_kinds(path, generation) if found[4] != Kind.DROP]
+    return [
+        found[:4]
+        for found in read_kinds(path, generation)
+        if found[4] in (Kind.RECORDS, Kind.CREATE)
+    ]
 
 
 def read_kinds(path: Path, generation: int) -> list[tuple[str, int, int, bytes, int]]:
     """The entries of one WAL file up to its first damaged one, as ``(log id, segment base, offset,
     records, kind)``."""
+    return scan(path, generation).entries
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What a WAL file (or a pack) holds: its whole entries, where the last one ends, and the byte
+    ranges of damage skipped (``resync``)."""
+
+    entries: list[tuple[str, int, int, bytes, int]]
+    end: int
+    damaged: list[tuple[int, int]]
+
+
+def scan(path: Path, generation: int, *, resync: bool = False) -> Scan:
+    """Read the entries of one WAL file. Without ``resync`` it ends at its first damaged entry (the
+    torn end of a round that was never acknowledged). With ``resync`` (a pack: every round in it was
+    whole and synced before it became a pack) a damaged entry is mid-file corruption: it is skipped,
+    reported in ``damaged``, and the scan goes on at the next entry that checks out (hazard 32: one
+    damaged entry never hides the entries after it)."""
     with open(path, "rb", buffering=0) as fh:
         data = fh.read()
-    found = []
-    at = 0
+    found: list[tuple[str, int, int, bytes, int]] = []
+    damaged: list[tuple[int, int]] = []
+    at = end = 0
     while at + HEAD_SIZE <= len(data):
-        magic, version, kind, length, crc = HEAD.unpack_from(data, at)
-        body_at = at + HEAD_SIZE
-        if (
-            magic != MAGIC
-            or version != VERSION
-            or kind > Kind.DROP
-            or length < FIXED_SIZE
-            or length > MAX_ENTRY_BYTES
-            or body_at + length > len(data)
-        ):
-            break
-        body = memoryview(data)[body_at : body_at + length]
-        if crc32(body) != crc:
-            break
-        gen, segment, offset, id_len = FIXED.unpack_from(body, 0)
-        if gen != generation or FIXED_SIZE + id_len > length:
-            break
-        log_id = bytes(body[FIXED_SIZE : FIXED_SIZE + id_len]).decode("ascii", "replace")
-        found.append((log_id, segment, offset, bytes(body[FIXED_SIZE + id_len :]), kind))
-        at = body_at + length
-    if at < len(data):
+        entry = _entry_at(data, at, generation)
+        if entry is None:
+            if not resync:
+                break
+            following = _next_entry(data, at + 1, generation)
+            damaged.append((at, following))
+            at = following
+            continue
+        found.append(entry[0])
+        at = end = entry[1]
+    if not resync and end < len(data):
         log.warning(
             "WAL %s: %d bytes after its last whole entry (a round that was never acknowledged)",
             path,
-            len(data) - at,
+            len(data) - end,
         )
-    return found
+    if resync and at < len(data):
+        damaged.append((at, len(data)))
+    return Scan(found, end, damaged)
+
+
+def _entry_at(
+    data: bytes, at: int, generation: int
+) -> tuple[tuple[str, int, int, bytes, int], int] | None:
+    """The entry at ``at`` and where it ends, or None if it does not check out."""
+    if at + HEAD_SIZE > len(data):
+        return None
+    magic, version, kind, length, crc = HEAD.unpack_from(data, at)
+    body_at = at + HEAD_SIZE
+    if (
+        magic != MAGIC
+        or version != VERSION
+        or kind > Kind.UNPROMOTE
+        or length < FIXED_SIZE
+        or length > MAX_ENTRY_BYTES
+        or body_at + length > len(data)
+    ):
+        return None
+    body = memoryview(data)[body_at : body_at + length]
+    if crc32(body) != crc:
+        return None
+    gen, segment, offset, id_len = FIXED.unpack_from(body, 0)
+    if gen != generation or FIXED_SIZE + id_len > length:
+        return None
+    log_id = bytes(body[FIXED_SIZE : FIXED_SIZE + id_len]).decode("ascii", "replace")
+    return (log_id, segment, offset, bytes(body[FIXED_SIZE + id_len :]), kind), body_at + length
+
+
+def _next_entry(data: bytes, at: int, generation: int) -> int:
+    """Where the next entry that checks out starts at or after ``at`` (the file's end if none)."""
+    while True:
+        at = data.find(MAGIC, at)
+        if at < 0:
+            return len(data)
+        if _entry_at(data, at, generation) is not None:
+            return at
+        at += 1
 
 
 def replay(root: Path, *, sync: bool) -> ReplayReport:
@@ -254,13 +326,17 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
     segments: dict[tuple[str, int], _SegmentFile] = {}
     created_dirs: set[str] = set()
     creates = made = 0
-    files = [(g, read_kinds(directory / wal_name(g), g)) for g in found]
+    scans = [(g, scan(directory / wal_name(g), g)) for g in found]
+    files = [(g, scanned.entries) for g, scanned in scans]
     dropped = {e[0] for _, kinds in files for e in kinds if e[4] == Kind.DROP}
+    unpromoted = _unpromoted(root, files)
     try:
-        for _generation, kinds in files:
-            for log_id, segment, offset, records, kind in kinds:
-                if kind == Kind.DROP:
-                    continue
+        for file_index, (_generation, kinds) in enumerate(files):
+            for entry_index, (log_id, segment, offset, records, kind) in enumerate(kinds):
+                if kind == Kind.DROP or kind == Kind.PACKED or kind == Kind.UNPROMOTE:
+                    continue  # a packed create has no segment (packs.settle)
+                if unpromoted.get(log_id, (-1, -1)) > (file_index, entry_index):
+                    continue  # a failed promotion's entries: the stream stays packed
                 if kind == Kind.CREATE:
                     creates += 1
                 else:
@@ -297,6 +373,11 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
     finally:
         for target in segments.values():
             os.close(target.fd)
+    # Imported here: packs.py reads WAL files with this module's scan (one-way at module level).
+    from durastream_server.storage.packs import Settled, settle
+
+    packed = Settled()
+    settle(root, scans, sync=sync, out=packed)
     for generation in found:
         os.unlink(directory / wal_name(generation))
     if found and sync:
@@ -312,10 +393,31 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
         entries=entries,
         repaired=repaired,
         skipped=skipped,
-        next_generation=(found[-1] + 1) if found else 0,
+        next_generation=max(found[-1] + 1 if found else 0, max(packed.kept, default=-1) + 1),
         creates=creates,
         made=made,
+        packed=packed,
     )
+
+
+def _unpromoted(root: Path, files: list[tuple[int, list[Any]]]) -> dict[str, tuple[int, int]]:
+    """Where (file, entry) the last ``UNPROMOTE`` entry of each stream is: the replay skips its
+    entries before it. A directory such a failed promotion left behind (its removal failed too) and
+    that no later ``CREATE`` makes again is removed: the stream is packed (``packs.settle``)."""
+    found: dict[str, tuple[int, int]] = {}
+    created: dict[str, tuple[int, int]] = {}
+    for file_index, (_generation, kinds) in enumerate(files):
+        for entry_index, entry in enumerate(kinds):
+            if entry[4] == Kind.UNPROMOTE:
+                found[entry[0]] = (file_index, entry_index)
+            elif entry[4] == Kind.CREATE:
+                created[entry[0]] = (file_index, entry_index)
+    for log_id, at in found.items():
+        stream_dir = os.path.join(root, "streams", log_id)
+        if _makeable(log_id, set()) and created.get(log_id, at) <= at and os.path.isdir(stream_dir):
+            log.warning("WAL replay: removing %s, left by a promotion that failed", stream_dir)
+            shutil.rmtree(stream_dir)
+    return found
 
 
 def _makeable(log_id: str, dropped: set[str]) -> bool:

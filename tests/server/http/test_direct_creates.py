@@ -233,10 +233,11 @@ def test_a_storage_failure_of_a_create_answers_as_on_the_ordinary_path(
             got = []
             with monkeypatch.context() as patch:
                 patch.setattr(os, "mkdir", broken)
-                conn.send(_wire("/v1/stream/broken", b"", JSON, b"localhost"))
+                # With data: a directory to make (without, the create is packed: no mkdir).
+                conn.send(_wire("/v1/stream/broken", b"[1]", JSON, b"localhost"))
                 got.append(await conn.response())
             for path in ("/v1/stream/broken", "/v1/stream/fine"):
-                conn.send(_wire(path, b"", JSON, b"localhost"))
+                conn.send(_wire(path, b"[1]", JSON, b"localhost"))
                 got.append(await conn.response())
             conn.get("/healthz")
             got.append(await conn.response())

@@ -341,6 +341,7 @@ def test_corrupt_staging_file_fails_the_commit_and_exposes_nothing(tmp_path: Pat
     async def go() -> None:
         dd: DataDir = await open_dd(tmp_path)
         log = await dd.create_stream(header(), None)
+        await log.ensure_directory()  # packed until now (storage/packs.py): txn/ goes in it
         txn = Path(log.directory) / "txn"
         source = make_source(txn, "A", MESSAGES_A)
         with open(source.path, "r+b") as f:

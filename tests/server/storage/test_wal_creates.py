@@ -81,7 +81,8 @@ def test_a_burst_of_64_creates_shares_its_syncs(
 
 def test_acknowledged_creates_come_back_after_a_power_loss(tmp_path: Path) -> None:
     """Directories lost whole, segments lost whole or cut: the replay makes them again from the WAL,
-    with their header (path, TTL, Expires-At) and initial data, and appends after them."""
+    with their header (path, TTL, Expires-At) and initial data, and appends after them. A create
+    without data is packed (decision 0010): no directory, back from its WAL entry alone."""
     root, copy = tmp_path / "live", tmp_path / "crashed"
 
     async def write() -> dict[str, str]:
@@ -98,11 +99,12 @@ def test_acknowledged_creates_come_back_after_a_power_loss(tmp_path: Path) -> No
 
     ids = run(write)
     streams = copy / "streams"
-    shutil.rmtree(streams / ids["plain"])  # its name never reached the disk
-    (streams / ids["ttl"] / segment_name(0)).unlink()  # the directory did, its segment not
+    assert not (streams / ids["plain"]).exists()  # packed: it never had a directory
+    shutil.rmtree(streams / ids["ttl"])  # its name never reached the disk
     os.truncate(streams / ids["expires"] / segment_name(0), 7)  # half of its segment did
     report = wal.replay(copy, sync=True)
-    assert report.creates == 3 and report.made == 1
+    assert report.creates == 2 and report.made == 1
+    assert list(report.packed.live) == [ids["plain"]]
 
     async def reopen() -> None:
         dd = await DataDir.open(config(copy))
@@ -164,7 +166,7 @@ def test_a_create_that_fails_after_its_round_leaves_nothing(
 
     async def write() -> set[str]:
         dd = await open_dd(root)
-        kept = await dd.create_stream(header("/kept"), None)
+        kept = await dd.create_stream(header("/kept"), _initial(b"k"))
         monkeypatch.setattr(os, "open", no_space_for_segments)
         with pytest.raises(errors.InsufficientStorage):
             await dd.create_stream(header("/failed"), _initial(b"x"))
@@ -186,7 +188,9 @@ def test_a_checkpoint_makes_new_streams_durable_and_removes_the_wal(tmp_path: Pa
 
     async def go() -> None:
         dd = await open_dd(tmp_path)
-        logs = await asyncio.gather(*(dd.create_stream(header(f"/c{i}"), None) for i in range(8)))
+        logs = await asyncio.gather(
+            *(dd.create_stream(header(f"/c{i}"), _initial(b"%d" % i)) for i in range(8))
+        )
         assert all(dd._committer.is_fresh(log.id) for log in logs)
         await dd.close()
         assert not list((tmp_path / "wal").glob("*.wal"))
@@ -278,7 +282,7 @@ def test_a_rounds_creates_write_their_catalog_lines_at_once(
 
         monkeypatch.setattr(os, "write", counting)
         logs = await asyncio.gather(
-            *(dd.create_stream(header(f"/cat/{i}"), None) for i in range(64))
+            *(dd.create_stream(header(f"/cat/{i}"), _initial(b"c")) for i in range(64))
         )
         monkeypatch.undo()
         assert sum(writes) == 64, writes

@@ -1,0 +1,456 @@
+"""Packed creates (decision 0010, step 1): a new empty stream is one WAL entry, not a directory.
+
+A create with no initial data that is not a fork writes a *packed* entry (``wal.Kind.PACKED``: the
+stream's header record) into the commit round's WAL file and nothing else: no directory, no segment file,
+no fd, no catalog line. The stream is *promoted* to a directory of its own (today's layout) by its first
+write (``promotion.py``): a CREATE entry and the write's records in one round.
+
+Retention. At its checkpoint, a WAL file's packed creates that are still *live* are copied (entry by
+entry, byte for byte, so each still carries the WAL file's generation) into ``packs/<generation>.pack``
+(``write_pack``: a temporary file, synced, renamed, ``packs/`` synced), and only then is the WAL file
+removed; the rest of the WAL file (other streams' records, up to 64 MiB) is never kept. A packed create
+stops being live when its stream is deleted (a DROP entry) or promoted (a CREATE entry whose directory
+the checkpoint of that entry's WAL file has synced). A pack whose void entries reach half of it is
+rewritten the same way with its live ones only (``COMPACT_VOID_FRACTION``), and one with none left is
+removed. So packs take at most twice the bytes of the live packed creates' entries (70 bytes + the header
+record each), plus a sidecar line (33 bytes) per void one, reported by ``/healthz`` and ``inspect``.
+A crash during a rewrite leaves the old pack or the new one (the rename is atomic; a temporary file is
+removed at start-up); a crash between a checkpoint's new pack and its WAL file's removal leaves the same
+entries in both, read as one stream each (same id, same generation).
+
+The ordering trap: the WAL file that holds a DROP (or the promoting CREATE) may be retired long before the
+pack that holds the original create, and the pack must not bring the stream back after a restart. So
+each pack has a sidecar, ``packs/<generation>.dead``: the ids of its packed creates that are void. The
+checkpoint that retires a WAL file appends to the sidecars the ids that file's DROP and promoting CREATE
+entries made void, syncs them, and only then removes (or renames) the file. A sidecar line is written
+only for a pack that is kept; a torn last line (power loss mid-append) belongs to a checkpoint that did
+not finish, whose WAL file is still there to say the same.
+
+Start-up (``settle``, called by the WAL replay once segments are repaired): every pack and WAL file is
+scanned, entry headers only; a packed create is live unless its sidecar names it, a DROP in any file
+names it, or ``streams/`` has its directory (the promotion's CREATE entry was replayed). No directory is
+made. What the WAL files' entries made void is written to the sidecars of the packs kept, the live
+packed creates of each WAL file are written into a pack of its generation (a torn end is an
+unacknowledged round, and is not read), half-void packs are rewritten, and packs with none are removed;
+then the replay removes the WAL files. A damaged entry in the middle of a pack is skipped and logged with
+its byte range; the entries after it are read (hazard 32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from durastream_server.storage import codec
+from durastream_server.storage.files import fsync_dir, pwrite_all
+from durastream_server.storage.records import StreamHeader
+from durastream_server.storage.wal import (
+    WAL_DIR,
+    Kind,
+    Scan,
+    WalEntry,
+    WalFile,
+    encode_entry,
+    generations,
+    scan,
+    wal_name,
+)
+
+log = logging.getLogger(__name__)
+
+PACKS_DIR = "packs"
+TMP_SUFFIX = ".tmp"  # a pack being written (``write_pack``)
+# A pack is rewritten with its live packed creates only once its void ones reach this fraction of it
+# (``COMPACT_VOID_FRACTION``): packs then hold at most 1 / (1 - fraction) = 2x the live ones' entries.
+COMPACT_VOID_FRACTION = 0.5
+_PACK_RE = re.compile(r"\A(\d{20})\.pack\Z")
+_ID_RE = re.compile(rb"\A[0-9a-f]{32}\Z")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+def pack_name(generation: int) -> str:
+    return f"{generation:020d}.pack"
+
+
+def dead_name(generation: int) -> str:
+    return f"{generation:020d}.dead"
+
+
+def decode_header_frame(data: bytes) -> StreamHeader:
+    """The header a packed entry carries (raises ``codec.CorruptRecord`` if it is not one)."""
+    frame = codec.parse_frame(data)
+    body = memoryview(data)[codec.FRAME_SIZE : codec.FRAME_SIZE + frame.body_len]
+    if (
+        frame.kind != codec.Kind.HEADER
+        or len(body) != frame.body_len
+        or not codec.body_crc_ok(frame, body)
+    ):
+        raise codec.CorruptRecord("a packed entry that is not a whole stream header record")
+    return codec.decode_header(body)
+
+
+def header_path(data: bytes) -> str:
+    """The path a packed entry's header record names, without decoding the rest of it: start-up
+    needs only the path of 100,000 packed streams (their pending hints), and the full decode cost
+    ~55 us each (its field checks); the header is decoded and checked when the stream is recovered.
+    Raises ``codec.CorruptRecord``."""
+    try:
+        path = json.loads(data[codec.FRAME_SIZE :])["path"]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise codec.CorruptRecord(f"a packed entry without a readable path: {exc}") from exc
+    if not isinstance(path, str):
+        raise codec.CorruptRecord("a packed entry whose path is not a string")
+    return path
+
+
+def pack_generations(directory: Path) -> list[int]:
+    found = []
+    for name in os.listdir(directory):
+        match = _PACK_RE.match(name)
+        if match:
+            found.append(int(match.group(1)))
+    return sorted(found)
+
+
+def read_dead(directory: Path, generation: int) -> set[str]:
+    """The ids a pack's sidecar says are void (a torn or damaged line is skipped)."""
+    try:
+        raw = (directory / dead_name(generation)).read_bytes()
+    except FileNotFoundError:
+        return set()
+    return {line.decode() for line in raw.split(b"\n") if _ID_RE.match(line)}
+
+
+def append_dead(directory: Path, generation: int, ids: list[str], *, sync: bool) -> None:
+    """Append ``ids`` to a pack's sidecar, durable on return with ``sync``."""
+    path = directory / dead_name(generation)
+    new = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, "".join(f"{i}\n" for i in ids).encode())
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    if new and sync:
+        fsync_dir(directory)
+
+
+def write_pack(directory: Path, generation: int, entries: list[WalEntry], *, sync: bool) -> int:
+    """Make ``packs/<generation>.pack`` hold exactly ``entries`` (packed creates, encoded with
+    ``generation`` as the WAL file that first held them wrote them: byte for byte the same entries, so
+    the generation check of ``wal.scan`` passes), replacing any pack of that generation atomically:
+    a temporary file, ``fdatasync``, ``rename``, then ``fsync`` of ``packs/`` (with ``sync``). A crash
+    leaves the old pack or the new one, never a part of either (a stray temporary file is removed at
+    start-up). Returns the new pack's size."""
+    final = directory / pack_name(generation)
+    temporary = directory / (pack_name(generation) + TMP_SUFFIX)
+    buffers: list[bytes | bytearray | memoryview] = []
+    for entry in entries:
+        buffers += encode_entry(generation, entry)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+    try:
+        size = pwrite_all(fd, buffers, 0)
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temporary, final)
+    if sync:
+        fsync_dir(directory)
+    return size
+
+
+def _live_entries(directory: Path, generation: int, void: set[str]) -> list[WalEntry]:
+    """The packed creates of pack ``generation`` that ``void`` (and its sidecar) do not name."""
+    void = void | read_dead(directory, generation)
+    scanned = scan(directory / pack_name(generation), generation, resync=True)
+    return [
+        WalEntry(log_id, segment, offset, [records], Kind.PACKED)
+        for log_id, segment, offset, records, kind in scanned.entries
+        if kind == Kind.PACKED and log_id not in void
+    ]
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+# ------------------------------------------------------------------------------------------ start-up
+
+
+@dataclass(slots=True)
+class Settled:
+    """The packed streams a start-up found live: id -> (generation of the file holding its create,
+    its header record), the packs kept (generation -> bytes) and the entries each holds."""
+
+    live: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    kept: dict[int, int] = field(default_factory=dict)
+    entries: dict[int, int] = field(default_factory=dict)
+    damaged: int = 0  # damaged byte ranges skipped in packs
+
+
+@dataclass(slots=True)
+class Survey:
+    """What the packs and WAL files say, before anything is written (``settle``; ``check`` reads only
+    this): the live packed creates, the packed creates each file holds that became void without its
+    sidecar saying so yet, the packs scanned, and the damaged byte ranges skipped in them."""
+
+    live: dict[str, tuple[int, bytes]]
+    counts: dict[int, int]
+    newly_void: dict[int, list[str]]
+    pack_scans: list[tuple[int, Scan]]
+    damaged: list[tuple[Path, int, int]]
+
+
+def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
+    """Read every pack (with resync) and its sidecar; decide which packed creates are live. The same
+    id in a pack and a WAL file of the same generation (a crash between a checkpoint's new pack and
+    its WAL file's removal) is the same entry: one stream."""
+    packs = root / PACKS_DIR
+    pack_scans: list[tuple[int, Scan]] = []
+    void: dict[int, set[str]] = {}
+    damaged = []
+    for generation in pack_generations(packs) if packs.is_dir() else []:
+        scanned = scan(packs / pack_name(generation), generation, resync=True)
+        damaged += [(packs / pack_name(generation), a, b) for a, b in scanned.damaged]
+        pack_scans.append((generation, scanned))
+        void[generation] = read_dead(packs, generation)
+    created: dict[str, tuple[int, bytes]] = {}
+    dropped: set[str] = set()
+    for generation, scanned in sorted(pack_scans + wal_scans, key=lambda found: found[0]):
+        for log_id, _segment, _offset, records, kind in scanned.entries:
+            if kind == Kind.PACKED:
+                created[log_id] = (generation, records)
+            elif kind == Kind.DROP:
+                dropped.add(log_id)
+    present = set(os.listdir(root / "streams")) if created else set()
+    live: dict[str, tuple[int, bytes]] = {}
+    counts: dict[int, int] = {}
+    newly_void: dict[int, list[str]] = {}
+    for log_id, (generation, records) in created.items():
+        if log_id in void.get(generation, ()):
+            continue
+        if log_id in dropped or log_id in present:
+            newly_void.setdefault(generation, []).append(log_id)
+            continue
+        live[log_id] = (generation, records)
+        counts[generation] = counts.get(generation, 0) + 1
+    return Survey(live, counts, newly_void, pack_scans, damaged)
+
+
+def wal_scans(root: Path) -> list[tuple[int, Scan]]:
+    """The WAL files left behind, scanned (for ``check``, which replays nothing)."""
+    directory = root / WAL_DIR
+    if not directory.is_dir():
+        return []
+    return [(g, scan(directory / wal_name(g), g)) for g in generations(directory)]
+
+
+def worth_rewriting(live: int, entries: int) -> bool:
+    """A pack with ``live`` of its ``entries`` still live is rewritten with those only once its void
+    entries reach ``COMPACT_VOID_FRACTION`` of it (never when nothing is live: it is removed)."""
+    return live > 0 and entries - live >= entries * COMPACT_VOID_FRACTION
+
+
+def settle(root: Path, wal_scans: list[tuple[int, Scan]], *, sync: bool, out: Settled) -> None:
+    """See the module docstring. Fills ``out``. Every WAL file may be removed when it returns: the
+    live packed creates of each are in a pack of its generation (durable with ``sync``)."""
+    packs = root / PACKS_DIR
+    packs.mkdir(exist_ok=True)
+    for name in os.listdir(packs):
+        if name.endswith(TMP_SUFFIX):  # a rewrite that did not finish: the old pack is whole
+            _unlink(packs / name)
+    found = survey(root, wal_scans)
+    for path, start, end in found.damaged:
+        out.damaged += 1
+        log.error(
+            "pack %s: bytes %d-%d are damaged and were skipped (a packed stream created there is "
+            "lost; the entries after them are read)",
+            path,
+            start,
+            end,
+        )
+    out.live = found.live
+    counts = found.counts
+    held = {generation: len(scanned.entries) for generation, scanned in found.pack_scans}
+    # Written again with their live entries only: the WAL files' (no pack of their generation yet)
+    # and the packs that are half void (or that are whole WAL files, as step 1 first kept them).
+    rewrite = {g for g in counts if g not in held or worth_rewriting(counts[g], held[g])}
+    # The sidecars first: the WAL files whose DROPs (or replayed CREATEs) say so are removed next.
+    for generation, ids in found.newly_void.items():
+        if counts.get(generation) and generation not in rewrite:
+            append_dead(packs, generation, ids, sync=sync)
+    by_generation: dict[int, list[WalEntry]] = {g: [] for g in rewrite}
+    for log_id, (generation, records) in found.live.items():
+        if generation in rewrite:
+            by_generation[generation].append(WalEntry(log_id, 0, 0, [records], Kind.PACKED))
+    for generation, entries in sorted(by_generation.items()):
+        write_pack(packs, generation, entries, sync=sync)
+        held[generation] = len(entries)
+    for generation in rewrite:  # the new pack is durable and names none of the void ids
+        _unlink(packs / dead_name(generation))
+    for generation, _ in found.pack_scans:
+        if not counts.get(generation):
+            _unlink(packs / pack_name(generation))
+            _unlink(packs / dead_name(generation))
+    for generation in counts:
+        out.kept[generation] = os.stat(packs / pack_name(generation)).st_size
+        out.entries[generation] = held[generation]
+    if sync and len(found.pack_scans) != len(out.kept):
+        fsync_dir(packs)
+
+
+# ------------------------------------------------------------------------------------------- serving
+
+
+@dataclass(slots=True)
+class Retirement:
+    """What a checkpoint does to the packs once the segments of ``generation`` are synced
+    (planned on the loop by ``PackBook.plan``, carried out on the I/O pool by ``PackBook.carry_out``)."""
+
+    generation: int
+    dead: dict[int, list[str]]  # pack generation -> ids void from now on
+    keep: list[WalEntry]  # the retired WAL file's live packed creates: they become its pack
+    remove: list[int]  # packs with no live packed create left
+    compact: list[int]  # packs whose void entries reach half of them: rewritten with the live ones
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """The packs ``carry_out`` wrote: generation -> (bytes, entries)."""
+
+    written: dict[int, tuple[int, int]]
+
+
+class PackBook:
+    """Which packed creates are live and in which file (WAL file or pack), for the committer.
+
+    ``live``: stream id -> generation of the file holding its packed create. ``counts``: generation ->
+    live packed creates in it. ``kept``: generation -> bytes of each file in ``packs/``; ``entries``:
+    generation -> packed creates it holds (live or void). The header records of the packed creates
+    of the WAL files not yet retired are held (``_unretired``: a few hundred bytes each, for one or
+    two WAL files), so that a checkpoint writes their pack without reading the WAL file back.
+    Everything but ``carry_out`` runs on the loop."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.directory = root / PACKS_DIR if root is not None else None
+        self.live: dict[str, int] = {}
+        self.counts: dict[int, int] = {}
+        self.kept: dict[int, int] = {}
+        self.entries: dict[int, int] = {}
+        self._unretired: dict[int, dict[str, bytes]] = {}
+        # WAL generation -> (id, generation of its packed create) void once that WAL file's
+        # checkpoint has synced the promotion's directory (or just for a DROP).
+        self._dying: dict[int, list[tuple[str, int]]] = {}
+
+    def load(self, settled: Settled) -> None:
+        for log_id, (generation, _) in settled.live.items():
+            self.live[log_id] = generation
+            self.counts[generation] = self.counts.get(generation, 0) + 1
+        self.kept = dict(settled.kept)
+        self.entries = dict(settled.entries)
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(self.kept.values())
+
+    def is_packed(self, log_id: str) -> bool:
+        return log_id in self.live
+
+    def created(self, log_id: str, generation: int, header: bytes) -> None:
+        self.live[log_id] = generation
+        self.counts[generation] = self.counts.get(generation, 0) + 1
+        self._unretired.setdefault(generation, {})[log_id] = header
+
+    def superseded(self, log_id: str, generation: int) -> None:
+        """A DROP or a promoting CREATE of ``log_id`` is durable in WAL ``generation``."""
+        created = self.live.pop(log_id, None)
+        if created is not None:
+            self._dying.setdefault(generation, []).append((log_id, created))
+
+    def void_now(self, log_id: str) -> None:
+        """Without a WAL (``--durability none`` over a data directory written with fsync): write
+        ``log_id`` into its pack's sidecar at once, unsynced. Blocking; the caller then ``forget``s.
+        (Such packs are compacted by the next start-up's ``settle``, not while serving.)"""
+        created = self.live.get(log_id)
+        if created is not None and self.directory is not None and created in self.kept:
+            append_dead(self.directory, created, [log_id], sync=False)
+
+    def forget(self, log_id: str) -> None:
+        """On the loop, after ``void_now``."""
+        created = self.live.pop(log_id, None)
+        if created is not None:
+            self.counts[created] -= 1
+
+    def plan(self, generation: int) -> Retirement:
+        dead: dict[int, list[str]] = {}
+        for log_id, created in self._dying.pop(generation, []):
+            dead.setdefault(created, []).append(log_id)
+            self.counts[created] -= 1
+        # Its packed creates not void by now (one promoted in a later WAL file is still live: its
+        # directory is not synced yet), copied into its pack.
+        void = set(dead.get(generation, ()))
+        keep = [
+            WalEntry(log_id, 0, 0, [header], Kind.PACKED)
+            for log_id, header in self._unretired.pop(generation, {}).items()
+            if log_id not in void
+        ]
+        remove = [g for g in self.kept if not self.counts.get(g)]
+        compact = [
+            g
+            for g in dead
+            if g in self.kept and worth_rewriting(self.counts.get(g, 0), self.entries.get(g, 0))
+        ]
+        for g in [g for g, n in self.counts.items() if not n and g <= generation]:
+            del self.counts[g]
+        return Retirement(generation, dead, keep, remove, compact)
+
+    def carry_out(self, plan: Retirement, wal: WalFile | None, *, sync: bool) -> Carried:
+        """Sidecars and half-void packs rewritten, then the retired WAL file's live packed creates
+        written as its pack and the WAL file removed, then the packs left with nothing live removed.
+        Blocking; raises OSError (the committer then fails)."""
+        assert self.directory is not None
+        packs = self.directory
+        packs.mkdir(exist_ok=True)
+        gone = set(plan.remove)
+        written: dict[int, tuple[int, int]] = {}
+        for created, ids in plan.dead.items():
+            if created in gone or created == plan.generation:
+                continue
+            if created in plan.compact:
+                # Rewritten without them (and without what its sidecar says): durable before the
+                # WAL file that voids them goes, as a sidecar line would be.
+                entries = _live_entries(packs, created, set(ids))
+                written[created] = (write_pack(packs, created, entries, sync=sync), len(entries))
+            else:
+                append_dead(packs, created, ids, sync=sync)
+        for created in plan.compact:
+            if created in written:  # the rewrite's rename is durable: its sidecar is obsolete
+                _unlink(packs / dead_name(created))
+        if wal is not None:
+            if plan.keep:
+                size = write_pack(packs, plan.generation, plan.keep, sync=sync)
+                written[plan.generation] = (size, len(plan.keep))
+            wal.remove()
+        for generation in plan.remove:
+            _unlink(packs / pack_name(generation))
+            _unlink(packs / dead_name(generation))
+        if plan.remove and sync:
+            fsync_dir(packs)
+        return Carried(written)
+
+    def carried_out(self, plan: Retirement, carried: Carried) -> None:
+        """On the loop, after ``carry_out``."""
+        for generation in plan.remove:
+            self.kept.pop(generation, None)
+            self.entries.pop(generation, None)
+        for generation, (size, entries) in carried.written.items():
+            self.kept[generation] = size
+            self.entries[generation] = entries
