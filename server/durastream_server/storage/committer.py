@@ -208,6 +208,7 @@ class Committer:
         self._fresh: dict[str, int] = {}
         # Retired WAL files whose packs could not be written yet (out of space), oldest first.
         self._unpacked: list[tuple[Retirement, WalFile]] = []
+        self._packing = False  # ``_carry_out_packs`` is running: one at a time, oldest file first
         self._task: asyncio.Task[None] | None = None
         self._rotate = False  # the next round starts a new WAL file
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -413,6 +414,15 @@ class Committer:
         and the next checkpoint tries again from the oldest. Redoing a half-done plan is harmless: a
         sidecar line written twice names the same id, a pack is replaced whole. Any other error raises
         (the checkpoint fails the committer)."""
+        if self._packing:  # the one carrying out takes this file too, in order
+            return
+        self._packing = True
+        try:
+            await self._carry_out_unpacked()
+        finally:
+            self._packing = False
+
+    async def _carry_out_unpacked(self) -> None:
         loop = asyncio.get_running_loop()
         while self._unpacked:
             plan, wal = self._unpacked[0]
