@@ -415,7 +415,8 @@ class PackBook:
     def carry_out(self, plan: Retirement, wal: WalFile | None, *, sync: bool) -> Carried:
         """Sidecars and half-void packs rewritten, then the retired WAL file's live packed creates
         written as its pack and the WAL file removed, then the packs left with nothing live removed.
-        Blocking; raises OSError (the committer then fails)."""
+        Blocking; raises OSError: out of space, the committer keeps the WAL file and carries the
+        same plan out again at its next checkpoint (``Committer._carry_out_packs``); otherwise it fails."""
         assert self.directory is not None
         packs = self.directory
         packs.mkdir(exist_ok=True)

@@ -217,15 +217,13 @@ def read_one_record(
     is anything else (``read_range`` then reads it, with its errors)."""
     base = segs.bases[-1]
     rec_max = segs.end - scan_from
-    if scan_from < base or not 0 < rec_max <= READ_BLOCK:
-        return None
+    if scan_from < base or not _HEAD_SIZE <= rec_max <= READ_BLOCK:
+        return None  # not one whole APPEND record's worth of the last segment: no read at all
     handle = cache.acquire((segs.log_id, base), segs.path(base), evict=evict)
     try:
         buf = pread_exact(handle.fd, rec_max, scan_from - base)
     finally:
         cache.release(handle)
-    if rec_max < _HEAD_SIZE:
-        return None
     magic, version, kind, body_len, crc, position, ts, n, meta_len, _ = _HEAD.unpack_from(buf)
     rec_len = FRAME_SIZE + body_len
     payload_len = body_len - APPEND_FIXED_SIZE - meta_len
