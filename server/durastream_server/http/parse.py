@@ -209,7 +209,10 @@ def digest_header(verified: bool) -> tuple[str, str]:
     return DIGEST_HEADER, "match" if verified else "unknown"
 
 
-def append_request(path: str, headers: dict[str, str], body: bytes) -> AppendRequest:
+def append_request(
+    path: str, headers: dict[str, str], body: bytes, key: str | None = None
+) -> AppendRequest:
+    """An append (or, with ``key``, a bulk inline commit: its key is judged by the caller)."""
     close = stream_closed(headers)
     ctype = content_type(headers)
     if not body:
@@ -229,6 +232,7 @@ def append_request(path: str, headers: dict[str, str], body: bytes) -> AppendReq
         stream_seq=headers.get("stream-seq"),
         producer=appender,
         refuse_forgotten=refuse_forgotten(headers, appender),
+        key=key,
     )
 
 
