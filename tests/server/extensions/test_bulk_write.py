@@ -340,3 +340,78 @@ def test_ensure_treats_an_expired_stream_as_missing(durastream_server: ServerPro
     (created,) = response.json()["results"]
     assert created["created"] is True and created["content_type"] == JSON
     assert requests.head(url, timeout=TIMEOUT).status_code == 200
+
+
+def test_inline_commits_of_many_streams_are_answered_each_at_its_place(
+    durastream_server: ServerProcess,
+) -> None:
+    """The routed sink's request: two parts (two producers) of each of 300 streams committed inline
+    in one request, beside a commit of handles, a refused entry and a missing stream. Every entry
+    is answered at its place as its single request would be; each part is appended once; the
+    request again is all 204s and appends nothing."""
+    base = unique("bulk-inline-many")
+    paths = [f"{base}/s{n}" for n in range(300)]
+    ensure(durastream_server, {"streams": paths, "content_type": JSON})
+    bulk(durastream_server, "stages", [stage_entry(paths[0], "hx", b'["staged"]')])
+    entries = [
+        inline_entry(p, json.dumps([f"{n}-{part}"]).encode(), f"p{part}-{n}", 2)
+        for n, p in enumerate(paths)
+        for part in (0, 1)
+    ]
+    entries[10:10] = [
+        commit_entry(paths[0], ["hx"], "handles", 1),
+        inline_entry(paths[1], b"", "empty", 0),  # an inline commit needs a body
+        inline_entry(f"{base}/missing", b"[1]", "gone", 0),
+    ]
+    results = bulk(durastream_server, "commits", entries)
+    assert results[10]["status"] == 200 and results[10]["headers"]["Durastream-Txn-Messages"] == "1"
+    assert results[11]["status"] == 400 and "requests[11]" in results[11]["error"]["message"]
+    assert results[12]["status"] == 404 and results[12]["error"]["code"] == "NOT_FOUND"
+    inline = results[:10] + results[13:]
+    assert [r["status"] for r in inline] == [200] * 600
+    first = inline[0]
+    assert list(first) == ["status", "headers"]
+    assert list(first["headers"]) == [
+        "Stream-Next-Offset",
+        "Cache-Control",
+        "Producer-Epoch",
+        "Producer-Seq",
+    ]
+    assert (first["headers"]["Producer-Epoch"], first["headers"]["Producer-Seq"]) == ("2", "0")
+    for n in (0, 1, 150, 299):
+        got = messages(durastream_server, paths[n])
+        assert sorted(m for m in got if m != "staged") == [f"{n}-0", f"{n}-1"], got
+        tail = requests.head(durastream_server.stream_url(paths[n]), timeout=TIMEOUT)
+        assert (
+            inline[2 * n + 1]["headers"]["Stream-Next-Offset"] <= tail.headers["Stream-Next-Offset"]
+        )
+    again = bulk(durastream_server, "commits", entries)
+    assert {r["status"] for i, r in enumerate(again) if i not in (11, 12)} == {204}
+    assert sorted(messages(durastream_server, paths[150])) == ["150-0", "150-1"]
+
+
+def test_ensure_answers_each_path_at_its_place_whatever_the_others_are(
+    durastream_server: ServerProcess,
+) -> None:
+    """New, existing, invalid and repeated paths in one ensure: each answered at its place (the new
+    ones created once, in request order), an invalid path its own 400."""
+    base = unique("bulk-ensure-mix")
+    existing = f"{base}/old"
+    assert requests.put(durastream_server.stream_url(existing), headers={"Content-Type": JSON}).ok
+    paths = [f"{base}/n{n}" for n in range(200)]
+    listed = [*paths[:100], existing, "a/../b", paths[0], *paths[100:]]
+    response = ensure(durastream_server, {"streams": listed, "content_type": JSON})
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert len(results) == len(listed)
+    assert [r["created"] for r in results[:100]] == [True] * 100
+    assert results[100] == {
+        "content_type": JSON,
+        "next_offset": results[100]["next_offset"],
+        "closed": False,
+        "created": False,
+    }
+    assert results[101]["status"] == 400 and "streams[101]" in results[101]["error"]["message"]
+    assert results[102]["created"] is False  # listed twice: created by its first entry
+    assert [r["created"] for r in results[103:]] == [True] * 100
+    assert all(requests.head(durastream_server.stream_url(p)).status_code == 200 for p in paths)
