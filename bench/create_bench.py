@@ -9,7 +9,8 @@ with fsync durability (the defaults), driven over loopback by ``scale_bench``'s 
 ``ensure``    one bulk ``ensure`` request creating ``--ensure`` streams (docs/extensions.md section 11), as
               the connector's routed sink does; reported as creates/s of that request; then one bulk
               ``commits`` request giving each of those new streams its first data (an inline commit of
-              10 rows), the sink's next request.
+              10 rows), the sink's next request, and another one to the same streams, which now have
+              data (``later_commits``).
 
 Figures: creates/s and the server's CPU per create (user + system of the server process: robust under
 load), and the part of it spent by the event loop's thread (HTTP, protocol, engine; the rest is the commit
@@ -62,7 +63,7 @@ async def measure(server: ScaleServer, args: argparse.Namespace) -> dict:
         if status not in (200, 204):
             raise RuntimeError(f"POST: HTTP {status}")
 
-    for name, work in (("put", put), ("put+post", put_post)):
+    for name, work in (("put", put), ("put+post", put_post)) if args.streams else ():
         cpu0, loop0 = server.cpu(), loop_cpu(server.pid)
         elapsed = await run_clients(server.port, args.clients, range(args.streams), work)
         cpu, loop = server.cpu() - cpu0, loop_cpu(server.pid) - loop0
@@ -94,44 +95,46 @@ async def measure(server: ScaleServer, args: argparse.Namespace) -> dict:
             "server_cpu_us_per_create": round(1e6 * cpu / args.ensure),
             "loop_cpu_us_per_create": round(1e6 * loop / args.ensure),
         }
-        # The sink's next request: each new stream's first data, an inline commit (10 rows) in one
-        # bulk ``commits`` request (docs/extensions.md section 11), as a routed batch sends it.
+        # The sink's next requests: each new stream's first data, an inline commit (10 rows) in one
+        # bulk ``commits`` request (docs/extensions.md section 11), as a routed batch sends it; then
+        # another to each (streams that have data: a later batch, or a second partition's part).
         paths = [f"ensure/s{i:06d}" for i in range(args.ensure)]
-        cpu0, loop0 = server.cpu(), loop_cpu(server.pid)
-        started = time.perf_counter()
-        status, text = await run_one(
-            server.port,
-            raw_request("POST", COMMITS, first_commits(paths), "application/json"),
-        )
-        elapsed = time.perf_counter() - started
-        cpu, loop = server.cpu() - cpu0, loop_cpu(server.pid) - loop0
-        if status != 200:
-            raise RuntimeError(f"commits: HTTP {status}")
-        for i in (0, args.ensure - 1):  # the entries were committed (each is answered on its own)
-            status, tail = await run_one(server.port, raw_request("HEAD", f"ensure/s{i:06d}"))
-            if status != 200 or tail == format_offset(0):
-                raise RuntimeError(f"commits: stream {i} has no data (HTTP {status}, {tail})")
-        figures["first_commits"] = {
-            "streams": args.ensure,
-            "seconds": round(elapsed, 3),
-            "server_cpu_us_per_stream": round(1e6 * cpu / args.ensure),
-            "loop_cpu_us_per_stream": round(1e6 * loop / args.ensure),
-        }
+        for phase, key, seq in (("first_commits", "b0", 0), ("later_commits", "b1", 1)):
+            cpu0, loop0 = server.cpu(), loop_cpu(server.pid)
+            started = time.perf_counter()
+            status, text = await run_one(
+                server.port,
+                raw_request("POST", COMMITS, inline_commits(paths, key, seq), "application/json"),
+            )
+            elapsed = time.perf_counter() - started
+            cpu, loop = server.cpu() - cpu0, loop_cpu(server.pid) - loop0
+            if status != 200:
+                raise RuntimeError(f"commits: HTTP {status}")
+            for i in (0, args.ensure - 1):  # the entries were committed (each answered on its own)
+                status, tail = await run_one(server.port, raw_request("HEAD", f"ensure/s{i:06d}"))
+                if status != 200 or tail == format_offset(0):
+                    raise RuntimeError(f"commits: stream {i} has no data (HTTP {status}, {tail})")
+            figures[phase] = {
+                "streams": args.ensure,
+                "seconds": round(elapsed, 3),
+                "server_cpu_us_per_stream": round(1e6 * cpu / args.ensure),
+                "loop_cpu_us_per_stream": round(1e6 * loop / args.ensure),
+            }
     return figures
 
 
-def first_commits(paths: list[str]) -> bytes:
-    """A bulk ``commits`` body giving each stream its first data: an inline commit of 10 rows."""
+def inline_commits(paths: list[str], key: str, seq: int) -> bytes:
+    """A bulk ``commits`` body giving each stream an inline commit of 10 rows under ``key``."""
     return encode_requests(
         [
             (
                 path,
                 {
                     "Content-Type": "application/json",
-                    "Durastream-Commit-Key": "b0",
+                    "Durastream-Commit-Key": key,
                     "Producer-Id": f"w{i}",
                     "Producer-Epoch": "0",
-                    "Producer-Seq": "0",
+                    "Producer-Seq": str(seq),
                 },
                 json.dumps([{"i": i, "n": n} for n in range(10)]).encode(),
             )
@@ -190,7 +193,7 @@ def main() -> None:
         "--server-src", action="append", help="checkout whose server to run (repeatable)"
     )
     parser.add_argument(
-        "--streams", type=int, default=4000, help="streams per phase (put, put+post)"
+        "--streams", type=int, default=4000, help="streams per phase (put, put+post; 0: skip)"
     )
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument(
