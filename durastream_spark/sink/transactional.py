@@ -297,6 +297,11 @@ def commit_parts(
         for message, part in jobs
     ]
     staged = [index for index, (_, part) in enumerate(jobs) if part.handles or part.inline]
+    # The parts of one stream side by side (every partition's; a stable sort keeps their order): they
+    # then travel in the same bulk request, which the server stages in one pass, so a routed stream's
+    # parts are one batch of its log in one commit round (and a new stream is promoted with all of
+    # them) instead of a round each. The entries of a request are independent: order is not applied.
+    staged.sort(key=lambda index: jobs[index][1].stream)
     answers = bulk.commit([commit_entry(*jobs[index]) for index in staged]) if staged else []
     _recommit_missing(client, options, bulk, [jobs[index] for index in staged], answers)
     unneeded: list[tuple[str, tuple[str, ...]]] = []
