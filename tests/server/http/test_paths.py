@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from durastream_server.http.paths import (
     InvalidPath,
@@ -87,3 +89,20 @@ def test_forked_from_accepts_url_path_full_url_and_relative_path() -> None:
         forked_from_path("/other/src")
     with pytest.raises(InvalidPath):
         forked_from_path("/v1/stream/")
+
+
+@given(st.binary(max_size=40) | st.text(alphabet="ab/.%2F41\x00é ?", max_size=12).map(str.encode))
+def test_a_plain_path_taken_as_it_is_is_what_decoding_it_makes(raw: bytes) -> None:
+    """``stream_path`` takes a path without ``%``, ``.``, NUL or non-ASCII bytes as it is; for every
+    input it answers (or refuses) exactly as the segment-by-segment decoding does."""
+    from durastream_server.http import paths
+
+    try:
+        expected: str | type[InvalidPath] = paths._decoded_path(raw) if raw else InvalidPath
+    except InvalidPath:
+        expected = InvalidPath
+    try:
+        got: str | type[InvalidPath] = paths.stream_path(raw)
+    except InvalidPath:
+        got = InvalidPath
+    assert got == expected
