@@ -17,9 +17,13 @@ resources carry those requests in bulk; each entry is still the request it stand
   keyed commit is (so a writer whose part is one small request stages nothing: no staging file, and the
   append goes into the shared commit rounds of ``storage/committer.py``).
 
-Entries run concurrently (at most ``CONCURRENCY`` at a time, in request order): their order is not an order
-of application, so a body must not hold two requests where one depends on the other (two stages of one
-handle, a stage and the commit of its handle). One entry failing does not fail the others.
+Entries run concurrently, started in request order: an ``ensure``'s new streams and a ``commits`` request's
+inline commits are all handed to the engine in one pass over the body (each a future: ``create_nowait``,
+``append_nowait``) and awaited together, so their per-entry cost is the engine's work alone and a request's
+appends share the commit rounds; stages and commits of handles run at most ``CONCURRENCY`` at a time.
+Their order is not an order of application, so a body must not hold two requests where one depends on the
+other (two stages of one handle, a stage and the commit of its handle). One entry failing does not fail
+the others.
 
 Body of ``stages``/``commits`` (``application/vnd.durastream.multi-request``)::
 
