@@ -230,8 +230,12 @@ async def _settled(futures: list[asyncio.Future[Any]]) -> None:
     left = len(futures)
     waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def done(_: asyncio.Future[Any]) -> None:
+    def done(future: asyncio.Future[Any]) -> None:
         nonlocal left
+        if not future.cancelled():
+            # Marks the outcome as seen: when the client has gone, nobody reads it, and asyncio
+            # would log each failure as "never retrieved" (the caller reads it when it is there).
+            future.exception()
         left -= 1
         if not left and not waiter.done():
             waiter.set_result(None)
