@@ -11,11 +11,11 @@ Runs the batch read of ``fanout_bench.py``'s Spark part (``pattern`` ``ten/*`` -
   hand-over) and after it;
 - CPU seconds of each process during the job, from ``/proc``: the server (by thread name), the driver JVM
   (by thread name), Spark's Python workers (daemon, workers, the planner's worker, with reaped children),
-  and this driver process;
-- the requests the server answered (its ``/metrics`` counters when present, else not shown).
+  and this driver process (server threads all show as one: Python names its threads only for
+  itself, so the split by thread comes from py-spy).
 
-Run ``py-spy record --pid <server pid> --threads`` beside it for the server's functions
-(``--spy DIR`` does it: one flame SVG per selection, of the server and of the Python workers).
+``--spy DIR`` records the server with ``py-spy --threads`` (raw stacks, ``DIR/server.txt``) during the
+measured rounds; py-spy itself costs CPU on a 2-core machine, so figures of a run with it are inflated.
 
     .venv/bin/python bench/read_breakdown.py --dir /tmp/fan --repeats 5 [--server-src /work/main]
 """
@@ -87,8 +87,7 @@ def descendants(root: int) -> list[int]:
 
 
 def snapshot(server: int) -> dict[str, float]:
-    """CPU seconds so far of every process the job involves, keyed by role (and thread, for the server
-    and the JVM)."""
+    """CPU seconds so far of every process the job involves, keyed by role."""
     cpu: dict[str, float] = defaultdict(float)
     for pid in descendants(os.getpid()) + [os.getpid()]:
         cmd = _cmdline(pid)
@@ -97,14 +96,8 @@ def snapshot(server: int) -> dict[str, float]:
         except OSError:
             continue
         if pid == server:
-            for tid in os.listdir(f"/proc/{pid}/task"):
-                try:
-                    name, used, _ = _stat(f"/proc/{pid}/task/{tid}/stat")
-                except OSError:
-                    continue
-                cpu[f"server: {_thread_kind(name)}"] += used
-            continue
-        if "java" in comm or "java" in cmd.split(" ")[0]:
+            role = "server (all threads)"
+        elif "java" in comm or "java" in cmd.split(" ")[0]:
             role = "driver JVM"
         elif pid == os.getpid():
             role = "driver Python (py4j client)"
@@ -114,12 +107,6 @@ def snapshot(server: int) -> dict[str, float]:
             role = f"other: {comm}"
         cpu[role] += own + children
     return cpu
-
-
-def _thread_kind(name: str) -> str:
-    if name.startswith("python") or name == "MainThread":
-        return "event loop (main thread)"
-    return name.rstrip("0123456789_-") or name
 
 
 def free_port() -> int:
