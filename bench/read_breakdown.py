@@ -18,6 +18,7 @@ Runs the batch read of ``fanout_bench.py``'s Spark part (``pattern`` ``ten/*`` -
 measured rounds; py-spy itself costs CPU on a 2-core machine, so figures of a run with it are inflated.
 
     .venv/bin/python bench/read_breakdown.py --dir /tmp/fan --repeats 5 [--server-src /work/main]
+    DURASTREAM_TREE=/work/main /work/main/.venv/bin/python bench/read_breakdown.py --dir /tmp/fan
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+# DURASTREAM_TREE: measure another checkout (its connector, its server, with its own venv's python).
+REPO = Path(os.environ.get("DURASTREAM_TREE") or Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
