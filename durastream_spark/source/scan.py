@@ -125,6 +125,26 @@ class PackedPartition(InputPartition):
     def streams(self) -> tuple[str, ...]:
         return tuple(segment.stream for segment in self.segments)
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        """Pickled as columns. Spark pickles every partition on the driver and unpickles it in the
+        task; 10,000 ``Segment`` tuples pickled one by one (``__getnewargs__`` each, every content
+        type written again) cost 0.05-0.2 s of the planning, six columns of C-level lists about
+        a tenth of that. The partition unpickles equal to this one (same segments, same order)."""
+        columns = tuple(map(list, zip(*self.segments, strict=True)))
+        for column in columns[1:2] + columns[3:4]:  # the starts (mostly "-1"), the content types
+            # Equal texts as one object: pickle writes each once, then memo references.
+            seen: dict[object, object] = {}
+            column[:] = [seen.setdefault(value, value) for value in column]
+        return _packed_from_columns, (columns, self.route, self.extensions)
+
+
+def _packed_from_columns(
+    columns: tuple[list[object], ...], route: str, extensions: Extensions
+) -> PackedPartition:
+    """``PackedPartition.__reduce__``'s inverse."""
+    segments = tuple(map(Segment, *columns)) if columns else ()
+    return PackedPartition(segments, route, extensions)
+
 
 @dataclass(frozen=True)
 class RangeScanner:

@@ -924,12 +924,21 @@ class Engine:
         messages and next offset) without the rest of a ``MessagesResult``."""
         return await multiread.read_answers(self, ranges, max_bytes, overhead)
 
-    def plan_messages(self, path: str, offset: str, end_offset: str) -> multiread.Planned | None:
+    def plan_messages(
+        self, path: str, offset: str, end_offset: str, now: float | None = None
+    ) -> multiread.Planned | None:
         """``read_messages`` of ``[offset, end_offset)`` up to its read, decided on the loop, with
         the same errors; None when the loop cannot decide it alone (a fork chain, an end whose
-        boundary check scans headers, the hot tail): ``read_messages`` then reads it."""
-        inc = self._lookup(path)
-        self._touch(inc)
+        boundary check scans headers, the hot tail): ``read_messages`` then reads it.
+
+        ``now``: the clock, read once by the caller for a group of ranges planned in one loop turn
+        (two clock reads a range were ~3% of the server's CPU for 10,000 ranges); the expiry check
+        and the access time then use that instant, as one read at that instant would."""
+        if now is None:
+            now = self._clock()
+        inc = self._lookup(path, now)
+        if now > inc.last_access:
+            inc.last_access = now
         log = inc.log
         # A stream that is no fork reads its own log alone: no StreamView to build (~3 us a range).
         if log.header.fork_source_id is not None:
@@ -952,6 +961,10 @@ class Engine:
         except InvalidPosition:
             return None
         return None if read is None else multiread.Planned(inc, start, end_offset, read)
+
+    def clock(self) -> float:
+        """The engine's clock (expiry and access times), for callers that plan many reads at once."""
+        return self._clock()
 
     @property
     def read_executor(self) -> Executor:
@@ -1343,8 +1356,9 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
 
-    def _lookup(self, path: str) -> Incarnation:
-        """The live incarnation at ``path``: 404 if none (or expired), 410 if soft-deleted."""
+    def _lookup(self, path: str, now: float | None = None) -> Incarnation:
+        """The live incarnation at ``path``: 404 if none (or expired at ``now``, default the clock),
+        410 if soft-deleted."""
         inc = self._registry.by_path.get(path)
         if inc is None:
             if path in self._data.corrupt:
@@ -1352,7 +1366,7 @@ class Engine:
             raise NotFound(f"stream {path!r} does not exist")
         if inc.soft_deleted:
             raise Gone(f"stream {path!r} was deleted")
-        if inc.expired(self._clock()):
+        if inc.expired(self._clock() if now is None else now):
             # Answer as the sweeper will leave it: soft-deleted if forks still read it.
             if self._registry.refcount(inc) > 0:
                 raise Gone(f"stream {path!r} expired")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from durastream_server.engine.api import MessagesResult, ReadRequest
@@ -42,9 +42,10 @@ Range = tuple[str, str, str]  # path, offset, end
 Slices = list[MessageSlice | MessageRun]
 
 
-@dataclass(frozen=True, slots=True)
-class Planned:
-    """A range's read as ``Engine.read_messages`` would do it, decided on the loop."""
+class Planned(NamedTuple):
+    """A range's read as ``Engine.read_messages`` would do it, decided on the loop. A tuple: one is
+    made per range (10,000 for a packed Spark task), and a frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__`` in Python."""
 
     inc: Incarnation
     start: int
@@ -132,12 +133,13 @@ def _plan(
     """Plan the next ranges, at most ``GROUP``: the planned ones, the range after them that must be
     read alone (or None), and whether ``items`` may hold more."""
     group: list[_Entry] = []
+    now = engine.clock()  # one instant for the group: it is planned in one loop turn
     for item in items:
         if isinstance(item, ProtocolError):
             group.append((("", "", ""), item))
         else:
             try:
-                planned = engine.plan_messages(*item)
+                planned = engine.plan_messages(*item, now)
             except ProtocolError as exc:
                 planned = exc
             if planned is None:
@@ -228,4 +230,7 @@ async def _read_alone(
 
 def spent(slices: Sequence[MessageSlice | MessageRun], count: int, overhead: int) -> int:
     """What a read's answer takes of the budget: its bytes, ``overhead`` per message, at least 1."""
-    return max(sum(len(item.data) for item in slices) + overhead * count, 1)
+    return max(sum(map(len, map(_DATA, slices))) + overhead * count, 1)
+
+
+_DATA: Final = attrgetter("data")  # C-level iteration: ``spent`` runs once per range read

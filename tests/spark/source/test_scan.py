@@ -153,3 +153,38 @@ def test_a_packed_responses_stream_column_names_each_message_by_its_run() -> Non
     assert column.type == pa.string()
     assert column.to_pylist() == ["a/1", "a/1", "c", "c", "c", "a/1"]
     assert stream_column([]).to_pylist() == []
+
+
+def test_a_packed_partition_unpickles_equal_to_itself() -> None:
+    """Spark pickles a task's partition on the driver and unpickles it in the task: the compact
+    (columnar) form must give back the same segments in the same order, as ``Segment`` tuples, with
+    the route and extensions, so a task reads exactly the ranges that were planned."""
+    import json
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from durastream_spark.source.scan import PackedPartition, Segment
+
+    # Distinct string objects for equal texts, as a JSON listing gives them.
+    rows = json.loads(
+        json.dumps(
+            [
+                [f"ten/s{i:05d}", "-1" if i % 3 else f"{i:016d}_{i:016d}", f"{i:016d}_{i + 9:016d}"]
+                for i in range(500)
+            ]
+        )
+    )
+    kinds = json.loads(json.dumps(["application/json", "application/octet-stream"] * 250))
+    segments = tuple(
+        Segment(stream, start, end, kind, i % 7, i * 13)
+        for i, ((stream, start, end), kind) in enumerate(zip(rows, kinds, strict=True))
+    )
+    packed = PackedPartition(segments, FRAMES_ROUTE, Extensions((("multi-range", 1),)))
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        again = pickle.loads(dumps(packed))
+        assert again == packed
+        assert [type(segment) for segment in again.segments] == [Segment] * len(segments)
+        assert again.route == FRAMES_ROUTE and again.extensions.multi_range
+    empty = PackedPartition((), FRAMES_ROUTE, Extensions(()))
+    assert pickle.loads(pickle.dumps(empty)) == empty
