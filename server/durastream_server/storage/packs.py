@@ -243,13 +243,18 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
         for i, (log_id, _segment, offset, records, kind) in enumerate(scanned.entries):
             if kind == Kind.PACKED:
                 created[log_id] = (generation, records)
-                piece = _Piece(0, where, generation, scanned.records_at[i], records, Kind.PACKED)
-                found.setdefault(log_id, []).append(piece)
             elif kind == Kind.PACKED_RECORDS and records:
                 piece = _Piece(offset, where, generation, scanned.records_at[i], records, kind)
                 found.setdefault(log_id, []).append(piece)
             elif kind == Kind.DROP:
                 dropped.add(log_id)
+    if found:  # the header pieces of the streams with records (none in a step 1 data directory)
+        for generation, scanned in pack_scans + wal_scans:
+            where = IN_PACK if id(scanned) in in_pack else IN_WAL
+            for i, (log_id, _segment, _offset, records, kind) in enumerate(scanned.entries):
+                if kind == Kind.PACKED and log_id in found:
+                    at = scanned.records_at[i]
+                    found[log_id].append(_Piece(0, where, generation, at, records, kind))
     present = set(os.listdir(root / "streams")) if created else set()
     live: dict[str, tuple[int, bytes]] = {}
     counts: dict[int, int] = {}
