@@ -48,7 +48,7 @@ from pathlib import Path
 
 from durastream_server.storage import codec
 from durastream_server.storage.extents import IN_PACK, IN_WAL, Extents, coalesce, records_offsets
-from durastream_server.storage.files import fsync_dir, pwrite_all
+from durastream_server.storage.files import fsync_dir, pread_exact, pwrite_all
 from durastream_server.storage.records import StreamHeader
 from durastream_server.storage.wal import (
     WAL_DIR,
@@ -410,6 +410,25 @@ def settle(root: Path, wal_scans: list[tuple[int, Scan]], *, sync: bool, out: Se
         fsync_dir(packs)
     for log_id, pieces in found.pieces.items():
         out.extents[log_id] = _extents_after(pieces, rewrite, moved.get(log_id, {}))
+
+
+def read_virtual(root: Path, extents: Extents) -> bytes:
+    """A packed stream's virtual segment 0 (its header record and records, byte for byte what its
+    segment 0 holds once promoted), read from the files its extents name: for its fold at start-up
+    (``recovery.recover_packed``) and for the CREATE entry of its promotion. Blocking."""
+    out = bytearray()
+    for piece in extents.pieces(extents.start, extents.end):
+        name = (
+            pack_name(piece.generation)
+            if piece.where == IN_PACK
+            else os.path.join("..", WAL_DIR, wal_name(piece.generation))
+        )
+        fd = os.open(root / PACKS_DIR / name, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            out += pread_exact(fd, piece.length, piece.offset)
+        finally:
+            os.close(fd)
+    return bytes(out)
 
 
 def _extents_after(

@@ -14,11 +14,14 @@ import os
 import shutil
 from pathlib import Path
 
-from durastream_server.storage import codec, packs, wal
+import pytest
+
+from durastream_server.storage import codec, packs, recovery, wal
 from durastream_server.storage.extents import Extents
 from durastream_server.storage.records import AppendEntry, ProducerTuple
+from durastream_server.storage.segments import segment_name
 
-from ._util import header, open_dd, run, sample_digest
+from ._util import append, header, open_dd, run, sample_digest
 
 
 def _packed_streams(root: Path, count: int) -> list[tuple[str, bytes]]:
@@ -165,3 +168,53 @@ def test_a_damaged_pack_entry_leaves_a_gap_in_its_stream_only(tmp_path: Path) ->
     assert settled.gaps == [a]
     assert _read(tmp_path, settled.extents[a]) == head_a  # served up to the gap
     assert _read(tmp_path, settled.extents[b]) == head_b + r1  # the entry after the damage
+
+
+def test_a_packed_streams_records_fold_to_the_state_its_promoted_segment_holds(
+    tmp_path: Path,
+) -> None:
+    """The virtual segment 0 read back through the extents is byte for byte the segment 0 a promoted
+    stream holds, and folds to the same state, producer dedup state included (a retried append after
+    a restart is seen as a duplicate): the records of a real directory stream, written by the real
+    writer, are cut at their record boundaries into a packed create and packed records entries."""
+    live = tmp_path / "directory"
+
+    async def write() -> tuple[str, bytes]:
+        dd = await open_dd(live)
+        log = await dd.create_stream(header("/chat"), None)
+        for seq, payload in enumerate([b'"hello"', b'"how are you"', b'"bye"']):
+            await append(log, payload, producer=("writer", 0, seq))
+        await dd.close()
+        return log.id, (live / "streams" / log.id / segment_name(0)).read_bytes()
+
+    log_id, segment = run(write)
+    boundaries = [0]
+    while boundaries[-1] < len(segment):
+        boundaries.append(boundaries[-1] + codec.parse_frame(segment, boundaries[-1]).record_len)
+    assert len(boundaries) == 5  # the header and three appends
+    packed = tmp_path / "packed"
+    for name in ("streams", wal.WAL_DIR):
+        (packed / name).mkdir(parents=True)
+    head = segment[: boundaries[1]]
+    _round(packed, 0, [wal.WalEntry(log_id, 0, 0, [head], wal.Kind.PACKED)])
+    _round(packed, 0, [_records(log_id, boundaries[1], segment[boundaries[1] : boundaries[2]])])
+    _round(packed, 1, [_records(log_id, boundaries[2], segment[boundaries[2] : boundaries[3]])])
+    _round(packed, 1, [_records(log_id, boundaries[3], segment[boundaries[3] :])])
+    settled = wal.replay(packed, sync=True).packed
+    virtual = packs.read_virtual(packed, settled.extents[log_id])
+    assert virtual == segment
+    folded = recovery.recover_packed(log_id, virtual, 64)
+    directory = recovery.recover_stream(str(live / "streams" / log_id), log_id, 64, sync=False)
+    assert folded.state == directory.state
+    assert (folded.file_end, folded.last_record) == (directory.file_end, directory.last_record)
+    producer = folded.state.producers.get("writer")
+    assert producer is not None and (producer.epoch, producer.last_seq) == (0, 2)
+    assert producer.digest(2) == sample_digest(b'"bye"')  # a retry of seq 2 is a duplicate
+
+
+def test_a_damaged_record_in_a_packed_stream_quarantines_it_never_cuts_it(tmp_path: Path) -> None:
+    head = bytes(codec.encode_header(header("/q")))
+    record = bytearray(_record(0, b'"x"', 0))
+    record[-1] ^= 0xFF
+    with pytest.raises(recovery.Quarantine, match="do not fold"):
+        recovery.recover_packed("0" * 32, head + bytes(record), 64)
