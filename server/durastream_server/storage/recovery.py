@@ -265,15 +265,22 @@ def recover_packed(log_id: str, data: bytes, index_interval: int) -> Recovered:
     quarantined (``Quarantine``), never cut (hazard 32)."""
     segs = _InMemory(data)
     header, header_end = _read_header(segs)
-    state = StreamState(tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms)
-    index = LogIndex(SparseIndex(index_interval, last_time=header.append_time_floor_ms))
-    index.sparse.note(header.fork_position, header_end, 0)
-    progress = _Progress(0)
+    state, index, progress = _fresh_fold(header, header_end, index_interval)
     try:
         end = _replay(segs, header_end, state, index, progress)
     except (_Bad, _Inconsistent) as exc:
         raise Quarantine(header.path, f"packed records do not fold: {exc}") from None
     return Recovered(log_id, "", header, state, [0], index, end, progress.last_record, 0, 0)
+
+
+def _fresh_fold(
+    header: StreamHeader, header_end: int, index_interval: int
+) -> tuple[StreamState, LogIndex, _Progress]:
+    """The state, index and progress a fold from the header on starts with (no snapshot)."""
+    state = StreamState(tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms)
+    index = LogIndex(SparseIndex(index_interval, last_time=header.append_time_floor_ms))
+    index.sparse.note(header.fork_position, header_end, 0)
+    return state, index, _Progress(0)
 
 
 def recover_batch(
@@ -411,10 +418,7 @@ def _recover(
             "stream %s (%s): discarding snapshot: %s; replaying the whole log", log_id, path, reason
         )
         _drop_snapshot(segs.directory, sync)  # stale: must never be trusted again
-    state = StreamState(tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms)
-    index = LogIndex(SparseIndex(index_interval, last_time=header.append_time_floor_ms))
-    index.sparse.note(header.fork_position, header_end, 0)
-    progress = _Progress(0)
+    state, index, progress = _fresh_fold(header, header_end, index_interval)
     try:
         end = _replay(segs, header_end, state, index, progress)
     except _Inconsistent as exc:
