@@ -201,6 +201,8 @@ class Settled:
     # (after the rewrites), header record first; and those whose records stop short of a gap.
     extents: dict[str, Extents] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
+    # Live entries per pack, packed records included (``counts`` of ``survey`` counts creates only).
+    live_entries: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -406,6 +408,7 @@ def settle(root: Path, wal_scans: list[tuple[int, Scan]], *, sync: bool, out: Se
     for generation in counts:
         out.kept[generation] = os.stat(packs / pack_name(generation)).st_size
         out.entries[generation] = held[generation]
+    out.live_entries = counts
     if sync and len(found.pack_scans) != len(out.kept):
         fsync_dir(packs)
     for log_id, pieces in found.pieces.items():
@@ -494,6 +497,11 @@ class PackBook:
         for log_id, (generation, _) in settled.live.items():
             self.live[log_id] = generation
             self.counts[generation] = self.counts.get(generation, 0) + 1
+        # A pack that holds only packed records (step 2) of live streams is not empty: until the
+        # checkpoint tracks records (decision 0010, "Step 2: status"), it counts as live and stays
+        # until the next start-up's ``settle`` (kept too long, never removed too early).
+        for generation, entries in settled.live_entries.items():
+            self.counts[generation] = max(self.counts.get(generation, 0), entries)
         self.kept = dict(settled.kept)
         self.entries = dict(settled.entries)
 

@@ -218,3 +218,16 @@ def test_a_damaged_record_in_a_packed_stream_quarantines_it_never_cuts_it(tmp_pa
     record[-1] ^= 0xFF
     with pytest.raises(recovery.Quarantine, match="do not fold"):
         recovery.recover_packed("0" * 32, head + bytes(record), 64)
+
+
+def test_a_pack_of_packed_records_alone_is_live_for_the_serving_pack_book(tmp_path: Path) -> None:
+    """A pack holding only a live stream's records (its create is in an older pack) must not look
+    empty to the checkpoint's ``PackBook.plan``, which removes packs with nothing live."""
+    [(a, head_a)] = _packed_streams(tmp_path, 1)
+    g = _next_generation(tmp_path)
+    _round(tmp_path, g, [_records(a, len(head_a), _record(0, b'"one"', 0))])
+    settled = wal.replay(tmp_path, sync=True).packed
+    book = packs.PackBook(tmp_path)
+    book.load(settled)
+    assert book.counts.get(g)
+    assert g not in book.plan(g + 1).remove
