@@ -65,6 +65,7 @@ from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.logformat import LOG_FORMATS, TEXT, formatter
 from durastream_server.sizes import format_byte_size, parse_byte_size
 from durastream_server.storage.datadir import AlreadyLocked, Durability
+from durastream_server.storage.features import UnknownFormat
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -574,6 +575,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({error}); stop it or choose another directory",
             file=sys.stderr,
         )
+        return EXIT_USAGE
+    if isinstance(error, UnknownFormat):
+        print(f"durastream-server: error: --data-dir {config.data_dir}: {error}", file=sys.stderr)
         return EXIT_USAGE
     if error is not None:
         print(

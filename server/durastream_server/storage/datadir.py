@@ -1,6 +1,8 @@
 """The data directory: lock, stream directories, atomic create and delete.
 
 ``<data-dir>/``
+  ``FEATURES``     on-disk features beyond the base format (``features.py``); a server refuses to start
+                   on a directory naming one it does not read.
   ``LOCK``         held with ``fcntl.flock`` for the server's lifetime: a second server refuses to start.
   ``streams/``     one directory per stream incarnation, named by a fresh unique id (never derived from the
                    path, so any UTF-8 path is safe and ``a/b`` never meets ``a%2Fb``). The path lives in the
@@ -50,7 +52,7 @@ from enum import Enum
 from pathlib import Path
 
 from durastream_server import errors
-from durastream_server.storage import catalog, codec
+from durastream_server.storage import catalog, codec, features
 from durastream_server.storage.committer import Committer
 from durastream_server.storage.files import (
     FdCache,
@@ -102,6 +104,9 @@ class StorageConfig:
     io_threads: int = 16  # worker threads for write+fsync, creates, deletes and recovery
     read_threads: int = 16  # worker threads for reads (separate, so reads never delay commits)
     max_open_files: int = 512  # soft bound on cached segment fds (in-use fds are never closed)
+    # Decision 0010 step 2 (not finished, off by default): small appends of packed streams become
+    # packed records (WAL kind 5). For now it only writes the format marker (``features.py``).
+    packed_appends: bool = False
 
 
 class AlreadyLocked(RuntimeError):
@@ -211,6 +216,11 @@ class DataDir:
             os.close(lock_fd)
             raise
         try:
+            # Before anything is read: refuse a directory written with a feature we do not read, and
+            # name packed records before any can be written (``features.py``).
+            await self._run(features.require_known, root)
+            if config.packed_appends:
+                await self._run(features.mark, root, features.PACKED_RECORDS, sync=self._ctx.sync)
             await self._run(self._prepare_dirs)
             # Before any stream is read: put back what the write-ahead log holds (wal.py).
             report = await self._run(replay_wal, root, sync=self._ctx.sync)

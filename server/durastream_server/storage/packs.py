@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from durastream_server.storage import codec
-from durastream_server.storage.files import fsync_dir, pwrite_all
+from durastream_server.storage.extents import IN_PACK, IN_WAL, Extents, coalesce, records_offsets
+from durastream_server.storage.files import fsync_dir, pread_exact, pwrite_all
 from durastream_server.storage.records import StreamHeader
 from durastream_server.storage.wal import (
     WAL_DIR,
@@ -71,6 +72,7 @@ COMPACT_VOID_FRACTION = 0.5
 _PACK_RE = re.compile(r"\A(\d{20})\.pack\Z")
 _ID_RE = re.compile(rb"\A[0-9a-f]{32}\Z")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_PACKED_KINDS = (Kind.PACKED, Kind.PACKED_RECORDS)
 
 
 def pack_name(generation: int) -> str:
@@ -167,13 +169,14 @@ def write_pack(directory: Path, generation: int, entries: list[WalEntry], *, syn
 
 
 def _live_entries(directory: Path, generation: int, void: set[str]) -> list[WalEntry]:
-    """The packed creates of pack ``generation`` that ``void`` (and its sidecar) do not name."""
+    """The packed creates (and packed records, step 2) of pack ``generation`` that ``void`` (and
+    its sidecar) do not name."""
     void = void | read_dead(directory, generation)
     scanned = scan(directory / pack_name(generation), generation, resync=True)
     return [
-        WalEntry(log_id, segment, offset, [records], Kind.PACKED)
+        WalEntry(log_id, segment, offset, [records], Kind(kind))
         for log_id, segment, offset, records, kind in scanned.entries
-        if kind == Kind.PACKED and log_id not in void
+        if kind in _PACKED_KINDS and log_id not in void
     ]
 
 
@@ -194,6 +197,12 @@ class Settled:
     kept: dict[int, int] = field(default_factory=dict)
     entries: dict[int, int] = field(default_factory=dict)
     damaged: int = 0  # damaged byte ranges skipped in packs
+    # Step 2: the packed streams with records (``Kind.PACKED_RECORDS``), where their bytes are now
+    # (after the rewrites), header record first; and those whose records stop short of a gap.
+    extents: dict[str, Extents] = field(default_factory=dict)
+    gaps: list[str] = field(default_factory=list)
+    # Live entries per pack, packed records included (``counts`` of ``survey`` counts creates only).
+    live_entries: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -207,6 +216,11 @@ class Survey:
     newly_void: dict[int, list[str]]
     pack_scans: list[tuple[int, Scan]]
     damaged: list[tuple[Path, int, int]]
+    # Step 2: per live packed stream with records, its header's piece then its records' pieces, each
+    # logical byte once (the same records in a pack and in the WAL file it was written from, after a
+    # crash between the two, are read once), and the streams whose pieces leave a gap.
+    pieces: dict[str, list[_Piece]] = field(default_factory=dict)
+    gaps: list[str] = field(default_factory=list)
 
 
 def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
@@ -224,12 +238,25 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
         void[generation] = read_dead(packs, generation)
     created: dict[str, tuple[int, bytes]] = {}
     dropped: set[str] = set()
+    found: dict[str, list[_Piece]] = {}  # every piece of every packed stream (void ones too)
+    in_pack = {id(scanned) for _, scanned in pack_scans}
     for generation, scanned in sorted(pack_scans + wal_scans, key=lambda found: found[0]):
-        for log_id, _segment, _offset, records, kind in scanned.entries:
+        where = IN_PACK if id(scanned) in in_pack else IN_WAL
+        for i, (log_id, _segment, offset, records, kind) in enumerate(scanned.entries):
             if kind == Kind.PACKED:
                 created[log_id] = (generation, records)
+            elif kind == Kind.PACKED_RECORDS and records:
+                piece = _Piece(offset, where, generation, scanned.records_at[i], records, kind)
+                found.setdefault(log_id, []).append(piece)
             elif kind == Kind.DROP:
                 dropped.add(log_id)
+    if found:  # the header pieces of the streams with records (none in a step 1 data directory)
+        for generation, scanned in pack_scans + wal_scans:
+            where = IN_PACK if id(scanned) in in_pack else IN_WAL
+            for i, (log_id, _segment, _offset, records, kind) in enumerate(scanned.entries):
+                if kind == Kind.PACKED and log_id in found:
+                    at = scanned.records_at[i]
+                    found[log_id].append(_Piece(0, where, generation, at, records, kind))
     present = set(os.listdir(root / "streams")) if created else set()
     live: dict[str, tuple[int, bytes]] = {}
     counts: dict[int, int] = {}
@@ -242,7 +269,55 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
             continue
         live[log_id] = (generation, records)
         counts[generation] = counts.get(generation, 0) + 1
-    return Survey(live, counts, newly_void, pack_scans, damaged)
+    chosen: dict[str, list[_Piece]] = {}
+    gaps: list[str] = []
+    for log_id in live:
+        pieces = found.get(log_id, [])
+        if any(p.kind == Kind.PACKED_RECORDS for p in pieces):
+            chosen[log_id], whole = _contiguous(pieces)
+            if not whole:
+                gaps.append(log_id)
+    return Survey(live, counts, newly_void, pack_scans, damaged, chosen, gaps)
+
+
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """A packed stream's header or records as one file holds them (``survey``)."""
+
+    position: int  # in the stream's virtual segment 0
+    where: int  # IN_WAL or IN_PACK
+    generation: int
+    records_at: int  # where the records start in the file
+    records: bytes
+    kind: Kind
+
+
+def _contiguous(pieces: list[_Piece]) -> tuple[list[_Piece], bool]:
+    """``pieces`` cut to cover each logical byte once from 0, packs before WAL files (a crash
+    between a checkpoint's pack and its WAL file's removal leaves the same records in both). Stops
+    at the first gap (a damaged entry skipped, hazard 32): False then."""
+    out: list[_Piece] = []
+    end = 0
+    ordered = sorted(pieces, key=lambda p: (p.position, -len(p.records), -p.where))
+    for piece in ordered:
+        stop = piece.position + len(piece.records)
+        if stop <= end:
+            continue
+        if piece.position > end:
+            return out, False
+        cut = end - piece.position
+        out.append(
+            _Piece(
+                end,
+                piece.where,
+                piece.generation,
+                piece.records_at + cut,
+                piece.records[cut:],
+                piece.kind if not cut else Kind.PACKED_RECORDS,
+            )
+        )
+        end = stop
+    return out, True
 
 
 def wal_scans(root: Path) -> list[tuple[int, Scan]]:
@@ -278,22 +353,52 @@ def settle(root: Path, wal_scans: list[tuple[int, Scan]], *, sync: bool, out: Se
             end,
         )
     out.live = found.live
-    counts = found.counts
+    out.gaps = found.gaps
+    for log_id in found.gaps:
+        log.error(
+            "packed stream %s: its records stop at a gap (a damaged pack entry was skipped); it is "
+            "served up to the gap",
+            log_id,
+        )
+    # Live entries per file: the packed creates, and (step 2) the records pieces of live streams.
+    counts = dict(found.counts)
+    in_wal = set()  # files whose pieces are read from a WAL file: written into a pack now
+    for pieces in found.pieces.values():
+        for piece in pieces:
+            if piece.kind == Kind.PACKED_RECORDS:
+                counts[piece.generation] = counts.get(piece.generation, 0) + 1
+            if piece.where == IN_WAL:
+                in_wal.add(piece.generation)
     held = {generation: len(scanned.entries) for generation, scanned in found.pack_scans}
     # Written again with their live entries only: the WAL files' (no pack of their generation yet)
     # and the packs that are half void (or that are whole WAL files, as step 1 first kept them).
-    rewrite = {g for g in counts if g not in held or worth_rewriting(counts[g], held[g])}
+    rewrite = {
+        g for g in counts if g not in held or g in in_wal or worth_rewriting(counts[g], held[g])
+    }
     # The sidecars first: the WAL files whose DROPs (or replayed CREATEs) say so are removed next.
     for generation, ids in found.newly_void.items():
         if counts.get(generation) and generation not in rewrite:
             append_dead(packs, generation, ids, sync=sync)
     by_generation: dict[int, list[WalEntry]] = {g: [] for g in rewrite}
     for log_id, (generation, records) in found.live.items():
-        if generation in rewrite:
+        if generation in rewrite and log_id not in found.pieces:
             by_generation[generation].append(WalEntry(log_id, 0, 0, [records], Kind.PACKED))
+    for log_id, pieces in found.pieces.items():
+        for generation in sorted({p.generation for p in pieces} & rewrite):
+            by_generation[generation] += coalesce(
+                [
+                    WalEntry(log_id, 0, p.position, [p.records], p.kind)
+                    for p in pieces
+                    if p.generation == generation
+                ]
+            )
+    # Where each rewritten entry's records are now: id -> generation -> [(position, file offset)].
+    moved: dict[str, dict[int, list[tuple[int, int]]]] = {}
     for generation, entries in sorted(by_generation.items()):
         write_pack(packs, generation, entries, sync=sync)
         held[generation] = len(entries)
+        for entry, at in zip(entries, records_offsets(entries), strict=True):
+            moved.setdefault(entry.log_id, {}).setdefault(generation, []).append((entry.offset, at))
     for generation in rewrite:  # the new pack is durable and names none of the void ids
         _unlink(packs / dead_name(generation))
     for generation, _ in found.pack_scans:
@@ -303,8 +408,46 @@ def settle(root: Path, wal_scans: list[tuple[int, Scan]], *, sync: bool, out: Se
     for generation in counts:
         out.kept[generation] = os.stat(packs / pack_name(generation)).st_size
         out.entries[generation] = held[generation]
+    out.live_entries = counts
     if sync and len(found.pack_scans) != len(out.kept):
         fsync_dir(packs)
+    for log_id, pieces in found.pieces.items():
+        out.extents[log_id] = _extents_after(pieces, rewrite, moved.get(log_id, {}))
+
+
+def read_virtual(root: Path, extents: Extents) -> bytes:
+    """A packed stream's virtual segment 0 (its header record and records, byte for byte what its
+    segment 0 holds once promoted), read from the files its extents name: for its fold at start-up
+    (``recovery.recover_packed``) and for the CREATE entry of its promotion. Blocking."""
+    out = bytearray()
+    for piece in extents.pieces(extents.start, extents.end):
+        name = (
+            pack_name(piece.generation)
+            if piece.where == IN_PACK
+            else os.path.join("..", WAL_DIR, wal_name(piece.generation))
+        )
+        fd = os.open(root / PACKS_DIR / name, os.O_RDONLY | _O_CLOEXEC)
+        try:
+            out += pread_exact(fd, piece.length, piece.offset)
+        finally:
+            os.close(fd)
+    return bytes(out)
+
+
+def _extents_after(
+    pieces: list[_Piece], rewrite: set[int], moved: dict[int, list[tuple[int, int]]]
+) -> Extents:
+    """A stream's extents once ``settle`` wrote the packs: a piece of a rewritten file is inside the
+    coalesced entry of its stream that starts at or before it (``moved``: generation -> (position,
+    records offset) of the stream's entries there); any other is where it was, in a pack."""
+    extents = Extents()
+    for piece in pieces:
+        offset = piece.records_at
+        if piece.generation in rewrite:
+            first, at = max(e for e in moved[piece.generation] if e[0] <= piece.position)
+            offset = at + piece.position - first
+        extents.add(IN_PACK, piece.generation, offset, len(piece.records), piece.position)
+    return extents
 
 
 # ------------------------------------------------------------------------------------------- serving
@@ -354,6 +497,11 @@ class PackBook:
         for log_id, (generation, _) in settled.live.items():
             self.live[log_id] = generation
             self.counts[generation] = self.counts.get(generation, 0) + 1
+        # A pack that holds only packed records (step 2) of live streams is not empty: until the
+        # checkpoint tracks records (decision 0010, "Step 2: status"), it counts as live and stays
+        # until the next start-up's ``settle`` (kept too long, never removed too early).
+        for generation, entries in settled.live_entries.items():
+            self.counts[generation] = max(self.counts.get(generation, 0), entries)
         self.kept = dict(settled.kept)
         self.entries = dict(settled.entries)
 

@@ -242,6 +242,47 @@ def recover_stream(directory: str, log_id: str, index_interval: int, *, sync: bo
     return recovered
 
 
+class _InMemory(_Segments):
+    """A packed stream's virtual segment 0 (decision 0010 step 2), read from its extents into memory
+    (at most the packed threshold): the same fold as a directory's segments, no file."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__("", [0], [len(data)])
+        self._buf = data
+        self._buf_seg = 0
+        self._buf_off = 0
+
+    def read(self, i: int, off: int, n: int) -> memoryview | bytes:
+        n = max(0, min(n, self.sizes[i] - off))
+        return memoryview(self._buf)[off : off + n]
+
+
+def recover_packed(log_id: str, data: bytes, index_interval: int) -> Recovered:
+    """Fold a packed stream's virtual segment 0 (header record, then its records: ``packs.
+    read_virtual``), as ``recover_stream`` folds a directory's segments: the same state, producer
+    dedup state and index. No snapshot and no repair: every record of it was whole and checksummed
+    when its WAL entry was read, so a record that does not check out now is damage and the stream is
+    quarantined (``Quarantine``), never cut (hazard 32)."""
+    segs = _InMemory(data)
+    header, header_end = _read_header(segs)
+    state, index, progress = _fresh_fold(header, header_end, index_interval)
+    try:
+        end = _replay(segs, header_end, state, index, progress)
+    except (_Bad, _Inconsistent) as exc:
+        raise Quarantine(header.path, f"packed records do not fold: {exc}") from None
+    return Recovered(log_id, "", header, state, [0], index, end, progress.last_record, 0, 0)
+
+
+def _fresh_fold(
+    header: StreamHeader, header_end: int, index_interval: int
+) -> tuple[StreamState, LogIndex, _Progress]:
+    """The state, index and progress a fold from the header on starts with (no snapshot)."""
+    state = StreamState(tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms)
+    index = LogIndex(SparseIndex(index_interval, last_time=header.append_time_floor_ms))
+    index.sparse.note(header.fork_position, header_end, 0)
+    return state, index, _Progress(0)
+
+
 def recover_batch(
     streams: str, log_ids: list[str], index_interval: int, *, sync: bool
 ) -> list[Recovered | Quarantine]:
@@ -377,10 +418,7 @@ def _recover(
             "stream %s (%s): discarding snapshot: %s; replaying the whole log", log_id, path, reason
         )
         _drop_snapshot(segs.directory, sync)  # stale: must never be trusted again
-    state = StreamState(tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms)
-    index = LogIndex(SparseIndex(index_interval, last_time=header.append_time_floor_ms))
-    index.sparse.note(header.fork_position, header_end, 0)
-    progress = _Progress(0)
+    state, index, progress = _fresh_fold(header, header_end, index_interval)
     try:
         end = _replay(segs, header_end, state, index, progress)
     except _Inconsistent as exc:

@@ -33,7 +33,7 @@ Entry (little-endian)::
 
     magic        2 bytes  b"\\xd5\\x77"
     version      u8       1
-    kind         u8       0 records, 1 create, 2 drop, 3 packed, 4 unpromote (``Kind``)
+    kind         u8       0 records, 1 create, 2 drop, 3 packed, 4 unpromote, 5 packed records
     length       u32      body length
     crc          u32      crc32(body)
     body:
@@ -62,7 +62,7 @@ import shutil
 import struct
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,15 @@ class Kind(IntEnum):
     # A promotion of this packed stream failed after its round's sync (its directory could not be
     # made or written): its CREATE and records entries before this one are void, and it stays packed.
     UNPROMOTE = 4
+    # Records of a packed stream (decision 0010 step 2): ``offset`` is where they go in its virtual
+    # segment 0 (header record at 0, then its records in order). They have no segment file: the replay
+    # writes nothing for them, and ``packs.settle`` carries the live ones into a pack (``extents.py``).
+    # A server without step 2 stops reading a WAL file at such an entry (a newer data directory).
+    PACKED_RECORDS = 5
+
+
+# Entries the replay writes into no segment file.
+_NO_SEGMENT = frozenset((Kind.DROP, Kind.PACKED, Kind.UNPROMOTE, Kind.PACKED_RECORDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +245,8 @@ class Scan:
     entries: list[tuple[str, int, int, bytes, int]]
     end: int
     damaged: list[tuple[int, int]]
+    # Where each entry's records start in the file (a packed stream's extents point there).
+    records_at: list[int] = field(default_factory=list)
 
 
 def scan(path: Path, generation: int, *, resync: bool = False) -> Scan:
@@ -247,6 +258,7 @@ def scan(path: Path, generation: int, *, resync: bool = False) -> Scan:
     with open(path, "rb", buffering=0) as fh:
         data = fh.read()
     found: list[tuple[str, int, int, bytes, int]] = []
+    records_at: list[int] = []
     damaged: list[tuple[int, int]] = []
     at = end = 0
     while at + HEAD_SIZE <= len(data):
@@ -259,6 +271,7 @@ def scan(path: Path, generation: int, *, resync: bool = False) -> Scan:
             at = following
             continue
         found.append(entry[0])
+        records_at.append(entry[1] - len(entry[0][3]))
         at = end = entry[1]
     if not resync and end < len(data):
         log.warning(
@@ -268,7 +281,7 @@ def scan(path: Path, generation: int, *, resync: bool = False) -> Scan:
         )
     if resync and at < len(data):
         damaged.append((at, len(data)))
-    return Scan(found, end, damaged)
+    return Scan(found, end, damaged, records_at)
 
 
 def _entry_at(
@@ -282,7 +295,7 @@ def _entry_at(
     if (
         magic != MAGIC
         or version != VERSION
-        or kind > Kind.UNPROMOTE
+        or kind > Kind.PACKED_RECORDS
         or length < FIXED_SIZE
         or length > MAX_ENTRY_BYTES
         or body_at + length > len(data)
@@ -333,8 +346,8 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
     try:
         for file_index, (_generation, kinds) in enumerate(files):
             for entry_index, (log_id, segment, offset, records, kind) in enumerate(kinds):
-                if kind == Kind.DROP or kind == Kind.PACKED or kind == Kind.UNPROMOTE:
-                    continue  # a packed create has no segment (packs.settle)
+                if kind in _NO_SEGMENT:
+                    continue  # a packed create or packed records have no segment (packs.settle)
                 if unpromoted.get(log_id, (-1, -1)) > (file_index, entry_index):
                     continue  # a failed promotion's entries: the stream stays packed
                 if kind == Kind.CREATE:

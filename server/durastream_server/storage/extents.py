@@ -1,0 +1,199 @@
+"""Where a packed stream's bytes are (decision 0010, step 2): a compact list of extents.
+
+A packed stream with appends (step 2) has no segment file: its records are in the WAL files and packs
+that hold its entries. Each entry says where its records belong in the stream's *virtual segment 0*
+(the bytes a promoted stream's first segment would hold: the header record at 0, then the records in
+order), so an extent maps a range of logical positions ``[position, position + length)`` to the same
+bytes at ``offset`` in one file, a WAL file or a pack of ``generation``.
+
+Memory per idle stream is the point (issue 17: <= 2 KiB RSS per idle stream). An extent is four machine
+integers in one ``array('q')`` per stream (32 bytes an extent plus ~80 bytes for the array), not a tuple
+of four ints (~200 bytes) in a list. A checkpoint writes a stream's entries of a retired WAL file into
+its pack as one entry (``coalesce``), so a stream has one extent per file that holds its bytes: its
+pack(s) and the WAL files not yet retired, a handful at most.
+
+Everything here runs on the event loop (the reading thread gets an immutable ``pieces`` list).
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from durastream_server.storage.wal import FIXED_SIZE, HEAD_SIZE, WalEntry
+
+# Where an extent's file is: the same generation may name a WAL file and the pack written from it.
+IN_WAL = 0
+IN_PACK = 1
+_FIELDS = 4  # file key (generation * 2 + where), file offset, length, logical position
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A part of a read: ``length`` bytes at ``offset`` in file (``where``, ``generation``), holding
+    logical positions from ``position`` on."""
+
+    where: int
+    generation: int
+    offset: int
+    length: int
+    position: int
+
+
+class Extents:
+    """A packed stream's extents, in logical order, contiguous from ``start`` to ``end``."""
+
+    __slots__ = ("_a",)
+
+    def __init__(self) -> None:
+        self._a = array("q")
+
+    def __len__(self) -> int:
+        return len(self._a) // _FIELDS
+
+    @property
+    def start(self) -> int:
+        return self._a[3] if self._a else 0
+
+    @property
+    def end(self) -> int:
+        a = self._a
+        return a[-1] + a[-2] if a else 0
+
+    @property
+    def nbytes(self) -> int:
+        """What the extents take in memory (the array object and its buffer)."""
+        return sys.getsizeof(self._a)
+
+    def add(self, where: int, generation: int, offset: int, length: int, position: int) -> None:
+        """Records at ``offset`` of a file hold ``[position, position + length)``, which must follow
+        the last extent (a log writes its records in order). Merged with the last extent when they
+        follow it in the same file too."""
+        if length <= 0:
+            raise ValueError(f"an extent of {length} bytes")
+        a = self._a
+        if a and position != self.end:
+            raise ValueError(f"an extent at {position}: the stream's bytes end at {self.end}")
+        key = generation * 2 + where
+        if a and a[-4] == key and a[-3] + a[-2] == offset:
+            a[-2] += length
+            return
+        a.extend((key, offset, length, position))
+        # array over-allocates as it grows: keep an idle stream's buffer exact.
+        if len(a) > _FIELDS:
+            self._a = array("q", a)
+
+    def files(self) -> set[tuple[int, int]]:
+        """The (where, generation) of every file holding some of the stream's bytes."""
+        a = self._a
+        return {(a[i] & 1, a[i] >> 1) for i in range(0, len(a), _FIELDS)}
+
+    def pieces(self, start: int, stop: int) -> list[Piece]:
+        """The parts of the files that hold logical ``[start, stop)`` (clipped to the extents).
+        Raises ValueError for a ``start`` before the first extent."""
+        a = self._a
+        n = len(a) // _FIELDS
+        if start < self.start:
+            raise ValueError(f"position {start} before the stream's first extent at {self.start}")
+        i = bisect_right(range(n), start, key=lambda k: a[k * _FIELDS + 3]) - 1
+        out: list[Piece] = []
+        while i < n and start < stop:
+            key, offset, length, position = a[i * _FIELDS : (i + 1) * _FIELDS]
+            skip = start - position
+            take = min(length - skip, stop - start)
+            if take > 0:
+                out.append(Piece(key & 1, key >> 1, offset + skip, take, start))
+                start += take
+            i += 1
+        return out
+
+    def relocate(
+        self,
+        where: int,
+        generation: int,
+        moved: Iterable[tuple[int, int, int]],
+        to: tuple[int, int],
+    ) -> None:
+        """The extents in file (``where``, ``generation``) are now the ``moved`` ranges (offset,
+        length, position) of file ``to`` (a checkpoint carried them into a pack). The logical ranges
+        they cover must be exactly the ones removed: the bytes moved, none were lost or added."""
+        a = self._a
+        key = generation * 2 + where
+        kept: list[tuple[int, int, int, int]] = []
+        gone: list[tuple[int, int]] = []
+        for i in range(0, len(a), _FIELDS):
+            extent = (a[i], a[i + 1], a[i + 2], a[i + 3])
+            if extent[0] == key:
+                gone.append((extent[3], extent[2]))
+            else:
+                kept.append(extent)
+        new_key = to[1] * 2 + to[0]
+        came = [(position, length) for _, length, position in moved]
+        if _covered(gone) != _covered(came):
+            raise ValueError(
+                f"relocating extents of file {(where, generation)}: {sorted(came)} do not cover "
+                f"{sorted(gone)}"
+            )
+        kept += [(new_key, offset, length, position) for offset, length, position in moved]
+        kept.sort(key=lambda extent: extent[3])
+        fresh = Extents()
+        for k, offset, length, position in kept:
+            if fresh._a and position != fresh.end:
+                raise ValueError(f"relocating leaves a gap at {fresh.end}")
+            fresh.add(k & 1, k >> 1, offset, length, position)
+        self._a = fresh._a
+
+
+def _covered(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` (position, length) merged where they touch: the logical bytes they cover."""
+    out: list[tuple[int, int]] = []
+    for position, length in sorted(ranges):
+        if out and out[-1][0] + out[-1][1] == position:
+            out[-1] = (out[-1][0], out[-1][1] + length)
+        else:
+            out.append((position, length))
+    return out
+
+
+def coalesce(entries: list[WalEntry]) -> list[WalEntry]:
+    """One stream's packed entries of a file, in order, merged where their records follow each other
+    (``offset`` is the logical position in the virtual segment 0): a checkpoint writes a stream's
+    rounds of one WAL file into its pack as one entry, so the stream has one extent there. The
+    records are the same bytes; only the entry framing between them goes."""
+    out: list[WalEntry] = []
+    for entry in entries:
+        size = sum(len(r) for r in entry.records)
+        if out:
+            last = out[-1]
+            last_size = sum(len(r) for r in last.records)
+            if (
+                last.log_id == entry.log_id
+                and last.kind == entry.kind
+                and last.offset + last_size == entry.offset
+            ):
+                out[-1] = WalEntry(
+                    last.log_id,
+                    last.segment,
+                    last.offset,
+                    [*last.records, *entry.records],
+                    last.kind,
+                )
+                continue
+        if size:
+            out.append(entry)
+    return out
+
+
+def records_offsets(entries: list[WalEntry], base: int = 0) -> list[int]:
+    """Where each entry's records start in a file that holds ``entries`` encoded one after the other
+    from ``base`` (``wal.encode_entry``): the ``offset`` of their extents."""
+    out = []
+    at = base
+    for entry in entries:
+        start = at + HEAD_SIZE + FIXED_SIZE + len(entry.log_id)
+        out.append(start)
+        at = start + sum(len(r) for r in entry.records)
+    return out
