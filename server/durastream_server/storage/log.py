@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from durastream_server import errors
 from durastream_server.storage import catalog, codec
 from durastream_server.storage.committer import ROUND_BATCH_BYTES, Committer, RoundJob
+from durastream_server.storage.extents import Extents
 from durastream_server.storage.files import FdCache, is_out_of_space
 from durastream_server.storage.group import GroupResult, is_group_batch, split_batch, write_group
 from durastream_server.storage.index import LogIndex
@@ -277,6 +278,7 @@ class StreamLog:
         "_hot",
         "_rare",
         "packed",
+        "extents",
     )
 
     def __init__(
@@ -321,6 +323,10 @@ class StreamLog:
         # No directory yet: the stream is its packed create (``packs.py``); the first write promotes
         # it (``promotion.py``).
         self.packed = False
+        # Decision 0010 step 2 (behind ``StorageConfig.packed_appends``): where a packed stream's
+        # bytes are, its virtual segment 0 in WAL files and packs (``extents.py``). None for a stream
+        # with a directory, and for a packed create whose header is all it holds.
+        self.extents: Extents | None = None
 
     _writer = _rare_field("_writer")
     _failure = _rare_field("_failure")
