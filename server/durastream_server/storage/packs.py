@@ -463,35 +463,56 @@ class Retirement:
     keep: list[WalEntry]  # the retired WAL file's live packed creates: they become its pack
     remove: list[int]  # packs with no live packed create left
     compact: list[int]  # packs whose void entries reach half of them: rewritten with the live ones
+    # Step 2: the live packed records the retired WAL file holds, read back from it by ``carry_out``
+    # (never held in memory while serving): stream id -> [(WAL file offset, length, position)].
+    records: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Carried:
-    """The packs ``carry_out`` wrote: generation -> (bytes, entries)."""
+    """The packs ``carry_out`` wrote: generation -> (bytes, entries); and (step 2) where the packed
+    entries of each file it replaced are now: (where, generation) of the old file -> stream id ->
+    [(file offset of the records, length, position)] in pack ``generation`` (headers at position 0)."""
 
     written: dict[int, tuple[int, int]]
+    moved: dict[tuple[int, int], dict[str, list[tuple[int, int, int]]]] = field(
+        default_factory=dict
+    )
+    records: dict[int, int] = field(default_factory=dict)  # pack -> live records entries written
 
 
 class PackBook:
     """Which packed creates are live and in which file (WAL file or pack), for the committer.
 
     ``live``: stream id -> generation of the file holding its packed create. ``counts``: generation ->
-    live packed creates in it. ``kept``: generation -> bytes of each file in ``packs/``; ``entries``:
-    generation -> packed creates it holds (live or void). The header records of the packed creates
-    of the WAL files not yet retired are held (``_unretired``: a few hundred bytes each, for one or
-    two WAL files), so that a checkpoint writes their pack without reading the WAL file back.
-    Everything but ``carry_out`` runs on the loop."""
+    live packed entries in it (creates and, step 2, records). ``kept``: generation -> bytes of each
+    file in ``packs/``; ``entries``: generation -> packed entries it holds (live or void). The header
+    records of the packed creates of the WAL files not yet retired are held (``_unretired``: a few
+    hundred bytes each, for one or two WAL files), so that a checkpoint writes their pack without
+    reading the WAL file back.
+
+    Step 2 (``appends``, ``StorageConfig.packed_appends``): ``header_at``: id -> where its packed
+    create's header record is (file offset * 2 + IN_WAL/IN_PACK, in the file of generation
+    ``live[id]``), for the header extent of its first packed records; ``extents``: id -> the
+    ``Extents`` of each live packed stream with records (the very object its ``StreamLog.extents``
+    holds: a checkpoint relocates it in place). Everything but ``carry_out`` runs on the loop."""
 
     def __init__(self, root: Path | None) -> None:
         self.directory = root / PACKS_DIR if root is not None else None
+        self.root = root
         self.live: dict[str, int] = {}
         self.counts: dict[int, int] = {}
         self.kept: dict[int, int] = {}
         self.entries: dict[int, int] = {}
         self._unretired: dict[int, dict[str, bytes]] = {}
-        # WAL generation -> (id, generation of its packed create) void once that WAL file's
-        # checkpoint has synced the promotion's directory (or just for a DROP).
+        # WAL generation -> (id, generation of a pack entry of it) void once that WAL file's
+        # checkpoint has synced the promotion's directory (or just for a DROP): its create, and
+        # (step 2) each of its packed records entries in packs.
         self._dying: dict[int, list[tuple[str, int]]] = {}
+        self.appends = False
+        self.header_at: dict[str, int] = {}
+        self.extents: dict[str, Extents] = {}
+        self._records: dict[int, set[str]] = {}  # WAL generation -> ids with packed records in it
 
     def load(self, settled: Settled) -> None:
         for log_id, (generation, _) in settled.live.items():
@@ -512,16 +533,43 @@ class PackBook:
     def is_packed(self, log_id: str) -> bool:
         return log_id in self.live
 
-    def created(self, log_id: str, generation: int, header: bytes) -> None:
+    def created(self, log_id: str, generation: int, header: bytes, at: int = -1) -> None:
+        """A packed create is durable in WAL ``generation``, its header record at offset ``at``."""
         self.live[log_id] = generation
         self.counts[generation] = self.counts.get(generation, 0) + 1
         self._unretired.setdefault(generation, {})[log_id] = header
+        if self.appends and at >= 0:
+            self.header_at[log_id] = at * 2 + IN_WAL
+
+    def header_piece(self, log_id: str, length: int) -> tuple[int, int, int] | None:
+        """(where, generation, offset) of a live packed create's header record of ``length``
+        bytes, if known (a create made before this start-up is not: its stream is promoted as in
+        step 1 when it is first written)."""
+        at = self.header_at.get(log_id)
+        generation = self.live.get(log_id)
+        if at is None or generation is None:
+            return None
+        return at & 1, generation, at >> 1
+
+    def wrote(self, log_id: str, extents: Extents, generation: int) -> None:
+        """Packed records of ``log_id`` are durable in WAL ``generation`` (``extents`` says where)."""
+        self.extents[log_id] = extents
+        self._records.setdefault(generation, set()).add(log_id)
 
     def superseded(self, log_id: str, generation: int) -> None:
         """A DROP or a promoting CREATE of ``log_id`` is durable in WAL ``generation``."""
         created = self.live.pop(log_id, None)
+        self.header_at.pop(log_id, None)
+        extents = self.extents.pop(log_id, None)
         if created is not None:
-            self._dying.setdefault(generation, []).append((log_id, created))
+            dying = self._dying.setdefault(generation, [])
+            dying.append((log_id, created))
+            if extents is not None:  # its records entries in packs (one per row; headers at 0)
+                dying += [
+                    (log_id, p.generation)
+                    for p in extents.pieces(extents.start, extents.end)
+                    if p.where == IN_PACK and p.position > 0
+                ]
 
     def void_now(self, log_id: str) -> None:
         """Without a WAL (``--durability none`` over a data directory written with fsync): write
@@ -534,6 +582,8 @@ class PackBook:
     def forget(self, log_id: str) -> None:
         """On the loop, after ``void_now``."""
         created = self.live.pop(log_id, None)
+        self.header_at.pop(log_id, None)
+        self.extents.pop(log_id, None)
         if created is not None:
             self.counts[created] -= 1
 
@@ -550,6 +600,20 @@ class PackBook:
             for log_id, header in self._unretired.pop(generation, {}).items()
             if log_id not in void
         ]
+        # Step 2: the packed records of the streams still packed (a dropped or promoted one's
+        # records are void; a promotion's CREATE entry holds them).
+        records: dict[str, list[tuple[int, int, int]]] = {}
+        for log_id in sorted(self._records.pop(generation, ())):
+            extents = self.extents.get(log_id)
+            if extents is None:
+                continue
+            rows = [
+                (p.offset, p.length, p.position)
+                for p in extents.pieces(extents.start, extents.end)
+                if p.where == IN_WAL and p.generation == generation and p.position > 0
+            ]
+            if rows:
+                records[log_id] = rows
         remove = [g for g in self.kept if not self.counts.get(g)]
         compact = [
             g
@@ -558,11 +622,16 @@ class PackBook:
         ]
         for g in [g for g, n in self.counts.items() if not n and g <= generation]:
             del self.counts[g]
-        return Retirement(generation, dead, keep, remove, compact)
+        return Retirement(generation, dead, keep, remove, compact, records)
 
-    def carry_out(self, plan: Retirement, wal: WalFile | None, *, sync: bool) -> Carried:
+    def carry_out(
+        self, plan: Retirement, wal: WalFile | None, *, sync: bool, remove_wal: bool = True
+    ) -> Carried:
         """Sidecars and half-void packs rewritten, then the retired WAL file's live packed creates
-        written as its pack and the WAL file removed, then the packs left with nothing live removed.
+        (and, step 2, its live packed records, read back from it and coalesced per stream) written
+        as its pack and the WAL file removed, then the packs left with nothing live removed.
+        With ``remove_wal`` False those removals are left to ``finish`` (called once the loop has
+        relocated the extents into the new pack: a reader never finds an extent's file gone).
         Blocking; raises OSError: out of space, the committer keeps the WAL file and carries the
         same plan out again at its next checkpoint (``Committer._carry_out_packs``); otherwise it fails."""
         assert self.directory is not None
@@ -570,6 +639,7 @@ class PackBook:
         packs.mkdir(exist_ok=True)
         gone = set(plan.remove)
         written: dict[int, tuple[int, int]] = {}
+        moved: dict[tuple[int, int], dict[str, list[tuple[int, int, int]]]] = {}
         for created, ids in plan.dead.items():
             if created in gone or created == plan.generation:
                 continue
@@ -578,28 +648,91 @@ class PackBook:
                 # WAL file that voids them goes, as a sidecar line would be.
                 entries = _live_entries(packs, created, set(ids))
                 written[created] = (write_pack(packs, created, entries, sync=sync), len(entries))
+                if self.appends:
+                    moved[(IN_PACK, created)] = _rows(entries)
             else:
                 append_dead(packs, created, ids, sync=sync)
         for created in plan.compact:
             if created in written:  # the rewrite's rename is durable: its sidecar is obsolete
                 _unlink(packs / dead_name(created))
+        records = 0
         if wal is not None:
-            if plan.keep:
-                size = write_pack(packs, plan.generation, plan.keep, sync=sync)
-                written[plan.generation] = (size, len(plan.keep))
+            if plan.keep or plan.records:
+                entries = list(plan.keep)
+                for log_id, rows in plan.records.items():
+                    entries += coalesce(
+                        [
+                            WalEntry(
+                                log_id,
+                                0,
+                                position,
+                                [pread_exact(wal.fd, length, offset)],
+                                Kind.PACKED_RECORDS,
+                            )
+                            for offset, length, position in rows
+                        ]
+                    )
+                records = len(entries) - len(plan.keep)
+                size = write_pack(packs, plan.generation, entries, sync=sync)
+                written[plan.generation] = (size, len(entries))
+                if self.appends:
+                    moved[(IN_WAL, plan.generation)] = _rows(entries)
+            if remove_wal:
+                wal.remove()
+        if remove_wal:
+            self.finish(plan, None)
+        return Carried(written, moved, {plan.generation: records} if records else {})
+
+    def finish(self, plan: Retirement, wal: WalFile | None) -> None:
+        """The end of ``carry_out(remove_wal=False)``: the WAL file and the packs left with nothing
+        live removed. Blocking."""
+        assert self.directory is not None
+        if wal is not None:
             wal.remove()
         for generation in plan.remove:
-            _unlink(packs / pack_name(generation))
-            _unlink(packs / dead_name(generation))
-        if plan.remove and sync:
-            fsync_dir(packs)
-        return Carried(written)
+            _unlink(self.directory / pack_name(generation))
+            _unlink(self.directory / dead_name(generation))
+        if plan.remove:
+            fsync_dir(self.directory)
 
     def carried_out(self, plan: Retirement, carried: Carried) -> None:
-        """On the loop, after ``carry_out``."""
+        """On the loop, after ``carry_out``: the books, and (step 2) each live packed stream's
+        extents and header offset moved into the packs written."""
         for generation in plan.remove:
             self.kept.pop(generation, None)
             self.entries.pop(generation, None)
         for generation, (size, entries) in carried.written.items():
             self.kept[generation] = size
             self.entries[generation] = entries
+        for generation, records in carried.records.items():
+            self.counts[generation] = self.counts.get(generation, 0) + records
+        for (where, generation), streams in carried.moved.items():
+            for log_id, rows in streams.items():
+                for offset, _, position in rows:
+                    if position == 0 and log_id in self.header_at:
+                        self.header_at[log_id] = offset * 2 + IN_PACK
+                extents = self.extents.get(log_id)
+                if extents is None:
+                    continue
+                had = {
+                    p.position
+                    for p in extents.pieces(extents.start, extents.end)
+                    if p.where == where and p.generation == generation
+                }
+                if had:
+                    extents.relocate(
+                        where,
+                        generation,
+                        [row for row in rows if row[2] in had],
+                        (IN_PACK, generation),
+                    )
+
+
+def _rows(entries: list[WalEntry]) -> dict[str, list[tuple[int, int, int]]]:
+    """Where each stream's entries of a pack written from ``entries`` have their records: id ->
+    [(file offset, length, position)]."""
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for entry, at in zip(entries, records_offsets(entries), strict=True):
+        length = sum(len(r) for r in entry.records)
+        out.setdefault(entry.log_id, []).append((at, length, entry.offset))
+    return out

@@ -152,7 +152,8 @@ class WalFile:
         """A new, empty WAL file whose directory entry is durable before anything is written to it
         (an fdatasync of the file does not make its name durable)."""
         path = directory / wal_name(generation)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+        # Read and write: a checkpoint reads packed records back from it (decision 0010 step 2).
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
         try:
             fsync_dir(directory)
         except BaseException:

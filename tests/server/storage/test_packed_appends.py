@@ -1,0 +1,300 @@
+"""Packed appends (decision 0010 step 2, pieces 1, 3 and 4; ``StorageConfig.packed_appends``) at the
+storage layer, real files: a packed stream's small appends go into the round's WAL entry only
+(``wal.Kind.PACKED_RECORDS``, no directory), ``StreamLog.extents`` covers its header and records, a
+checkpoint carries them into a pack and relocates the extents, a start-up's ``packs.settle`` finds the
+same bytes and ``recovery.recover_packed`` folds the same state and dedup state; a power loss with the
+WAL live before and after the carry, and the crash between a pack's rename and its WAL file's removal,
+lose nothing and read nothing twice; a batch that would pass ``PACKED_APPEND_BYTES`` promotes the stream
+with its packed records (its CREATE entry carries them), also across a crash after that round's sync.
+
+Reads through extents and start-up adoption of such streams are pieces 2 and 5 (another branch): the
+bytes are checked here with ``packs.read_virtual``, the state with ``recovery.recover_packed``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from durastream_server.engine import producers
+from durastream_server.storage import DataDir, committer, packs, recovery, wal
+from durastream_server.storage import promotion as promotion_module
+from durastream_server.storage.extents import IN_PACK, IN_WAL
+from durastream_server.storage.records import ProducerTuple
+from durastream_server.storage.segments import segment_name
+
+from ._util import append, config, crash_copy, header, open_dd, read_all, run, sample_digest
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tests decide when checkpoints run (close, or a forced rotation).
+    monkeypatch.setattr(committer, "CHECKPOINT_IDLE_SECONDS", 3600.0)
+
+
+async def _checkpoint(dd: DataDir) -> None:
+    """Rotate the WAL and wait for the checkpoint of the file it retired (as ``test_packs.py``)."""
+    c = dd._committer
+    while c._task is not None or c._checkpoint is not None:
+        if c._task is not None:
+            await asyncio.shield(c._task)
+        if c._checkpoint is not None:
+            await asyncio.shield(c._checkpoint)
+    c._rotate = True
+    c._start()
+    while c._task is not None:
+        await asyncio.shield(c._task)
+    if c._checkpoint is not None:
+        await asyncio.shield(c._checkpoint)
+
+
+def _kinds(root: Path) -> list[int]:
+    """The entry kinds of every WAL file of ``root``, in order."""
+    return [kind for _, s in packs.wal_scans(root) for *_, kind in s.entries]
+
+
+async def _producer_appends(log, n: int, start: int = 0) -> None:  # noqa: ANN001
+    for seq in range(start, start + n):
+        await append(log, b'"m%d"' % seq, producer=("writer", 0, seq))
+
+
+def _directory_segment(root: Path, n: int) -> bytes:
+    """The same appends on a stream that has a directory (packed appends off: promoted by its
+    first write): its segment 0, the bytes the packed stream's virtual segment 0 must equal."""
+
+    async def go() -> bytes:
+        dd = await open_dd(root)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, n)
+        assert not log.packed
+        await dd.close()
+        return (root / "streams" / log.id / segment_name(0)).read_bytes()
+
+    return run(go)
+
+
+def _is_duplicate(state, seq: int) -> bool:  # noqa: ANN001
+    retry = ProducerTuple("writer", 0, seq)
+    decision = producers.validate(state, retry, sample_digest(b'"m%d"' % seq))
+    return isinstance(decision, producers.Duplicate)
+
+
+def test_packed_appends_are_wal_entries_only_and_their_extents_read_the_virtual_segment(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "packed"
+    expected = _directory_segment(tmp_path / "dir", 3)
+
+    async def go() -> tuple[str, object]:
+        dd = await open_dd(root, packed_appends=True)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 3)
+        assert log.packed and not os.listdir(root / "streams")  # no directory made
+        assert _kinds(root).count(wal.Kind.PACKED_RECORDS) == 3  # one entry per round
+        assert log.extents is not None and log.extents.start == 0
+        assert log.extents.end == log._file_end == len(expected)
+        assert log.extents.files() == {(IN_WAL, dd._committer.generation - 1)}
+        assert packs.read_virtual(root, log.extents) == expected
+        assert log.durable_tail == log.state.tail and _is_duplicate(log.state, 2)
+        # The checkpoint carries header and records into the WAL file's pack, the extents follow.
+        await _checkpoint(dd)
+        assert not list((root / wal.WAL_DIR).glob("*.wal"))
+        assert {where for where, _ in log.extents.files()} == {IN_PACK}
+        assert len(log.extents) == 2  # the header's entry and the coalesced records' entry
+        assert packs.read_virtual(root, log.extents) == expected
+        # More appends after the carry: a new extent in the new WAL file.
+        await _producer_appends(log, 2, start=3)
+        assert {w for w, _ in log.extents.files()} == {IN_PACK, IN_WAL}
+        virtual = packs.read_virtual(root, log.extents)
+        assert virtual.startswith(expected) and len(virtual) == log._file_end
+        state = log.state
+        await dd.close()
+        assert not os.listdir(root / "streams")
+        return log.id, (virtual, state)
+
+    log_id, (virtual, state) = run(go)
+    # A fresh start-up finds the same bytes, folded to the same state and dedup state.
+    settled = wal.replay(root, sync=True).packed
+    assert set(settled.live) == {log_id} and not settled.gaps
+    assert packs.read_virtual(root, settled.extents[log_id]) == virtual
+    recovered = recovery.recover_packed(log_id, virtual, 64 * 1024)
+    assert recovered.state.tail == state.tail and recovered.state.producers == state.producers
+    assert _is_duplicate(recovered.state, 4) and not _is_duplicate(recovered.state, 5)
+
+
+def test_packed_appends_off_write_no_packed_records(tmp_path: Path) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 2)
+        assert not log.packed and log.extents is None  # promoted by its first write, as in step 1
+        assert wal.Kind.PACKED_RECORDS not in _kinds(tmp_path)
+        await dd.close()
+
+    run(go)
+
+
+def test_a_power_loss_before_and_after_the_carry_loses_no_acknowledged_packed_append(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "live"
+
+    async def go() -> tuple[str, bytes, bytes]:
+        dd = await open_dd(root, packed_appends=True)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 2)
+        before = packs.read_virtual(root, log.extents)
+        crash_copy(root, tmp_path / "before")  # header and records in the live WAL file only
+        await _checkpoint(dd)
+        await _producer_appends(log, 2, start=2)
+        after = packs.read_virtual(root, log.extents)
+        crash_copy(root, tmp_path / "after")  # in a pack and in the live WAL file
+        await dd.close()
+        return log.id, before, after
+
+    log_id, before, after = run(go)
+    for name, expected, seq in (("before", before, 1), ("after", after, 3)):
+        settled = wal.replay(tmp_path / name, sync=True).packed
+        assert not settled.gaps and not os.listdir(tmp_path / name / "streams")
+        assert packs.read_virtual(tmp_path / name, settled.extents[log_id]) == expected
+        state = recovery.recover_packed(log_id, expected, 64 * 1024).state
+        assert _is_duplicate(state, seq) and not _is_duplicate(state, seq + 1)
+
+
+def test_a_crash_between_the_packs_rename_and_the_wal_files_removal_reads_each_byte_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, copy = tmp_path / "live", tmp_path / "crashed"
+    finish = packs.PackBook.finish
+
+    def copy_then_finish(book: packs.PackBook, plan: packs.Retirement, w) -> None:  # noqa: ANN001
+        if not copy.exists():
+            crash_copy(root, copy)  # the pack is renamed in and synced, the WAL file still there
+        finish(book, plan, w)
+
+    monkeypatch.setattr(packs.PackBook, "finish", copy_then_finish)
+
+    async def go() -> tuple[str, bytes]:
+        dd = await open_dd(root, packed_appends=True)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 3)
+        expected = packs.read_virtual(root, log.extents)
+        await _checkpoint(dd)
+        await dd.close()
+        return log.id, expected
+
+    log_id, expected = run(go)
+    assert list((copy / packs.PACKS_DIR).glob("*.pack")) and list((copy / "wal").glob("*.wal"))
+    settled = wal.replay(copy, sync=True).packed
+    assert packs.read_virtual(copy, settled.extents[log_id]) == expected
+    assert not list((copy / wal.WAL_DIR).iterdir())
+
+
+def test_a_batch_past_the_threshold_promotes_the_stream_with_its_packed_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(committer, "PACKED_APPEND_BYTES", 4096)
+    monkeypatch.setattr("durastream_server.storage.log.PACKED_APPEND_BYTES", 4096)
+    root = tmp_path / "live"
+
+    async def go() -> tuple[str, list[bytes]]:
+        dd = await open_dd(root, packed_appends=True)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 3)
+        await _checkpoint(dd)  # some records in a pack
+        await _producer_appends(log, 2, start=3)  # some in the WAL
+        assert log.packed
+        virtual = packs.read_virtual(root, log.extents)
+        big = b'"' + b"x" * 5000 + b'"'
+        await append(log, big, producer=("writer", 0, 5))
+        assert not log.packed and log.extents is None
+        segment = (root / "streams" / log.id / segment_name(0)).read_bytes()
+        assert segment.startswith(virtual) and len(segment) == log._file_end
+        assert (
+            not dd._committer.packs.is_packed(log.id) and log.id not in dd._committer.packs.extents
+        )
+        messages = await read_all(log)
+        assert len(messages) == 6 and messages[-1] == big
+        await dd.close()
+        return log.id, messages
+
+    log_id, messages = run(go)
+
+    async def reopen() -> None:
+        dd = await DataDir.open(config(root))
+        log = dd.logs[log_id]
+        assert not log.packed and await read_all(log) == messages
+        assert _is_duplicate(log.state, 3) and log.state.producers["writer"].last_seq == 5
+        await dd.close()
+
+    run(reopen)
+    assert not [n for n in os.listdir(root / packs.PACKS_DIR) if n.endswith(".pack")]
+
+
+def test_a_crash_after_the_promoting_rounds_sync_replays_the_packed_records_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the sync the stream is packed and whole (the power-loss tests above); after it, its
+    directory is not made yet (copied then): the replay makes it from the CREATE entry, which
+    carries the header and the packed records, and puts the new record after them."""
+    monkeypatch.setattr(committer, "PACKED_APPEND_BYTES", 4096)
+    monkeypatch.setattr("durastream_server.storage.log.PACKED_APPEND_BYTES", 4096)
+    root, copy = tmp_path / "live", tmp_path / "crashed"
+    make = promotion_module.Promotion.make
+
+    def copy_then_make(self: promotion_module.Promotion):  # noqa: ANN202
+        if not copy.exists():
+            crash_copy(root, copy)
+        return make(self)
+
+    monkeypatch.setattr(promotion_module.Promotion, "make", copy_then_make)
+
+    async def go() -> tuple[str, list[bytes]]:
+        dd = await open_dd(root, packed_appends=True)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 3)
+        await _checkpoint(dd)
+        await _producer_appends(log, 1, start=3)
+        big = b'"' + b"y" * 5000 + b'"'
+        await append(log, big, producer=("writer", 0, 4))
+        messages = await read_all(log)
+        await dd.close()
+        return log.id, messages
+
+    log_id, messages = run(go)
+    assert not os.listdir(copy / "streams")
+
+    async def reopen() -> None:
+        dd = await DataDir.open(config(copy))
+        log = dd.logs[log_id]
+        assert not log.packed and await read_all(log) == messages
+        assert _is_duplicate(log.state, 3) and log.state.producers["writer"].last_seq == 4
+        await dd.close()
+
+    run(reopen)
+
+
+def test_a_delete_of_a_packed_stream_with_records_voids_them_and_its_pack_goes(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        keep = await dd.create_stream(header("/keep"), None)
+        gone = await dd.create_stream(header("/gone"), None)
+        await _producer_appends(keep, 1)
+        await _producer_appends(gone, 2)
+        await _checkpoint(dd)
+        g = next(iter(gone.extents.files()))[1]
+        assert dd._committer.packs.counts[g] == 4  # two creates, two records entries
+        await dd.delete_stream(gone)
+        await _checkpoint(dd)
+        assert dd._committer.packs.counts[g] == 2
+        expected = packs.read_virtual(tmp_path, keep.extents)
+        await dd.close()
+        settled = wal.replay(tmp_path, sync=True).packed
+        assert set(settled.live) == {keep.id}
+        assert packs.read_virtual(tmp_path, settled.extents[keep.id]) == expected
+
+    run(go)
