@@ -444,6 +444,11 @@ class DataDir:
         ``StorageFailure``/``InsufficientStorage`` on I/O errors (nothing is left behind then).
         """
         self._check_open()
+        source = self.logs.get(header.fork_source_id or "")
+        if source is not None and source.packed and (source.extents is not None or source._busy):
+            # A fork reads its source's files: a source with packed records (decision 0010 step
+            # 2) gets its directory first, in a round of its own.
+            await source.ensure_directory()
         state = StreamState(
             tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
         )

@@ -657,7 +657,9 @@ class StreamLog:
 
     def _continue(self) -> None:
         """After a batch: the next turn if more is queued, else idle."""
-        if self._queue and self._failure is None:
+        # A packed log whose batch was packed records may have a promotion waiting (``ensure_
+        # directory`` came while that batch was in flight): its turn too.
+        if (self._queue or (self.packed and self._promote_waiters)) and self._failure is None:
             self._ctx.committer.schedule(self)
         else:
             self._set_idle()

@@ -13,11 +13,13 @@ bytes are checked here with ``packs.read_virtual``, the state with ``recovery.re
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 from pathlib import Path
 
 import pytest
 
+from durastream_server import errors
 from durastream_server.engine import producers
 from durastream_server.storage import DataDir, committer, packs, recovery, wal
 from durastream_server.storage import promotion as promotion_module
@@ -25,7 +27,18 @@ from durastream_server.storage.extents import IN_PACK, IN_WAL
 from durastream_server.storage.records import ProducerTuple
 from durastream_server.storage.segments import segment_name
 
-from ._util import append, config, crash_copy, header, open_dd, read_all, run, sample_digest
+from ._util import (
+    append,
+    checkpoint,
+    config,
+    crash_copy,
+    entry,
+    header,
+    open_dd,
+    read_all,
+    run,
+    sample_digest,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -34,20 +47,7 @@ def _no_idle_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(committer, "CHECKPOINT_IDLE_SECONDS", 3600.0)
 
 
-async def _checkpoint(dd: DataDir) -> None:
-    """Rotate the WAL and wait for the checkpoint of the file it retired (as ``test_packs.py``)."""
-    c = dd._committer
-    while c._task is not None or c._checkpoint is not None:
-        if c._task is not None:
-            await asyncio.shield(c._task)
-        if c._checkpoint is not None:
-            await asyncio.shield(c._checkpoint)
-    c._rotate = True
-    c._start()
-    while c._task is not None:
-        await asyncio.shield(c._task)
-    if c._checkpoint is not None:
-        await asyncio.shield(c._checkpoint)
+_checkpoint = checkpoint
 
 
 def _kinds(root: Path) -> list[int]:
@@ -192,6 +192,19 @@ def test_a_crash_between_the_packs_rename_and_the_wal_files_removal_reads_each_b
     assert not list((copy / wal.WAL_DIR).iterdir())
 
 
+def _reopen_promoted(root: Path, log_id: str, messages: list[bytes], last_seq: int) -> None:
+    """A start-up finds the promoted stream whole in its directory, producer state included."""
+
+    async def reopen() -> None:
+        dd = await DataDir.open(config(root))
+        log = dd.logs[log_id]
+        assert not log.packed and await read_all(log) == messages
+        assert _is_duplicate(log.state, 3) and log.state.producers["writer"].last_seq == last_seq
+        await dd.close()
+
+    run(reopen)
+
+
 def test_a_batch_past_the_threshold_promotes_the_stream_with_its_packed_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -222,14 +235,7 @@ def test_a_batch_past_the_threshold_promotes_the_stream_with_its_packed_records(
 
     log_id, messages = run(go)
 
-    async def reopen() -> None:
-        dd = await DataDir.open(config(root))
-        log = dd.logs[log_id]
-        assert not log.packed and await read_all(log) == messages
-        assert _is_duplicate(log.state, 3) and log.state.producers["writer"].last_seq == 5
-        await dd.close()
-
-    run(reopen)
+    _reopen_promoted(root, log_id, messages, 5)
     assert not [n for n in os.listdir(root / packs.PACKS_DIR) if n.endswith(".pack")]
 
 
@@ -266,14 +272,7 @@ def test_a_crash_after_the_promoting_rounds_sync_replays_the_packed_records_too(
     log_id, messages = run(go)
     assert not os.listdir(copy / "streams")
 
-    async def reopen() -> None:
-        dd = await DataDir.open(config(copy))
-        log = dd.logs[log_id]
-        assert not log.packed and await read_all(log) == messages
-        assert _is_duplicate(log.state, 3) and log.state.producers["writer"].last_seq == 4
-        await dd.close()
-
-    run(reopen)
+    _reopen_promoted(copy, log_id, messages, 4)
 
 
 def test_a_delete_of_a_packed_stream_with_records_voids_them_and_its_pack_goes(
@@ -296,5 +295,109 @@ def test_a_delete_of_a_packed_stream_with_records_voids_them_and_its_pack_goes(
         settled = wal.replay(tmp_path, sync=True).packed
         assert set(settled.live) == {keep.id}
         assert packs.read_virtual(tmp_path, settled.extents[keep.id]) == expected
+
+    run(go)
+
+
+def test_a_fork_of_a_packed_stream_with_records_promotes_the_source_first(tmp_path: Path) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        source = await dd.create_stream(header("/src"), None)
+        await _producer_appends(source, 2)
+        virtual = packs.read_virtual(tmp_path, source.extents)
+        fork = await dd.create_stream(
+            header(
+                "/fork",
+                fork_source_id=source.id,
+                fork_source_path="/src",
+                fork_position=source.durable_tail,
+            ),
+            None,
+        )
+        assert not source.packed and source.extents is None  # the fork reads its files
+        segment = (tmp_path / "streams" / source.id / segment_name(0)).read_bytes()
+        assert segment == virtual
+        assert await read_all(source) == [b'"m0"', b'"m1"']
+        assert fork.header.fork_source_id == source.id
+        await dd.close()
+
+    run(go)
+
+
+def test_a_rewritten_half_void_pack_relocates_the_extents_it_held(tmp_path: Path) -> None:
+    """Deleting most packed streams of a pack rewrites it with the live entries only (step 1's
+    compaction): the extents and header offsets of the streams left move with their entries."""
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        made = [await dd.create_stream(header(f"/p{i}"), None) for i in range(6)]
+        for log in made[:3]:
+            await _producer_appends(log, 2)
+        await _checkpoint(dd)
+        keep, fresh = made[2], made[5]  # one with records, one without
+        expected = packs.read_virtual(tmp_path, keep.extents)
+        before = (keep.extents.pieces(0, keep.extents.end), dd._committer.packs.header_at[fresh.id])
+        for log in [*made[:2], *made[3:5]]:
+            await dd.delete_stream(log)
+        await _checkpoint(dd)
+        after = (keep.extents.pieces(0, keep.extents.end), dd._committer.packs.header_at[fresh.id])
+        assert after != before  # the pack was rewritten: its entries moved
+        assert packs.read_virtual(tmp_path, keep.extents) == expected
+        await _producer_appends(fresh, 1)  # its header extent from the moved offset
+        fresh_virtual = packs.read_virtual(tmp_path, fresh.extents)
+        recovered = recovery.recover_packed(fresh.id, fresh_virtual, 1 << 16)
+        assert recovered.state.tail == fresh.state.tail == 4
+        await dd.close()
+        settled = wal.replay(tmp_path, sync=True).packed
+        assert set(settled.live) == {keep.id, fresh.id}
+        assert packs.read_virtual(tmp_path, settled.extents[keep.id]) == expected
+        assert packs.read_virtual(tmp_path, settled.extents[fresh.id]) == fresh_virtual
+
+    run(go)
+
+
+def test_a_packed_round_out_of_space_fails_that_append_only_and_heals_from_the_extents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 2)
+        with monkeypatch.context() as patched:
+            real = wal.WalFile.append
+
+            def no_space(self: wal.WalFile, entries: list[wal.WalEntry]) -> None:
+                patched.setattr(wal.WalFile, "append", real)  # once: the undo's sync succeeds
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            patched.setattr(wal.WalFile, "append", no_space)
+            with pytest.raises(errors.InsufficientStorage):
+                await append(log, b'"lost"', producer=("writer", 0, 2))
+        deadline = asyncio.get_running_loop().time() + 30
+        while log.poisoned:  # heals (out of space), folded again from its packed records
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.02)
+        assert log.packed and log.state.producers["writer"].last_seq == 1
+        await _producer_appends(log, 1, start=2)  # the retry is written, not a duplicate
+        virtual = packs.read_virtual(tmp_path, log.extents)
+        state = recovery.recover_packed(log.id, virtual, 1 << 16).state
+        assert state.tail == log.durable_tail and state.producers == log.state.producers
+        await dd.close()
+
+    run(go)
+
+
+def test_a_directory_asked_for_while_a_packed_round_is_in_flight_is_made_after_it(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        log = await dd.create_stream(header("/p"), None)
+        e = entry(log, b'"a"')
+        staged = log.stage(e)
+        await asyncio.gather(staged, log.ensure_directory())
+        assert not log.packed and log.extents is None
+        assert await read_all(log) == [b'"a"']
+        await dd.close()
 
     run(go)
