@@ -583,17 +583,17 @@ class Committer:
         packed_jobs: dict[int, int] = {}  # job -> index of its entry in ``entries``
         for i, job in enumerate(jobs):
             try:
+                if job.promote is not None and job.promote.carries_records:
+                    job.promote.load()  # its segment 0: header and packed records
                 if job.packed:
-                    # The virtual segment 0 never rolls: laid out as one chunk at ``end``.
+                    # The virtual segment 0 never rolls: laid out as one chunk at ``end``; the
+                    # WAL entry is all that is written (below).
                     whole = dataclasses.replace(job.target, segment_bytes=1 << 62)
                     chunks, result = lay_out(whole, job.items, 0, job.end)
-                elif job.promote is not None and job.promote.carries_records:
-                    job.promote.load()
-                    chunks, result = lay_out(job.target, job.items, job.seg_base, job.end)
                 else:
                     chunks, result = lay_out(job.target, job.items, job.seg_base, job.end)
                 if job.packed:
-                    pass  # the WAL entry alone (below)
+                    pass
                 elif job.promote is None:
                     write_chunks(job.target, chunks, sync=False, keep=keep)
                 elif wal:

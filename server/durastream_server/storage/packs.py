@@ -518,9 +518,8 @@ class PackBook:
         for log_id, (generation, _) in settled.live.items():
             self.live[log_id] = generation
             self.counts[generation] = self.counts.get(generation, 0) + 1
-        # A pack that holds only packed records (step 2) of live streams is not empty: until the
-        # checkpoint tracks records (decision 0010, "Step 2: status"), it counts as live and stays
-        # until the next start-up's ``settle`` (kept too long, never removed too early).
+        # Live entries per pack: creates and (step 2) records entries; a drop or promotion of a
+        # stream adopted with its extents (``adopt``) makes its records entries void one by one.
         for generation, entries in settled.live_entries.items():
             self.counts[generation] = max(self.counts.get(generation, 0), entries)
         self.kept = dict(settled.kept)
@@ -550,6 +549,13 @@ class PackBook:
         if at is None or generation is None:
             return None
         return at & 1, generation, at >> 1
+
+    def adopt(self, log_id: str, extents: Extents) -> None:
+        """Start-up (piece 5, not in this module's caller yet): a packed stream with records found
+        by ``settle`` (all its entries in packs) is tracked like one written since, so that a
+        pack's rewrite relocates its extents and its drop or promotion voids its records entries.
+        Its ``StreamLog.extents`` must be this same object."""
+        self.extents[log_id] = extents
 
     def wrote(self, log_id: str, extents: Extents, generation: int) -> None:
         """Packed records of ``log_id`` are durable in WAL ``generation`` (``extents`` says where)."""
