@@ -711,7 +711,16 @@ class PackBook:
             self.kept[generation] = size
             self.entries[generation] = entries
         for generation, records in carried.records.items():
-            self.counts[generation] = self.counts.get(generation, 0) + records
+            # Live records entries only: a stream dropped or promoted since the plan (its void
+            # entries were carried all the same) is not counted, so its entry reads as void.
+            live = sum(
+                1
+                for log_id, rows in carried.moved.get((IN_WAL, generation), {}).items()
+                if log_id in self.extents
+                for row in rows
+                if row[2] > 0
+            )
+            self.counts[generation] = self.counts.get(generation, 0) + min(records, live)
         for (where, generation), streams in carried.moved.items():
             for log_id, rows in streams.items():
                 for offset, _, position in rows:

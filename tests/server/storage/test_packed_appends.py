@@ -401,3 +401,39 @@ def test_a_directory_asked_for_while_a_packed_round_is_in_flight_is_made_after_i
         await dd.close()
 
     run(go)
+
+
+def test_a_stream_dropped_while_its_wal_file_is_being_carried_counts_as_void(
+    tmp_path: Path,
+) -> None:
+    """The checkpoint planned the carry of a WAL file, then (while the carry waits) a stream with
+    records there is deleted: its carried entry is not counted live, so the pack is rewritten
+    without it once its drop is retired, and the other stream's extents follow."""
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        c = dd._committer
+        keep = await dd.create_stream(header("/keep"), None)
+        gone = await dd.create_stream(header("/gone"), None)
+        await _producer_appends(keep, 1)
+        await _producer_appends(gone, 1)
+        g = c.generation - 1
+        expected = packs.read_virtual(tmp_path, keep.extents)
+        await c._pack_lock.acquire()
+        c._rotate = True
+        c._start()
+        deadline = asyncio.get_running_loop().time() + 30
+        while not c._unpacked:  # planned, waiting for the lock
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        await dd.delete_stream(gone)
+        c._pack_lock.release()
+        await _checkpoint(dd)  # the carry of g, then the retirement of the drop's WAL file
+        assert c.packs.entries[g] == c.packs.counts[g] == 2  # rewritten: keep's create, records
+        assert packs.read_virtual(tmp_path, keep.extents) == expected
+        await dd.close()
+        settled = wal.replay(tmp_path, sync=True).packed
+        assert set(settled.live) == {keep.id}
+        assert packs.read_virtual(tmp_path, settled.extents[keep.id]) == expected
+
+    run(go)
