@@ -203,6 +203,9 @@ class Settled:
     gaps: list[str] = field(default_factory=list)
     # Live entries per pack, packed records included (``counts`` of ``survey`` counts creates only).
     live_entries: dict[int, int] = field(default_factory=dict)
+    # Step 2: where each live packed create's header record is in its pack (generation ``live[id]
+    # [0]``), after the rewrites: the header extent of its first packed records (``PackBook``).
+    headers: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -220,6 +223,8 @@ class Survey:
     # logical byte once (the same records in a pack and in the WAL file it was written from, after a
     # crash between the two, are read once), and the streams whose pieces leave a gap.
     pieces: dict[str, list[_Piece]] = field(default_factory=dict)
+    # Where each live packed create's header record is in its pack, if a pack holds it.
+    headers: dict[str, int] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
 
 
@@ -237,6 +242,7 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
         pack_scans.append((generation, scanned))
         void[generation] = read_dead(packs, generation)
     created: dict[str, tuple[int, bytes]] = {}
+    header_at: dict[str, int] = {}
     dropped: set[str] = set()
     found: dict[str, list[_Piece]] = {}  # every piece of every packed stream (void ones too)
     in_pack = {id(scanned) for _, scanned in pack_scans}
@@ -245,6 +251,8 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
         for i, (log_id, _segment, offset, records, kind) in enumerate(scanned.entries):
             if kind == Kind.PACKED:
                 created[log_id] = (generation, records)
+                if where == IN_PACK:
+                    header_at[log_id] = scanned.records_at[i]
             elif kind == Kind.PACKED_RECORDS and records:
                 piece = _Piece(offset, where, generation, scanned.records_at[i], records, kind)
                 found.setdefault(log_id, []).append(piece)
@@ -277,7 +285,10 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
             chosen[log_id], whole = _contiguous(pieces)
             if not whole:
                 gaps.append(log_id)
-    return Survey(live, counts, newly_void, pack_scans, damaged, chosen, gaps)
+    headers = {i: header_at[i] for i in live if i in header_at}
+    return Survey(
+        live, counts, newly_void, pack_scans, damaged, pieces=chosen, gaps=gaps, headers=headers
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,6 +420,16 @@ def settle(root: Path, wal_scans: list[tuple[int, Scan]], *, sync: bool, out: Se
         out.kept[generation] = os.stat(packs / pack_name(generation)).st_size
         out.entries[generation] = held[generation]
     out.live_entries = counts
+    out.headers = {
+        log_id: at
+        for log_id, (generation, _) in found.live.items()
+        if generation not in rewrite and (at := found.headers.get(log_id)) is not None
+    }
+    for log_id, by_file in moved.items():
+        generation = found.live[log_id][0]
+        for position, at in by_file.get(generation, ()):
+            if position == 0:
+                out.headers[log_id] = at
     if sync and len(found.pack_scans) != len(out.kept):
         fsync_dir(packs)
     for log_id, pieces in found.pieces.items():
@@ -524,6 +545,12 @@ class PackBook:
             self.counts[generation] = max(self.counts.get(generation, 0), entries)
         self.kept = dict(settled.kept)
         self.entries = dict(settled.entries)
+        if self.appends:  # the header extent of packed creates made before this start-up
+            self.header_at = {
+                log_id: at * 2 + IN_PACK
+                for log_id, at in settled.headers.items()
+                if log_id not in settled.extents
+            }
 
     @property
     def disk_bytes(self) -> int:
@@ -542,8 +569,8 @@ class PackBook:
 
     def header_piece(self, log_id: str, length: int) -> tuple[int, int, int] | None:
         """(where, generation, offset) of a live packed create's header record of ``length``
-        bytes, if known (a create made before this start-up is not: its stream is promoted as in
-        step 1 when it is first written)."""
+        bytes, if known (made with packed appends on, or found by ``settle``: ``Settled.headers``;
+        otherwise its stream is promoted as in step 1 when it is first written)."""
         at = self.header_at.get(log_id)
         generation = self.live.get(log_id)
         if at is None or generation is None:

@@ -437,3 +437,40 @@ def test_a_stream_dropped_while_its_wal_file_is_being_carried_counts_as_void(
         assert packs.read_virtual(tmp_path, settled.extents[keep.id]) == expected
 
     run(go)
+
+
+def test_packed_creates_made_before_a_start_up_take_packed_appends_after_it(tmp_path: Path) -> None:
+    """``settle`` says where each live packed create's header record is in its pack (one kept as
+    it was, one written at start-up from a WAL file left by a power loss): their first appends after
+    the start-up are packed records too, with the right header extent."""
+    root, copy = tmp_path / "live", tmp_path / "crashed"
+
+    async def write() -> tuple[str, str]:
+        dd = await open_dd(root, packed_appends=True)
+        old = await dd.create_stream(header("/old"), None)
+        await _checkpoint(dd)  # /old is in a pack
+        new = await dd.create_stream(header("/new"), None)  # /new only in the live WAL file
+        crash_copy(root, copy)
+        await dd.close()
+        return old.id, new.id
+
+    ids = run(write)
+
+    async def reopen() -> dict[str, bytes]:
+        dd = await DataDir.open(config(copy, packed_appends=True))
+        out = {}
+        for log_id in ids:
+            log = dd.logs[log_id]
+            await _producer_appends(log, 2)
+            assert log.packed and log.extents is not None
+            out[log_id] = packs.read_virtual(copy, log.extents)
+            state = recovery.recover_packed(log_id, out[log_id], 1 << 16).state
+            assert state.tail == log.durable_tail and state.producers == log.state.producers
+        assert not os.listdir(copy / "streams")
+        await dd.close()
+        return out
+
+    virtual = run(reopen)
+    settled = wal.replay(copy, sync=True).packed
+    for log_id in ids:
+        assert packs.read_virtual(copy, settled.extents[log_id]) == virtual[log_id]
