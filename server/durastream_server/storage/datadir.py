@@ -228,7 +228,9 @@ class DataDir:
                 await self._run(features.mark, root, features.PACKED_RECORDS, sync=self._ctx.sync)
             await self._run(self._prepare_dirs)
             # Before any stream is read: put back what the write-ahead log holds (wal.py).
-            report = await self._run(replay_wal, root, sync=self._ctx.sync)
+            report = await self._run(
+                replay_wal, root, sync=self._ctx.sync, headers=self._committer.packed_appends
+            )
             self._committer.generation = report.next_generation
             settled = report.packed
             self._committer.packs.load(settled)

@@ -323,7 +323,7 @@ def _next_entry(data: bytes, at: int, generation: int) -> int:
         at += 1
 
 
-def replay(root: Path, *, sync: bool) -> ReplayReport:
+def replay(root: Path, *, sync: bool, headers: bool = False) -> ReplayReport:
     """Put every WAL entry's bytes back into its segment file, sync what was written, remove the WAL
     files (see the module docstring). Blocking; runs before any stream is recovered.
 
@@ -391,7 +391,7 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
     from durastream_server.storage.packs import Settled, settle
 
     packed = Settled()
-    settle(root, scans, sync=sync, out=packed)
+    settle(root, scans, sync=sync, out=packed, headers=headers)
     for generation in found:
         os.unlink(directory / wal_name(generation))
     if found and sync:
