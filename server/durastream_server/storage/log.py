@@ -530,7 +530,12 @@ class StreamLog:
         batch, rest = split_batch(self._queue)
         self._queue = rest or ()
         self._inflight = batch
-        snapshot_state = capture(self.state) if not rest and self._snapshot_due() else None
+        # (Not for a batch of packed records: no directory holds a snapshot.)
+        if packed and self._ctx.committer.packed_appends:
+            due = False
+        else:
+            due = not rest and self._snapshot_due()
+        snapshot_state = capture(self.state) if due else None
         cost = _batch_bytes(batch)
         if packed and self._packs_batch(batch, cost):
             # Packed records (decision 0010 step 2): no directory, no segment write, no snapshot
@@ -987,7 +992,10 @@ class StreamLog:
 
     async def _write_snapshot(self, state: StateImage, covered_end: int, last_record: int) -> None:
         """Encode and write in a worker thread: the loop only took ``capture`` and the index's length
-        (storage/snapshot.py), whatever the number of producers or index points."""
+        (storage/snapshot.py), whatever the number of producers or index points. None for a
+        packed stream (no directory: it is folded from its virtual segment 0, at most 256 KiB)."""
+        if self.packed:
+            return
         index = IndexImage.of(self._index.sparse)
         pruned = self._pruned
 

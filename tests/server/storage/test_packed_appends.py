@@ -474,3 +474,18 @@ def test_packed_creates_made_before_a_start_up_take_packed_appends_after_it(tmp_
     settled = wal.replay(copy, sync=True).packed
     for log_id in ids:
         assert packs.read_virtual(copy, settled.extents[log_id]) == virtual[log_id]
+
+
+def test_a_close_writes_no_snapshot_for_a_packed_stream_with_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True, snapshot_interval_entries=1)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 260)  # past the close's snapshot threshold (256 entries)
+        assert log.packed
+        await dd.close()
+        assert not os.listdir(tmp_path / "streams")
+        assert "snapshot not written" not in caplog.text
+
+    run(go)
