@@ -595,7 +595,10 @@ class PackBook:
         self.extents[log_id] = extents
 
     def wrote(self, log_id: str, extents: Extents, generation: int) -> None:
-        """Packed records of ``log_id`` are durable in WAL ``generation`` (``extents`` says where)."""
+        """Packed records of ``log_id`` are durable in WAL ``generation`` (``extents`` says where).
+        Not tracked once its stream is dropped (a round in flight during its delete): void."""
+        if log_id not in self.live:
+            return
         self.extents[log_id] = extents
         self._records.setdefault(generation, set()).add(log_id)
 

@@ -489,3 +489,22 @@ def test_a_close_writes_no_snapshot_for_a_packed_stream_with_records(
         assert "snapshot not written" not in caplog.text
 
     run(go)
+
+
+def test_a_delete_with_a_packed_write_in_flight_leaves_nothing_tracked_or_live(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 1)
+        staged = log.stage(entry(log, b'"late"'))
+        await asyncio.gather(dd.delete_stream(log), staged, return_exceptions=True)
+        await _checkpoint(dd)
+        book = dd._committer.packs
+        assert log.id not in book.extents and not book.is_packed(log.id)
+        await dd.close()
+        assert not wal.replay(tmp_path, sync=True).packed.live
+        assert not [n for n in os.listdir(tmp_path / packs.PACKS_DIR) if n.endswith(".pack")]
+
+    run(go)
