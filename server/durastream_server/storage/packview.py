@@ -1,0 +1,154 @@
+"""Reads of a packed stream through its extents (decision 0010, step 2, piece 2).
+
+A packed stream with records has no segment file: its virtual segment 0 (header record, then its
+records) lies in pieces of shared files, WAL files and packs (``extents.py``). ``PackedView`` is the
+``segments.SegmentView`` of such a stream: the same global offsets (the index's), so the read
+algorithms (``reader.py``, ``ordinals.py``, ``times.py``) run unchanged over a ``PackedWindow``, which
+maps each offset to its piece's file. Files go through the shared ``FdCache`` keyed by the file, not
+the stream: one fd per WAL file or pack however many streams it holds (10,000 small streams in two
+packs read through two fds, where their directories took 10,000 opens).
+
+Why a view can be stale, and what keeps a read right. A view is planned on the loop from the log's
+extents and read later in a worker thread. Meanwhile a checkpoint may rewrite a pack under the same name
+(its void entries dropped: the live ones move to other offsets) or remove a WAL file whose records it
+carried into a pack; the loop then relocates the extents (``Extents.relocate``). A read that opened the
+file before the rename reads the old inode, which still holds the bytes its extents name; a read that
+opened it after the rename would read other bytes at those offsets. ``PackFiles`` is a sequence lock
+over such moves: the loop counts a move as begun before the thread that renames or removes files
+starts (``moving``) and as done after the extents are relocated (``moved``). A view carries the count
+of moves done when it was planned (``stamp``) and its handles are cached under it; after acquiring a
+handle the reader checks that no move has begun since. If one has, the view may be stale and the read
+raises ``Replan``: ``StreamLog`` plans it again (after the move, the extents are the new ones). A handle
+cached under an old stamp is never used by a later view (a different key) and ages out of the LRU.
+"""
+
+from __future__ import annotations
+
+import os
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from durastream_server.storage import codec
+from durastream_server.storage.extents import IN_PACK, Extents
+from durastream_server.storage.files import FdCache, Handle
+from durastream_server.storage.segments import READ_BLOCK, Window
+
+_PACK_TAG = "pack"
+_WAL_TAG = "wal"
+
+
+class Replan(Exception):
+    """A packed read's files moved since it was planned (a checkpoint rewrote or removed one): plan
+    it again from the log's current extents."""
+
+
+class PackFiles:
+    """Where packs and WAL files are, and the sequence lock over their moves (module docstring).
+    ``moving``/``moved`` and planning run on the loop; ``acquire`` in worker threads."""
+
+    __slots__ = ("_packs", "_wal", "begun", "done")
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._packs = os.path.join(os.fspath(root), "packs")
+        self._wal = os.path.join(os.fspath(root), "wal")
+        self.begun = 0
+        self.done = 0
+
+    def moving(self) -> None:
+        """Before files that extents may name are renamed over or removed (the checkpoint's packs)."""
+        self.begun += 1
+
+    def moved(self) -> None:
+        """After the extents point at where the bytes are now (or the move failed and nothing moved
+        that extents name)."""
+        self.done = self.begun
+
+    def path(self, where: int, generation: int) -> str:
+        if where == IN_PACK:
+            return f"{self._packs}{os.sep}{generation:020d}.pack"
+        return f"{self._wal}{os.sep}{generation:020d}.wal"
+
+    def acquire(self, cache: FdCache, where: int, generation: int, stamp: int) -> Handle:
+        """The cached handle of the file (``where``, ``generation``) as it was when a view with
+        ``stamp`` was planned. Raises ``Replan`` if a move began since (or the file is gone)."""
+        key = (_PACK_TAG if where == IN_PACK else _WAL_TAG, generation, stamp)
+        try:
+            handle = cache.acquire(key, self.path(where, generation))
+        except FileNotFoundError:
+            raise Replan(f"file {self.path(where, generation)} is gone") from None
+        if self.begun != stamp:
+            cache.release(handle)
+            raise Replan("a checkpoint moved packed records since the read was planned")
+        return handle
+
+
+@dataclass(frozen=True, slots=True)
+class PackedView:
+    """An immutable picture of a packed stream's pieces up to a durable ``end`` (for a worker thread):
+    the counterpart of ``segments.SegmentView``. ``starts[i]`` is the logical position where
+    ``rows[i] = (where, generation, file offset, length)`` starts."""
+
+    log_id: str
+    starts: tuple[int, ...]
+    rows: tuple[tuple[int, int, int, int], ...]
+    end: int
+    files: PackFiles
+    stamp: int
+
+    @classmethod
+    def of(cls, log_id: str, extents: Extents, end: int, files: PackFiles) -> PackedView:
+        """Planned on the loop, from the log's extents as they are now."""
+        pieces = extents.pieces(extents.start, end)
+        return cls(
+            log_id,
+            tuple(p.position for p in pieces),
+            tuple((p.where, p.generation, p.offset, p.length) for p in pieces),
+            end,
+            files,
+            files.done,
+        )
+
+    def window(self, cache: FdCache, block: int = READ_BLOCK, *, evict: bool = True) -> Window:
+        # Always cached (``evict`` ignored): a few files hold every packed stream, so a read of
+        # 10,000 of them must reuse their fds, not open one privately per stream.
+        return PackedWindow(self, cache, block)
+
+    @property
+    def last_start(self) -> int:
+        """Where the last piece starts (``reader.read_one_record`` reads within it only)."""
+        return self.starts[-1] if self.starts else self.end
+
+    def acquire_last(self, cache: FdCache, evict: bool) -> tuple[Handle, int]:
+        """The last piece's file handle and its shift (global offset - file offset)."""
+        where, generation, offset, _ = self.rows[-1]
+        return self.files.acquire(cache, where, generation, self.stamp), self.starts[-1] - offset
+
+    def locate(self, offset: int) -> tuple[int, int, int]:
+        """(piece index, shift, piece end) of the piece holding global ``offset``."""
+        i = bisect_right(self.starts, offset) - 1
+        if i < 0 or offset >= self.end:
+            raise codec.CorruptRecord(f"offset {offset} outside the packed stream's extents")
+        _, _, file_offset, length = self.rows[i]
+        start = self.starts[i]
+        return i, start - file_offset, min(start + length, self.end)
+
+
+class PackedWindow(Window):
+    """``segments.Window`` over a ``PackedView``: a piece is read as a segment is (a record never
+    spans two pieces: a piece is a round's or a checkpoint's whole records, or the header), its file
+    handle kept while consecutive pieces are in the same file."""
+
+    def __init__(self, view: PackedView, cache: FdCache, block: int = READ_BLOCK) -> None:
+        super().__init__(view, cache, block)  # type: ignore[arg-type]
+        self._view = view
+        self._file: tuple[int, int] | None = None
+
+    def _segment(self, offset: int) -> tuple[Handle, int, int]:
+        view = self._view
+        i, shift, piece_end = view.locate(offset)
+        where, generation, _, _ = view.rows[i]
+        if self._handle is None or self._file != (where, generation):
+            self.close()
+            self._handle = view.files.acquire(self._cache, where, generation, view.stamp)
+            self._file = (where, generation)
+        return self._handle, shift, piece_end
