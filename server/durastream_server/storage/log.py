@@ -51,6 +51,7 @@ from durastream_server.storage.group import GroupResult, is_group_batch, split_b
 from durastream_server.storage.index import LogIndex
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.ordinals import floor_boundary, message_start
+from durastream_server.storage.packs import fold_packed
 from durastream_server.storage.packview import PackedView, PackFiles, Replan
 from durastream_server.storage.promotion import Promotion
 from durastream_server.storage.reader import (
@@ -384,9 +385,19 @@ class StreamLog:
         )
 
     def _promotion(self) -> Promotion:
+        # A packed stream with records (decision 0010 step 2) is promoted with its whole virtual
+        # segment 0 (header and records, byte for byte what its directory's segment 0 then holds):
+        # the CREATE entry carries it and the directory is made from it; the round's records follow
+        # at ``_file_end``, its end. (``round_job`` waits while a checkpoint moves pack files.)
+        extents, files = self.extents, self._ctx.pack_files
+        first = (
+            bytes(codec.encode_header(self.header))
+            if extents is None or files is None
+            else files.read_virtual(self._ctx.cache, extents)
+        )
         return Promotion(
             self.id,
-            bytes(codec.encode_header(self.header)),
+            first,
             self.directory,
             self._ctx.cache,
             catalog.Entry(self.header.path, self.header.fork_source_id),
@@ -502,6 +513,11 @@ class StreamLog:
             self._poison(failure)
         rare = self._rare
         promote = None
+        files = self._ctx.pack_files
+        if self.packed and self.extents is not None and files is not None and not files.still:
+            # Its promotion reads its packed records: not while a checkpoint moves their files.
+            asyncio.get_running_loop().call_later(0.005, self._ctx.committer.schedule, self)
+            return None
         if self.packed and (rare is None or rare._failure is None):
             if not self._queue and rare is not None and rare._promote_waiters:
                 self._inflight = []
@@ -551,6 +567,7 @@ class StreamLog:
             snapshot_state, rare._round_snapshot = rare._round_snapshot, None
         if self.packed and not isinstance(result, BaseException):
             self.packed = False  # promoted by this round (``promotion.py``)
+            self.extents = None  # its directory holds its records now: read from there
             self._settle_promote_waiters(None)
         if self._finish_batch(result) and snapshot_state is not None:
             self._writer = asyncio.get_running_loop().create_task(
@@ -819,6 +836,25 @@ class StreamLog:
                     tail=self.header.fork_position,
                     last_timestamp_ms=self.header.append_time_floor_ms,
                 )
+                files = self._ctx.pack_files
+                if self.extents is not None and files is not None:
+                    # ... and its packed records' (decision 0010 step 2): folded again.
+                    [folded] = await asyncio.get_running_loop().run_in_executor(
+                        self._ctx.executor,
+                        fold_packed,
+                        files.root,
+                        [(self.id, self.extents)],
+                        self._index.sparse.interval,
+                    )
+                    if isinstance(folded, Quarantine):
+                        log.error(
+                            "stream %s (%s): cannot heal: %s; poisoned until restart",
+                            self.id,
+                            self.header.path,
+                            folded.reason,
+                        )
+                        return
+                    self.state = folded.state
                 self._staged_count = self._durable_count
                 self._failure = None
                 log.warning(

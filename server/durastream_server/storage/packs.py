@@ -548,6 +548,10 @@ class PackBook:
         self.kept: dict[int, int] = {}
         self.entries: dict[int, int] = {}
         self._unretired: dict[int, dict[str, bytes]] = {}
+        # Packs holding bytes that packed streams' extents name (step 2). Not compacted while serving
+        # until the checkpoint relocates extents (decision 0010, "Step 2: status", piece 3): a
+        # rewrite moves their entries to other offsets. The next start-up's ``settle`` compacts them.
+        self.read_through: set[int] = set()
         # WAL generation -> (id, generation of its packed create) void once that WAL file's
         # checkpoint has synced the promotion's directory (or just for a DROP).
         self._dying: dict[int, list[tuple[str, int]]] = {}
@@ -563,6 +567,12 @@ class PackBook:
             self.counts[generation] = max(self.counts.get(generation, 0), entries)
         self.kept = dict(settled.kept)
         self.entries = dict(settled.entries)
+        self.read_through = {
+            generation
+            for extents in settled.extents.values()
+            for where, generation in extents.files()
+            if where == IN_PACK
+        }
 
     @property
     def disk_bytes(self) -> int:
@@ -613,7 +623,9 @@ class PackBook:
         compact = [
             g
             for g in dead
-            if g in self.kept and worth_rewriting(self.counts.get(g, 0), self.entries.get(g, 0))
+            if g in self.kept
+            and g not in self.read_through
+            and worth_rewriting(self.counts.get(g, 0), self.entries.get(g, 0))
         ]
         for g in [g for g, n in self.counts.items() if not n and g <= generation]:
             del self.counts[g]

@@ -27,10 +27,11 @@ from __future__ import annotations
 import os
 from bisect import bisect_right
 from dataclasses import dataclass
+from pathlib import Path
 
 from durastream_server.storage import codec
 from durastream_server.storage.extents import IN_PACK, Extents
-from durastream_server.storage.files import FdCache, Handle
+from durastream_server.storage.files import FdCache, Handle, pread_exact
 from durastream_server.storage.segments import READ_BLOCK, Window
 
 _PACK_TAG = "pack"
@@ -46,9 +47,10 @@ class PackFiles:
     """Where packs and WAL files are, and the sequence lock over their moves (module docstring).
     ``moving``/``moved`` and planning run on the loop; ``acquire`` in worker threads."""
 
-    __slots__ = ("_packs", "_wal", "begun", "done")
+    __slots__ = ("root", "_packs", "_wal", "begun", "done")
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
         self._packs = os.path.join(os.fspath(root), "packs")
         self._wal = os.path.join(os.fspath(root), "wal")
         self.begun = 0
@@ -62,6 +64,24 @@ class PackFiles:
         """After the extents point at where the bytes are now (or the move failed and nothing moved
         that extents name)."""
         self.done = self.begun
+
+    @property
+    def still(self) -> bool:
+        """No move in flight: the files hold the bytes the logs' extents name."""
+        return self.begun == self.done
+
+    def read_virtual(self, cache: FdCache, extents: Extents) -> bytes:
+        """A packed stream's virtual segment 0 (header record and records), for its promotion's
+        CREATE entry (at most the packed threshold: read on the loop). Raises ``Replan`` during a
+        move, OSError."""
+        out = bytearray()
+        for piece in extents.pieces(extents.start, extents.end):
+            handle = self.acquire(cache, piece.where, piece.generation, self.done)
+            try:
+                out += pread_exact(handle.fd, piece.length, piece.offset)
+            finally:
+                cache.release(handle)
+        return bytes(out)
 
     def path(self, where: int, generation: int) -> str:
         if where == IN_PACK:

@@ -27,7 +27,7 @@ from durastream_server.storage.log import InvalidPosition, StreamLog
 from durastream_server.storage.packview import PackedView, Replan
 from durastream_server.storage.segments import segment_name
 
-from ._util import entry, header, open_dd, run
+from ._util import crash_copy, entry, header, open_dd, run
 
 _INTERVAL = 256  # a sparse-index point every 256 bytes: reads start from points mid-stream
 _T0 = 1_700_000_000_000
@@ -447,3 +447,41 @@ def test_restarts_serve_the_same_bytes(tmp_path: Path) -> None:
         run(read_once)
     assert seen[0] == seen[1] == seen[2]
     assert seen[0][1] > 0
+
+
+def test_an_append_promotes_an_adopted_packed_stream_with_its_records(tmp_path: Path) -> None:
+    """The first write to a packed stream with records found at start-up promotes it with its whole
+    virtual segment 0 (the CREATE entry and the directory's segment 0 hold its records, then the
+    write's): reads answer as the directory twin's after the same append, in this process and after
+    a power loss (the data directory copied with the WAL live) and a restart."""
+    directory, packed, log_id = _twins(tmp_path)
+
+    async def go() -> None:
+        a, b = await _open_both(directory, packed, log_id)
+        try:
+            la, lb = a.logs[log_id], b.logs[log_id]
+            for log in (la, lb):
+                await log.stage(entry(log, b'"new"', b'"newer"', ts=_T0 + 10**6))
+            assert not lb.packed and lb.extents is None
+            assert (packed / "streams" / log_id / segment_name(0)).exists()
+            tail = la.durable_tail
+            await _compare(la, lb, [0, tail // 2, tail - 5, tail], [64, 1 << 20])
+            copy = crash_copy(packed, tmp_path / "power-loss")
+            c = await open_dd(copy, index_interval_bytes=_INTERVAL)
+            try:
+                await _compare(la, c.logs[log_id], [0, tail // 2, tail - 5, tail], [64, 1 << 20])
+            finally:
+                await c.close()
+        finally:
+            await a.close()
+            await b.close()
+        b = await open_dd(packed, index_interval_bytes=_INTERVAL)
+        a = await open_dd(directory, index_interval_bytes=_INTERVAL)
+        try:
+            assert not b.logs[log_id].packed
+            await _compare(a.logs[log_id], b.logs[log_id], [0, 1, tail], [1 << 20])
+        finally:
+            await a.close()
+            await b.close()
+
+    run(go)
