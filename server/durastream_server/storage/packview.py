@@ -25,7 +25,6 @@ cached under an old stamp is never used by a later view (a different key) and ag
 from __future__ import annotations
 
 import os
-from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,12 +46,13 @@ class PackFiles:
     """Where packs and WAL files are, and the sequence lock over their moves (module docstring).
     ``moving``/``moved`` and planning run on the loop; ``acquire`` in worker threads."""
 
-    __slots__ = ("root", "_packs", "_wal", "begun", "done")
+    __slots__ = ("root", "_packs", "_wal", "_paths", "begun", "done")
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._packs = os.path.join(os.fspath(root), "packs")
         self._wal = os.path.join(os.fspath(root), "wal")
+        self._paths: dict[tuple[int, int], str] = {}
         self.begun = 0
         self.done = 0
 
@@ -84,9 +84,16 @@ class PackFiles:
         return bytes(out)
 
     def path(self, where: int, generation: int) -> str:
-        if where == IN_PACK:
-            return f"{self._packs}{os.sep}{generation:020d}.pack"
-        return f"{self._wal}{os.sep}{generation:020d}.wal"
+        path = self._paths.get((where, generation))
+        if path is None:  # a few files: their names are kept, not formatted per read
+            if where == IN_PACK:
+                path = f"{self._packs}{os.sep}{generation:020d}.pack"
+            else:
+                path = f"{self._wal}{os.sep}{generation:020d}.wal"
+            if len(self._paths) >= 4096:  # generations come and go over a server's life
+                self._paths.clear()
+            self._paths[(where, generation)] = path
+        return path
 
     def acquire(self, cache: FdCache, where: int, generation: int, stamp: int) -> Handle:
         """The cached handle of the file (``where``, ``generation``) as it was when a view with
@@ -105,12 +112,12 @@ class PackFiles:
 @dataclass(frozen=True, slots=True)
 class PackedView:
     """An immutable picture of a packed stream's pieces up to a durable ``end`` (for a worker thread):
-    the counterpart of ``segments.SegmentView``. ``starts[i]`` is the logical position where
-    ``rows[i] = (where, generation, file offset, length)`` starts."""
+    the counterpart of ``segments.SegmentView``. ``rows``: ``Extents.rows()``, four integers an
+    extent (file key = generation * 2 + where, file offset, length, logical position), copied on the
+    loop when the read is planned (a tuple copy: planning 10,000 reads on the loop must stay cheap)."""
 
     log_id: str
-    starts: tuple[int, ...]
-    rows: tuple[tuple[int, int, int, int], ...]
+    rows: tuple[int, ...]
     end: int
     files: PackFiles
     stamp: int
@@ -118,15 +125,7 @@ class PackedView:
     @classmethod
     def of(cls, log_id: str, extents: Extents, end: int, files: PackFiles) -> PackedView:
         """Planned on the loop, from the log's extents as they are now."""
-        pieces = extents.pieces(extents.start, end)
-        return cls(
-            log_id,
-            tuple(p.position for p in pieces),
-            tuple((p.where, p.generation, p.offset, p.length) for p in pieces),
-            end,
-            files,
-            files.done,
-        )
+        return cls(log_id, extents.rows(), end, files, files.done)
 
     def window(self, cache: FdCache, block: int = READ_BLOCK, *, evict: bool = True) -> Window:
         # Always cached (``evict`` ignored): a few files hold every packed stream, so a read of
@@ -135,22 +134,32 @@ class PackedView:
 
     @property
     def last_start(self) -> int:
-        """Where the last piece starts (``reader.read_one_record`` reads within it only)."""
-        return self.starts[-1] if self.starts else self.end
+        """Where the piece holding the last byte starts (``reader.read_one_record`` reads within
+        it only)."""
+        if self.end <= 0 or not self.rows:
+            return self.end
+        return self.rows[self.locate(self.end - 1)[0] + 3]
 
     def acquire_last(self, cache: FdCache, evict: bool) -> tuple[Handle, int]:
-        """The last piece's file handle and its shift (global offset - file offset)."""
-        where, generation, offset, _ = self.rows[-1]
-        return self.files.acquire(cache, where, generation, self.stamp), self.starts[-1] - offset
+        """The file handle of the piece holding the last byte, and its shift (global offset - file
+        offset)."""
+        i, shift, _ = self.locate(self.end - 1)
+        key = self.rows[i]
+        return self.files.acquire(cache, key & 1, key >> 1, self.stamp), shift
 
     def locate(self, offset: int) -> tuple[int, int, int]:
-        """(piece index, shift, piece end) of the piece holding global ``offset``."""
-        i = bisect_right(self.starts, offset) - 1
-        if i < 0 or offset >= self.end:
-            raise codec.CorruptRecord(f"offset {offset} outside the packed stream's extents")
-        _, _, file_offset, length = self.rows[i]
-        start = self.starts[i]
-        return i, start - file_offset, min(start + length, self.end)
+        """(row index, shift, piece end) of the extent holding global ``offset``: searched from the
+        last (reads are mostly near the end, and a stream has a handful of extents)."""
+        rows = self.rows
+        if 0 <= offset < self.end:
+            for i in range(len(rows) - 4, -1, -4):
+                position = rows[i + 3]
+                if position <= offset:
+                    stop = position + rows[i + 2]
+                    if offset >= stop:
+                        break
+                    return i, position - rows[i + 1], min(stop, self.end)
+        raise codec.CorruptRecord(f"offset {offset} outside the packed stream's extents")
 
 
 class PackedWindow(Window):
@@ -161,14 +170,14 @@ class PackedWindow(Window):
     def __init__(self, view: PackedView, cache: FdCache, block: int = READ_BLOCK) -> None:
         super().__init__(view, cache, block)  # type: ignore[arg-type]
         self._view = view
-        self._file: tuple[int, int] | None = None
+        self._file = -1
 
     def _segment(self, offset: int) -> tuple[Handle, int, int]:
         view = self._view
         i, shift, piece_end = view.locate(offset)
-        where, generation, _, _ = view.rows[i]
-        if self._handle is None or self._file != (where, generation):
+        key = view.rows[i]
+        if self._handle is None or self._file != key:
             self.close()
-            self._handle = view.files.acquire(self._cache, where, generation, view.stamp)
-            self._file = (where, generation)
+            self._handle = view.files.acquire(self._cache, key & 1, key >> 1, view.stamp)
+            self._file = key
         return self._handle, shift, piece_end

@@ -21,6 +21,7 @@ from durastream_server.storage.segments import (
     READ_BLOCK,
     VERIFY_WHOLE_LIMIT,
     ReadView,
+    SegmentView,
 )
 
 
@@ -215,9 +216,15 @@ def read_one_record(
     of ``read_range``'s Python for such a read (no window, no per-message search). None when the read
     is anything else (``read_range`` then reads it, with its errors)."""
     rec_max = segs.end - scan_from
-    if scan_from < segs.last_start or not _HEAD_SIZE <= rec_max <= READ_BLOCK:
-        return None  # not one whole APPEND record's worth of the last segment: no read at all
-    handle, shift = segs.acquire_last(cache, evict)
+    if type(segs) is SegmentView:  # a directory stream's (inline: the multi-range read's hot path)
+        shift = segs.bases[-1]
+        if scan_from < shift or not _HEAD_SIZE <= rec_max <= READ_BLOCK:
+            return None  # not one whole APPEND record's worth of the last segment: no read at all
+        handle = cache.acquire((segs.log_id, shift), segs.path(shift), evict=evict)
+    else:
+        if scan_from < segs.last_start or not _HEAD_SIZE <= rec_max <= READ_BLOCK:
+            return None
+        handle, shift = segs.acquire_last(cache, evict)
     try:
         buf = pread_exact(handle.fd, rec_max, scan_from - shift)
     finally:
