@@ -710,7 +710,8 @@ class DataDir:
             os.close(self._lock_fd)
 
     async def _close_log(self, stream: StreamLog) -> None:
-        worth = (
+        # A packed stream has no directory to hold a snapshot (its records fold from its extents).
+        worth = not stream.packed and (
             stream.state.entries - stream._snapshot_entries >= _CLOSE_SNAPSHOT_ENTRIES
             or stream._file_end - stream._snapshot_end >= _CLOSE_SNAPSHOT_BYTES
             or stream.snapshot_stale
