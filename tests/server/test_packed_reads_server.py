@@ -32,6 +32,13 @@ def _answers(server: ServerProcess, offsets: list[str]) -> list[tuple[int, bytes
         )
     head = requests.head(server.stream_url("chat"), timeout=10)
     out.append((head.status_code, b"", head.headers.get("Stream-Next-Offset", ""), ""))
+    # The multi-range extension (the Spark source's reads): every range to the tail at once.
+    ranges = [{"path": "chat", "offset": o, "end": offsets[-1]} for o in offsets[:-1]]
+    for resource, body in (("reads", {"ranges": ranges}), ("lookups", {"lookups": ranges})):
+        response = requests.post(
+            server.stream_url(f"__ds/x-durastream/{resource}"), json=body, timeout=10
+        )
+        out.append((response.status_code, response.content, resource, ""))
     return out
 
 
@@ -52,6 +59,7 @@ def test_the_server_serves_a_packed_stream_as_its_directory_twin_across_sigkills
         offsets = _offsets(tail)
         want = _answers(server, offsets)
     assert tail > 1000 and want[0][0] == 200 and len(want[0][1]) > 1000
+    assert want[-2][0] == 200 and len(want[-2][1]) > 1000  # the multi-range read's answer
     with ServerProcess(packed) as server:
         assert _answers(server, offsets) == want
         for _ in range(2):

@@ -299,12 +299,15 @@ def test_a_read_planned_before_a_checkpoint_moved_its_files_is_planned_again(
             with pytest.raises(Replan):
                 plan.run(1 << 20, True, True, 0)
             want = await la.read(0, 1 << 20, whole_messages=True)
+            mid = [la.durable_tail // 2 + 1]
             reading = asyncio.ensure_future(lb.read(0, 1 << 20, whole_messages=True))
+            scanning = asyncio.ensure_future(lb.message_floors(mid))  # a header scan too
             await asyncio.sleep(0.01)
-            assert not reading.done()  # waits for the move
+            assert not reading.done() and not scanning.done()  # they wait for the move
             files.moved()
             got = await reading
             assert (got.slices, got.next_position) == (want.slices, want.next_position)
+            assert await scanning == await la.message_floors(mid)
         finally:
             await a.close()
             await b.close()
