@@ -431,8 +431,10 @@ class Committer:
         while self._unpacked:
             plan, wal = self._unpacked[0]
             files = self.pack_files
-            if files is not None:
-                files.moving()  # packed reads planned before this re-plan (packview.py)
+            if (
+                files is not None
+            ):  # packed reads of these files planned before re-plan (packview.py)
+                files.moving(plan.files_moved())
             try:
                 carried = await loop.run_in_executor(
                     self._io, functools.partial(self.packs.carry_out, plan, wal, sync=True)

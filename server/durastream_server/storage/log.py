@@ -514,7 +514,12 @@ class StreamLog:
         rare = self._rare
         promote = None
         files = self._ctx.pack_files
-        if self.packed and self.extents is not None and files is not None and not files.still:
+        if (
+            self.packed
+            and self.extents is not None
+            and files is not None
+            and not all(files.unmoved(w, g, files.done) for w, g in self.extents.files())
+        ):
             # Its promotion reads its packed records: not while a checkpoint moves their files.
             asyncio.get_running_loop().call_later(0.005, self._ctx.committer.schedule, self)
             return None

@@ -523,6 +523,12 @@ class Retirement:
     remove: list[int]  # packs with no live packed create left
     compact: list[int]  # packs whose void entries reach half of them: rewritten with the live ones
 
+    def files_moved(self) -> list[tuple[int, int]]:
+        """The files (where, generation) ``carry_out`` may rename over or remove: what packed reads
+        planned before it must not read (``packview.PackFiles.moving``)."""
+        packs = {*self.compact, *self.remove, self.generation}
+        return [(IN_PACK, g) for g in sorted(packs)] + [(IN_WAL, self.generation)]
+
 
 @dataclass(frozen=True, slots=True)
 class Carried:

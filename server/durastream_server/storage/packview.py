@@ -14,17 +14,20 @@ extents and read later in a worker thread. Meanwhile a checkpoint may rewrite a 
 carried into a pack; the loop then relocates the extents (``Extents.relocate``). A read that opened the
 file before the rename reads the old inode, which still holds the bytes its extents name; a read that
 opened it after the rename would read other bytes at those offsets. ``PackFiles`` is a sequence lock
-over such moves: the loop counts a move as begun before the thread that renames or removes files
-starts (``moving``) and as done after the extents are relocated (``moved``). A view carries the count
-of moves done when it was planned (``stamp``) and its handles are cached under it; after acquiring a
-handle the reader checks that no move has begun since. If one has, the view may be stale and the read
-raises ``Replan``: ``StreamLog`` plans it again (after the move, the extents are the new ones). A handle
-cached under an old stamp is never used by a later view (a different key) and ages out of the LRU.
+over such moves: the loop counts a move as begun, naming the files it may rename over or remove, before
+the thread that does it starts (``moving``), and as done after the extents are relocated (``moved``). A
+view carries the count of moves done when it was planned (``stamp``) and its handles are cached under
+it; after acquiring a file's handle the reader checks that no move of *that file* has begun since (nor
+was in flight when it was planned). If one has, the view may be stale and the read raises ``Replan``:
+``StreamLog`` plans it again (after the move, the extents are the new ones). Reads of the other files
+go on during a move. A handle cached under an old stamp is never used by a later view (a different
+key) and ages out of the LRU.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,29 +49,37 @@ class PackFiles:
     """Where packs and WAL files are, and the sequence lock over their moves (module docstring).
     ``moving``/``moved`` and planning run on the loop; ``acquire`` in worker threads."""
 
-    __slots__ = ("root", "_packs", "_wal", "_paths", "begun", "done")
+    __slots__ = ("root", "_packs", "_wal", "_paths", "_touched", "begun", "done")
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._packs = os.path.join(os.fspath(root), "packs")
         self._wal = os.path.join(os.fspath(root), "wal")
         self._paths: dict[tuple[int, int], str] = {}
+        # (where, generation) -> the count of the last move that named it (``moving``).
+        self._touched: dict[tuple[int, int], int] = {}
         self.begun = 0
         self.done = 0
 
-    def moving(self) -> None:
-        """Before files that extents may name are renamed over or removed (the checkpoint's packs)."""
+    def moving(self, files: Iterable[tuple[int, int]]) -> None:
+        """Before ``files`` ((where, generation) each), which extents may name, are renamed over or
+        removed (the checkpoint's packs)."""
         self.begun += 1
+        touched = self._touched
+        if len(touched) >= 4096:  # forget moves long done (none of them is in flight)
+            for key in [k for k, n in touched.items() if n <= self.done]:
+                del touched[key]
+        for key in files:
+            touched[key] = self.begun
 
     def moved(self) -> None:
         """After the extents point at where the bytes are now (or the move failed and nothing moved
         that extents name)."""
         self.done = self.begun
 
-    @property
-    def still(self) -> bool:
-        """No move in flight: the files hold the bytes the logs' extents name."""
-        return self.begun == self.done
+    def unmoved(self, where: int, generation: int, stamp: int) -> bool:
+        """No move of the file began after a view with ``stamp`` was planned or was in flight then."""
+        return self._touched.get((where, generation), 0) <= stamp
 
     def read_virtual(self, cache: FdCache, extents: Extents) -> bytes:
         """A packed stream's virtual segment 0 (header record and records), for its promotion's
@@ -103,7 +114,7 @@ class PackFiles:
             handle = cache.acquire(key, self.path(where, generation))
         except FileNotFoundError:
             raise Replan(f"file {self.path(where, generation)} is gone") from None
-        if self.begun != stamp:
+        if self._touched.get((where, generation), 0) > stamp:
             cache.release(handle)
             raise Replan("a checkpoint moved packed records since the read was planned")
         return handle

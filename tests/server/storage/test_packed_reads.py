@@ -295,7 +295,12 @@ def test_a_read_planned_before_a_checkpoint_moved_its_files_is_planned_again(
             files = b._pack_files
             plan = lb.plan_read(0, lb.durable_tail)
             assert plan is not None and isinstance(plan.segments, PackedView)
-            files.moving()
+            files.moving([(IN_PACK, 99_999)])  # a move of another file: this read goes on
+            assert plan.run(1 << 20, True, True, 0)[2] == la.durable_messages
+            files.moved()
+            plan = lb.plan_read(0, lb.durable_tail)
+            assert plan is not None
+            files.moving(lb.extents.files())  # a move of its files: it must be planned again
             with pytest.raises(Replan):
                 plan.run(1 << 20, True, True, 0)
             want = await la.read(0, 1 << 20, whole_messages=True)
