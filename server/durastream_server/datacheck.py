@@ -372,7 +372,28 @@ def _verify_packed(root: Path, only: str | None, report: DirectoryReport) -> Non
         stream.tail = header.fork_position
         stream.messages = 0
         stream.closed = stream.soft_deleted = False
+        pieces = found.pieces.get(log_id)
+        if pieces is not None:  # packed records (decision 0010 step 2): folded as start-up does
+            _fold_packed(stream, log_id, b"".join(p.records for p in packs.prefix(pieces)))
+            if log_id in found.gaps:
+                stream.note(
+                    DAMAGE,
+                    "packed records",
+                    "its records stop at a gap (a damaged pack entry): the server quarantines it",
+                )
         report.streams.append(stream)
+
+
+def _fold_packed(stream: StreamReport, log_id: str, virtual: bytes) -> None:
+    """A packed stream's tail and messages from its packed records (its virtual segment 0)."""
+    try:
+        folded = recovery.recover_packed(log_id, virtual, 64 * 1024)
+    except recovery.Quarantine as exc:
+        stream.note(DAMAGE, "packed records", exc.reason)
+        return
+    stream.tail = folded.state.tail
+    stream.messages = folded.index.messages
+    stream.closed = folded.state.closed
 
 
 def _verify_subscriptions(directory: Path, report: DirectoryReport) -> None:

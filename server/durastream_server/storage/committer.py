@@ -64,6 +64,7 @@ from durastream_server.storage.extents import Extents, records_offsets
 from durastream_server.storage.files import FdCache, Handle, fsync_dir, is_out_of_space
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.packs import PackBook, Retirement, read_virtual
+from durastream_server.storage.packview import PackFiles
 from durastream_server.storage.records import AppendEntry, SoftDelete
 from durastream_server.storage.wal import Kind, WalEntry, WalFile
 from durastream_server.storage.writer import (
@@ -214,6 +215,9 @@ class Committer:
         self._cache = cache
         # Live packed creates and the files holding them (packs.py).
         self.packs = PackBook(packs_root)
+        # Readers of packed records (``packview.py``): told before a checkpoint moves pack files and
+        # after it (``_carry_out_unpacked``). Set by the data directory.
+        self.pack_files: PackFiles | None = None
         # Told the creations a round made, in one call (the data directory's catalog lines: one
         # write per round, not one per create). Runs in the worker thread; must not raise.
         self._on_made = on_made
@@ -471,14 +475,20 @@ class Committer:
     async def _carry_out_one(self, loop: asyncio.AbstractEventLoop) -> bool:
         """The oldest retired WAL file's packs (``_carry_out_packs``); False if out of space. The
         WAL file (and the packs left empty) are removed after the extents that pointed into them
-        are relocated (step 2: a reader never finds an extent's file gone)."""
+        are relocated (step 2: a reader never finds an extent's file gone); readers of packed
+        records are told before the move and after the relocation (``packview.PackFiles``)."""
         plan, wal = self._unpacked[0]
+        files = self.pack_files
+        if files is not None:  # packed reads of these files planned before re-plan (packview.py)
+            files.moving(plan.files_moved())
         try:
             carried = await loop.run_in_executor(
                 self._io,
                 functools.partial(self.packs.carry_out, plan, wal, sync=True, remove_wal=False),
             )
         except OSError as exc:
+            if files is not None:
+                files.moved()
             if not is_out_of_space(exc):
                 raise
             log.warning(
@@ -489,7 +499,11 @@ class Committer:
             )
             return False
         del self._unpacked[0]
-        self.packs.carried_out(plan, carried)
+        try:
+            self.packs.carried_out(plan, carried)  # (step 2: relocates the logs' extents)
+        finally:
+            if files is not None:
+                files.moved()
         await loop.run_in_executor(self._io, self.packs.finish, plan, wal)
         for log_id in [i for i, g in self._fresh.items() if g <= plan.generation]:
             del self._fresh[log_id]

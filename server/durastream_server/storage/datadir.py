@@ -54,6 +54,7 @@ from pathlib import Path
 from durastream_server import errors
 from durastream_server.storage import catalog, codec, features
 from durastream_server.storage.committer import Committer
+from durastream_server.storage.extents import Extents
 from durastream_server.storage.files import (
     FdCache,
     Handle,
@@ -64,7 +65,8 @@ from durastream_server.storage.files import (
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.log import LogContext, StreamLog
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
-from durastream_server.storage.packs import decode_header_frame, header_path
+from durastream_server.storage.packs import PACKS_DIR, decode_header_frame, fold_packed, header_path
+from durastream_server.storage.packview import PackFiles
 from durastream_server.storage.pending import Pending, plan
 from durastream_server.storage.promotion import make_first_segment
 from durastream_server.storage.quarantine import QuarantinedStream, free_name, set_aside
@@ -154,6 +156,11 @@ class DataDir:
         self.pending = Pending()
         # Packed streams found at start-up, not recovered yet: id -> header record (``packs.py``).
         self._packed_boot: dict[str, bytes] = {}
+        # Those of them with packed records (decision 0010 step 2): id -> where their bytes are; and
+        # the ids whose records stop at a gap (a damaged pack entry): never served as if whole.
+        self._packed_extents: dict[str, Extents] = {}
+        self._packed_gaps: set[str] = set()
+        self._pack_files = PackFiles(self.root)
         self._streams = str(self.root / "streams")
         self._catalog: catalog.Catalog | None = None
         self._lock_fd = lock_fd
@@ -186,7 +193,9 @@ class DataDir:
             committer=self._committer,
             scans=ScanBatcher(self._read_executor),
             metrics=metrics,
+            pack_files=self._pack_files,
         )
+        self._committer.pack_files = self._pack_files
         self._background: set[asyncio.Future[None]] = set()
         self._closed = False
 
@@ -235,6 +244,8 @@ class DataDir:
             settled = report.packed
             self._committer.packs.load(settled)
             self._packed_boot = {i: frame for i, (_, frame) in settled.live.items()}
+            self._packed_extents = settled.extents
+            self._packed_gaps = set(settled.gaps)
             if report.files:
                 log.info(
                     "data dir %s: write-ahead log replayed (%d files, %d entries, %d written back; "
@@ -337,6 +348,10 @@ class DataDir:
         packed = [i for i in ids if i in self._packed_boot]
         if packed:
             ids = [i for i in ids if i not in self._packed_boot]
+            with_records = [i for i in packed if i in self._packed_extents]
+            if with_records:
+                packed = [i for i in packed if i not in self._packed_extents]
+                adopted += await self._adopt_packed_records(with_records)
             for log_id in packed:
                 frame = self._packed_boot.pop(log_id)
                 try:
@@ -358,18 +373,68 @@ class DataDir:
                 adopted.append(self._adopt(result))
         return adopted
 
+    async def _adopt_packed_records(self, ids: list[str]) -> list[StreamLog]:
+        """Packed streams with records found at start-up (decision 0010 step 2): their virtual
+        segment 0 read through their extents and folded (``recovery.recover_packed``) on the I/O
+        pool, as a directory is recovered; no directory is made. A stream whose records stop at a gap
+        or do not fold is quarantined where it is (``_quarantine_packed``), never served cut short."""
+        items = []
+        for log_id in ids:
+            self._packed_boot.pop(log_id, None)
+            items.append((log_id, self._packed_extents.pop(log_id)))
+        interval = self.config.index_interval_bytes
+        results = await self._run(fold_packed, self.root, items, interval)
+        adopted = []
+        for (log_id, extents), result in zip(items, results, strict=True):
+            hint = self.pending.hints.get(log_id)
+            if isinstance(result, Quarantine):
+                path = result.path if result.path is not None or hint is None else hint.path
+                self._quarantine_packed(log_id, path, result.reason)
+                continue
+            if log_id in self._packed_gaps:
+                self._quarantine_packed(
+                    log_id,
+                    result.header.path,
+                    f"its packed records stop at a gap at byte {extents.end} of its virtual segment "
+                    "(a damaged pack entry was skipped; see the start-up log and `check`)",
+                )
+                continue
+            stream = self._adopt(result, os.path.join(self._streams, log_id))
+            stream.packed = True
+            stream.extents = extents
+            # The pack book tracks the same object: a checkpoint relocates it, a drop or promotion
+            # voids its records entries (decision 0010 step 2, piece 3).
+            self._committer.packs.adopt(log_id, extents)
+            adopted.append(stream)
+        return adopted
+
+    def _quarantine_packed(self, log_id: str, path: str | None, reason: str) -> None:
+        """Stop serving a packed stream that cannot be served whole (hazard 32): its path reserved,
+        reported by ``/healthz``; its entries stay in ``packs/`` untouched (no DROP: an operator may
+        still read them), so each start-up finds and quarantines it again."""
+        self._packed_gaps.discard(log_id)
+        entry = QuarantinedStream(
+            name=free_name(set(self.quarantined), log_id),
+            id=log_id,
+            path=path,
+            reason=f"packed stream left in {PACKS_DIR}/: {reason}",
+            at_ms=int(time.time() * 1000),
+        )
+        self._note_quarantined(entry)
+        log.error("packed stream %r (storage id %s) quarantined: %s", path, log_id, reason)
+
     def correct_catalog(self, log_id: str, path: str, source_id: str | None) -> None:
         """Record what a stream's header says, where the catalog said otherwise (one line)."""
         if self._catalog is not None:
             self._catalog.add(log_id, catalog.Entry(path, source_id))
 
-    def _adopt(self, result: Recovered) -> StreamLog:
+    def _adopt(self, result: Recovered, directory: str | None = None) -> StreamLog:
         stream = StreamLog(
             self._ctx,
             result.log_id,
             result.header,
             result.state,
-            SegmentTable(result.directory, result.log_id, result.bases),
+            SegmentTable(directory or result.directory, result.log_id, result.bases),
             result.index,
             result.file_end,
             result.last_record,
@@ -660,7 +725,8 @@ class DataDir:
             os.close(self._lock_fd)
 
     async def _close_log(self, stream: StreamLog) -> None:
-        worth = (
+        # A packed stream has no directory to hold a snapshot (its records fold from its extents).
+        worth = not stream.packed and (
             stream.state.entries - stream._snapshot_entries >= _CLOSE_SNAPSHOT_ENTRIES
             or stream._file_end - stream._snapshot_end >= _CLOSE_SNAPSHOT_BYTES
             or stream.snapshot_stale

@@ -86,6 +86,12 @@ class Extents:
         if len(a) > _FIELDS:
             self._a = array("q", a)
 
+    def rows(self) -> tuple[int, ...]:
+        """Every extent as four integers in a row (file key = generation * 2 + where, file offset,
+        length, logical position), as one flat tuple: a reader thread's copy, made on the loop in
+        well under a microsecond for a few extents (``packview.PackedView``)."""
+        return tuple(self._a)
+
     def files(self) -> set[tuple[int, int]]:
         """The (where, generation) of every file holding some of the stream's bytes."""
         a = self._a

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -56,6 +57,7 @@ from durastream_server.storage.group import GroupResult, is_group_batch, split_b
 from durastream_server.storage.index import LogIndex
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.ordinals import floor_boundary, message_start
+from durastream_server.storage.packview import PackedView, PackFiles, Replan
 from durastream_server.storage.promotion import Promotion
 from durastream_server.storage.reader import (
     NotABoundary,
@@ -73,7 +75,7 @@ from durastream_server.storage.records import (
 )
 from durastream_server.storage.recovery import Quarantine, recover_packed, recover_stream
 from durastream_server.storage.scans import ScanBatcher
-from durastream_server.storage.segments import SegmentTable, SegmentView
+from durastream_server.storage.segments import ReadView, SegmentTable, SegmentView
 from durastream_server.storage.snapshot import (
     IndexImage,
     StateImage,
@@ -95,6 +97,11 @@ _T = TypeVar("_T")
 HOT_MAX_BYTES = 32 * 1024
 HOT_MAX_ENTRIES = 256
 HOT_SECONDS = 0.1
+# A packed read whose files a checkpoint moved meanwhile is planned again (``packview.Replan``), after
+# a pause that doubles from REPLAN_FIRST_DELAY, at most REPLAN_TRIES times (a move lasts one
+# checkpoint's pack writes).
+REPLAN_FIRST_DELAY = 0.001
+REPLAN_TRIES = 12
 # Out-of-space self-healing (see the module docstring): first re-read from disk this long after the
 # failure, doubling per consecutive failure up to the maximum.
 HEAL_FIRST_DELAY = 0.05
@@ -115,7 +122,7 @@ class DiskRead:
     """The disk part of a planned read (``StreamLog.plan_read``), for a worker thread: the segments
     and the record to scan from, as the log held them when it was planned."""
 
-    segments: SegmentView
+    segments: SegmentView | PackedView
     cache: FdCache
     scan_from: int
     start: int
@@ -152,6 +159,8 @@ class LogContext:
     committer: Committer  # shared commit rounds and the write-ahead log (committer.py)
     scans: ScanBatcher  # header scans, those of one loop turn in one read-executor trip (scans.py)
     metrics: WriteMetrics = NO_METRICS  # what the group commit reports (storage/metrics.py)
+    # Packed streams' files and the moves of them (``packview.py``); None: no packed records read.
+    pack_files: PackFiles | None = None
 
 
 _Item = AppendEntry | SoftDelete | GroupCommit
@@ -1061,9 +1070,16 @@ class StreamLog:
             return ReadChunk(tuple(slices), next_position, count)
         disk = self._disk_read(start, cap)
         try:
-            slices, next_position, count = await asyncio.get_running_loop().run_in_executor(
-                self._ctx.read_executor, disk.run, max_bytes, whole_messages, runs, overhead
-            )
+            for attempt in itertools.count():
+                try:
+                    slices, next_position, count = await asyncio.get_running_loop().run_in_executor(
+                        self._ctx.read_executor, disk.run, max_bytes, whole_messages, runs, overhead
+                    )
+                    break
+                except Replan as exc:
+                    await self._before_replan(attempt, exc)
+                    cap = self._read_cap(start, end)
+                    disk = self._disk_read(start, cap)
         except NotABoundary as exc:
             raise InvalidPosition(str(exc)) from None
         except (codec.CorruptRecord, OSError) as exc:
@@ -1096,7 +1112,24 @@ class StreamLog:
 
     def _disk_read(self, start: int, cap: int) -> DiskRead:
         _, scan_from = self._index.floor(start)
-        return DiskRead(self._segments.view(self._file_end), self._ctx.cache, scan_from, start, cap)
+        return DiskRead(self._view(), self._ctx.cache, scan_from, start, cap)
+
+    def _view(self) -> SegmentView | PackedView:
+        """The durable bytes as the read algorithms see them: the segments of a directory stream,
+        or a packed stream's pieces in WAL files and packs (``packview.py``)."""
+        extents = self.extents
+        if extents is None:
+            return self._segments.view(self._file_end)
+        files = self._ctx.pack_files
+        assert files is not None, "a packed log with extents in a data directory without packs"
+        return PackedView.of(self.id, extents, self._file_end, files)
+
+    async def _before_replan(self, attempt: int, exc: Replan) -> None:
+        """A packed read's files moved under it: wait a little, then the caller plans it again."""
+        if attempt + 1 >= REPLAN_TRIES:
+            raise OSError(f"packed records kept moving during a read: {exc}")
+        await asyncio.sleep(REPLAN_FIRST_DELAY * 2**attempt)
+        self._check_open()
 
     async def is_boundary(self, position: int) -> bool:
         """True if ``position`` is a message boundary (or the tail), staged entries included."""
@@ -1202,10 +1235,9 @@ class StreamLog:
             answers.append(None)
             pending.append((i, self._index.floor_entry(position), position))
         if pending:
-            view = self._segments.view(self._file_end)
             cache = self._ctx.cache
 
-            def scan() -> list[tuple[int, int]]:
+            def scan(view: ReadView) -> list[tuple[int, int]]:
                 return [floor_boundary(view, cache, point, pos) for _, point, pos in pending]
 
             for (i, _, _), answer in zip(pending, await self._scan(scan), strict=True):
@@ -1229,10 +1261,9 @@ class StreamLog:
             answers.append(None)
             pending.append((i, self._index.floor_ordinal(ordinal), ordinal))
         if pending:
-            view = self._segments.view(self._file_end)
             cache = self._ctx.cache
 
-            def scan() -> list[int]:
+            def scan(view: ReadView) -> list[int]:
                 return [message_start(view, cache, point, target) for _, point, target in pending]
 
             for (i, _, _), answer in zip(pending, await self._scan(scan), strict=True):
@@ -1255,19 +1286,26 @@ class StreamLog:
             offset, running = sparse.offsets[0], -(2**63)
         else:
             _, offset, running = point
-        view = self._segments.view(self._file_end)
         cache = self._ctx.cache
 
-        def scan() -> list[tuple[int, int] | None]:
+        def scan(view: ReadView) -> list[tuple[int, int] | None]:
             return [first_at_or_after(view, cache, offset, running, at_ms)]
 
         return (await self._scan(scan))[0]
 
-    async def _scan(self, work: Callable[[], list[_T]]) -> list[_T]:
+    async def _scan(self, work: Callable[[ReadView], list[_T]]) -> list[_T]:
+        """``work`` over the log's current view in the read executor (planned again if a packed
+        stream's files moved under it)."""
         try:
-            return await self._ctx.scans.run(work)  # type: ignore[no-any-return]
+            for attempt in itertools.count():
+                view = self._view()
+                try:
+                    return await self._ctx.scans.run(functools.partial(work, view))  # type: ignore[no-any-return]
+                except Replan as exc:
+                    await self._before_replan(attempt, exc)
         except (codec.CorruptRecord, OSError) as exc:
             raise self._read_error(exc) from exc
+        raise AssertionError("unreachable")
 
     def _staged(self) -> list[AppendEntry]:
         """Entries accepted but not yet durable, in log order."""

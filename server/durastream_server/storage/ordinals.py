@@ -12,15 +12,13 @@ Both functions block (``pread``), so ``StreamLog`` runs them in its read executo
 from __future__ import annotations
 
 from durastream_server.storage.files import FdCache
-from durastream_server.storage.segments import SegmentView, Window, iter_appends
+from durastream_server.storage.segments import ReadView, iter_appends
 
 # (position, global file offset, ordinal) of a record start, from ``LogIndex``.
 Point = tuple[int, int, int]
 
 
-def floor_boundary(
-    segs: SegmentView, cache: FdCache, point: Point, position: int
-) -> tuple[int, int]:
+def floor_boundary(segs: ReadView, cache: FdCache, point: Point, position: int) -> tuple[int, int]:
     """``(floor, ordinal)``: the last message boundary ``<= position`` and the ordinal of the message
     that starts there (== the number of messages before it).
 
@@ -28,7 +26,7 @@ def floor_boundary(
     of the data.
     """
     floor, offset, ordinal = point
-    with Window(segs, cache) as window:
+    with segs.window(cache) as window:
         for ref in iter_appends(window, offset, segs.end):
             if ref.position >= position:
                 break
@@ -48,11 +46,11 @@ def floor_boundary(
     return floor, ordinal
 
 
-def message_start(segs: SegmentView, cache: FdCache, point: Point, target: int) -> int:
+def message_start(segs: ReadView, cache: FdCache, point: Point, target: int) -> int:
     """Where the message with ordinal ``target`` starts; the end of the data if there are exactly
     ``target`` messages. ``point`` must have an ordinal ``<= target``."""
     at, offset, ordinal = point
-    with Window(segs, cache) as window:
+    with segs.window(cache) as window:
         for ref in iter_appends(window, offset, segs.end):
             n = ref.n_messages
             if ordinal + n <= target:

@@ -47,9 +47,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from durastream_server.storage import codec
-from durastream_server.storage.extents import IN_PACK, IN_WAL, Extents, coalesce, records_offsets
+from durastream_server.storage.extents import (
+    IN_PACK,
+    IN_WAL,
+    Extents,
+    Piece,
+    coalesce,
+    records_offsets,
+)
 from durastream_server.storage.files import fsync_dir, pread_exact, pwrite_all
 from durastream_server.storage.records import StreamHeader
+from durastream_server.storage.recovery import Quarantine, Recovered, recover_packed
 from durastream_server.storage.wal import (
     WAL_DIR,
     Kind,
@@ -308,17 +316,22 @@ class _Piece:
 
 def _contiguous(pieces: list[_Piece]) -> tuple[list[_Piece], bool]:
     """``pieces`` cut to cover each logical byte once from 0, packs before WAL files (a crash
-    between a checkpoint's pack and its WAL file's removal leaves the same records in both). Stops
-    at the first gap (a damaged entry skipped, hazard 32): False then."""
+    between a checkpoint's pack and its WAL file's removal leaves the same records in both). False
+    when they leave a gap (a damaged entry skipped, hazard 32): the pieces after it are kept all the
+    same (carried and counted live like the others), so that the gap is found again by every later
+    start-up instead of the stream's packs after it being removed, which would make the stream look
+    whole and shorter. Its extents stop at the gap (``prefix``)."""
     out: list[_Piece] = []
     end = 0
+    whole = True
     ordered = sorted(pieces, key=lambda p: (p.position, -len(p.records), -p.where))
     for piece in ordered:
         stop = piece.position + len(piece.records)
         if stop <= end:
             continue
         if piece.position > end:
-            return out, False
+            whole = False
+            end = piece.position
         cut = end - piece.position
         out.append(
             _Piece(
@@ -331,7 +344,17 @@ def _contiguous(pieces: list[_Piece]) -> tuple[list[_Piece], bool]:
             )
         )
         end = stop
-    return out, True
+    return out, whole
+
+
+def prefix(pieces: list[_Piece]) -> list[_Piece]:
+    """The pieces of ``survey`` up to the first gap: what a stream can be served or folded from."""
+    out: list[_Piece] = []
+    for piece in pieces:
+        if out and piece.position != out[-1].position + len(out[-1].records):
+            break
+        out.append(piece)
+    return out
 
 
 def wal_scans(root: Path) -> list[tuple[int, Scan]]:
@@ -378,7 +401,7 @@ def settle(
     for log_id in found.gaps:
         log.error(
             "packed stream %s: its records stop at a gap (a damaged pack entry was skipped); it is "
-            "served up to the gap",
+            "quarantined, never served as if it ended there",
             log_id,
         )
     # Live entries per file: the packed creates, and (step 2) the records pieces of live streams.
@@ -465,6 +488,42 @@ def read_virtual(root: Path, extents: Extents) -> bytes:
     return bytes(out)
 
 
+def fold_packed(
+    root: Path, items: list[tuple[str, Extents]], index_interval: int
+) -> list[Recovered | Quarantine]:
+    """``recovery.recover_packed`` of each (id, extents), in order: what a start-up adopts of the
+    packed streams with records (``DataDir``). Each file is opened once per call, not once per stream
+    (a few packs hold thousands of streams). A failure of one stream never stops the others."""
+    fds: dict[tuple[int, int], int] = {}
+    out: list[Recovered | Quarantine] = []
+    try:
+        for log_id, extents in items:
+            try:
+                data = bytearray()
+                for piece in extents.pieces(extents.start, extents.end):
+                    fd = fds.get((piece.where, piece.generation))
+                    if fd is None:
+                        fd = os.open(_file_path(root, piece), os.O_RDONLY | _O_CLOEXEC)
+                        fds[(piece.where, piece.generation)] = fd
+                    data += pread_exact(fd, piece.length, piece.offset)
+                out.append(recover_packed(log_id, bytes(data), index_interval))
+            except Quarantine as q:
+                out.append(q)
+            except Exception as exc:  # a bug or a lost file must not silently drop it (hazard 32)
+                log.exception("packed stream %s: recovery failed", log_id)
+                out.append(Quarantine(None, f"recovery failed: {exc!r}"))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    return out
+
+
+def _file_path(root: Path, piece: Piece) -> Path:
+    if piece.where == IN_PACK:
+        return root / PACKS_DIR / pack_name(piece.generation)
+    return root / WAL_DIR / wal_name(piece.generation)
+
+
 def _extents_after(
     pieces: list[_Piece], rewrite: set[int], moved: dict[int, list[tuple[int, int]]]
 ) -> Extents:
@@ -472,7 +531,7 @@ def _extents_after(
     coalesced entry of its stream that starts at or before it (``moved``: generation -> (position,
     records offset) of the stream's entries there); any other is where it was, in a pack."""
     extents = Extents()
-    for piece in pieces:
+    for piece in prefix(pieces):
         offset = piece.records_at
         if piece.generation in rewrite:
             first, at = max(e for e in moved[piece.generation] if e[0] <= piece.position)
@@ -497,6 +556,12 @@ class Retirement:
     # Step 2: the live packed records the retired WAL file holds, read back from it by ``carry_out``
     # (never held in memory while serving): stream id -> [(WAL file offset, length, position)].
     records: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+
+    def files_moved(self) -> list[tuple[int, int]]:
+        """The files (where, generation) ``carry_out`` may rename over or remove: what packed reads
+        planned before it must not read (``packview.PackFiles.moving``)."""
+        packs = {*self.compact, *self.remove, self.generation}
+        return [(IN_PACK, g) for g in sorted(packs)] + [(IN_WAL, self.generation)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,6 +601,11 @@ class PackBook:
         self.kept: dict[int, int] = {}
         self.entries: dict[int, int] = {}
         self._unretired: dict[int, dict[str, bytes]] = {}
+        # Packs holding bytes that packed streams found at start-up name (step 2): not compacted
+        # while serving (conservative: ``carried_out`` relocates the extents of a rewritten pack, but
+        # the reads of piece 2 were built against packs that stay put). The next start-up's
+        # ``settle`` compacts them.
+        self.read_through: set[int] = set()
         # WAL generation -> (id, generation of a pack entry of it) void once that WAL file's
         # checkpoint has synced the promotion's directory (or just for a DROP): its create, and
         # (step 2) each of its packed records entries in packs.
@@ -561,6 +631,12 @@ class PackBook:
                 for log_id, at in settled.headers.items()
                 if log_id not in settled.extents
             }
+        self.read_through = {
+            generation
+            for extents in settled.extents.values()
+            for where, generation in extents.files()
+            if where == IN_PACK
+        }
 
     @property
     def disk_bytes(self) -> int:
@@ -664,7 +740,9 @@ class PackBook:
         compact = [
             g
             for g in dead
-            if g in self.kept and worth_rewriting(self.counts.get(g, 0), self.entries.get(g, 0))
+            if g in self.kept
+            and g not in self.read_through
+            and worth_rewriting(self.counts.get(g, 0), self.entries.get(g, 0))
         ]
         for g in [g for g, n in self.counts.items() if not n and g <= generation]:
             del self.counts[g]

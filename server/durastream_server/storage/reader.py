@@ -20,8 +20,8 @@ from durastream_server.storage.segments import (
     FRAME_SIZE,
     READ_BLOCK,
     VERIFY_WHOLE_LIMIT,
+    ReadView,
     SegmentView,
-    Window,
 )
 
 
@@ -38,7 +38,7 @@ _MAGIC = codec.MAGIC
 
 
 def read_range(
-    segs: SegmentView,
+    segs: ReadView,
     cache: FdCache,
     scan_from: int,
     start: int,
@@ -71,7 +71,7 @@ def read_range(
     budget = max(1, max_bytes)
     end = segs.end
     off = scan_from
-    with Window(segs, cache, evict=evict) as window:
+    with segs.window(cache, evict=evict) as window:
         ensure = window.ensure
         while off < end and got < budget:
             buf, rel = ensure(off, _HEAD_SIZE, partial=True)
@@ -199,7 +199,7 @@ def read_range(
 
 
 def read_one_record(
-    segs: SegmentView,
+    segs: ReadView,
     cache: FdCache,
     scan_from: int,
     start: int,
@@ -215,13 +215,18 @@ def read_one_record(
     multi-range request). One ``pread`` of the record, its checksum, one ``MessageRun``: about a third
     of ``read_range``'s Python for such a read (no window, no per-message search). None when the read
     is anything else (``read_range`` then reads it, with its errors)."""
-    base = segs.bases[-1]
     rec_max = segs.end - scan_from
-    if scan_from < base or not _HEAD_SIZE <= rec_max <= READ_BLOCK:
-        return None  # not one whole APPEND record's worth of the last segment: no read at all
-    handle = cache.acquire((segs.log_id, base), segs.path(base), evict=evict)
+    if type(segs) is SegmentView:  # a directory stream's (inline: the multi-range read's hot path)
+        shift = segs.bases[-1]
+        if scan_from < shift or not _HEAD_SIZE <= rec_max <= READ_BLOCK:
+            return None  # not one whole APPEND record's worth of the last segment: no read at all
+        handle = cache.acquire((segs.log_id, shift), segs.path(shift), evict=evict)
+    else:
+        if scan_from < segs.last_start or not _HEAD_SIZE <= rec_max <= READ_BLOCK:
+            return None
+        handle, shift = segs.acquire_last(cache, evict)
     try:
-        buf = pread_exact(handle.fd, rec_max, scan_from - base)
+        buf = pread_exact(handle.fd, rec_max, scan_from - shift)
     finally:
         cache.release(handle)
     magic, version, kind, body_len, crc, position, ts, n, meta_len, _ = _HEAD.unpack_from(buf)

@@ -18,6 +18,7 @@ import sys
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from durastream_server.storage import codec
 from durastream_server.storage.codec import APPEND_FIXED, APPEND_FIXED_SIZE, FRAME, FRAME_SIZE
@@ -106,6 +107,38 @@ class SegmentView:
             raise ValueError(f"offset {offset} before the first segment")
         seg_end = self.bases[i + 1] if i + 1 < len(self.bases) else self.end
         return self.bases[i], seg_end
+
+    def window(self, cache: FdCache, block: int = READ_BLOCK, *, evict: bool = True) -> Window:
+        """A ``Window`` over this view (a packed stream's view gives its own: ``packview.py``)."""
+        return Window(self, cache, block, evict=evict)
+
+    @property
+    def last_start(self) -> int:
+        """Where the last segment starts (``reader.read_one_record`` reads within it only)."""
+        return self.bases[-1]
+
+    def acquire_last(self, cache: FdCache, evict: bool) -> tuple[Handle, int]:
+        """The last segment's file handle and its shift (global offset - file offset)."""
+        base = self.bases[-1]
+        return cache.acquire((self.log_id, base), self.path(base), evict=evict), base
+
+
+class ReadView(Protocol):
+    """What the read algorithms need of a log's bytes: a ``SegmentView`` (a stream directory) or a
+    ``packview.PackedView`` (a packed stream's pieces in shared files), both up to a durable ``end``."""
+
+    @property
+    def log_id(self) -> str: ...
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def last_start(self) -> int: ...
+
+    def window(self, cache: FdCache, block: int = READ_BLOCK, *, evict: bool = True) -> Window: ...
+
+    def acquire_last(self, cache: FdCache, evict: bool) -> tuple[Handle, int]: ...
 
 
 class Window:

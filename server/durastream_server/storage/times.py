@@ -11,11 +11,11 @@ The scan blocks (``pread``), so ``StreamLog`` runs it in its read executor.
 from __future__ import annotations
 
 from durastream_server.storage.files import FdCache
-from durastream_server.storage.segments import SegmentView, Window, iter_appends
+from durastream_server.storage.segments import ReadView, iter_appends
 
 
 def first_at_or_after(
-    segs: SegmentView, cache: FdCache, offset: int, running_ms: int, at_ms: int
+    segs: ReadView, cache: FdCache, offset: int, running_ms: int, at_ms: int
 ) -> tuple[int, int] | None:
     """``(position, append time)`` of the first record with messages whose effective append time is
     ``>= at_ms``, scanning record headers from global ``offset`` (a record start whose effective time,
@@ -23,7 +23,7 @@ def first_at_or_after(
 
     The time returned is the record's own append time (all its messages share it).
     """
-    with Window(segs, cache) as window:
+    with segs.window(cache) as window:
         for ref in iter_appends(window, offset, segs.end):
             if not ref.n_messages:
                 continue  # a close-only record or a group's header: no message carries its time

@@ -508,3 +508,36 @@ def test_a_delete_with_a_packed_write_in_flight_leaves_nothing_tracked_or_live(
         assert not [n for n in os.listdir(tmp_path / packs.PACKS_DIR) if n.endswith(".pack")]
 
     run(go)
+
+
+def test_packed_appends_read_back_across_a_carry_and_a_restart(tmp_path: Path) -> None:
+    """With the read half (h24): reads through the extents the round adds, relocated by the carry,
+    and adopted at start-up (registered with the pack book), then more packed appends after it."""
+    expected = [b'"m%d"' % i for i in range(5)]
+
+    async def go() -> str:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        log = await dd.create_stream(header("/p"), None)
+        await _producer_appends(log, 3)
+        assert await read_all(log) == expected[:3]
+        await _checkpoint(dd)
+        assert {w for w, _ in log.extents.files()} == {IN_PACK}
+        assert await read_all(log) == expected[:3]
+        await dd.close()
+        return log.id
+
+    log_id = run(go)
+
+    async def reopen() -> None:
+        dd = await DataDir.open(config(tmp_path, packed_appends=True))
+        log = dd.logs[log_id]
+        assert log.packed and await read_all(log) == expected[:3]
+        assert dd._committer.packs.extents[log_id] is log.extents  # adopted, tracked
+        assert _is_duplicate(log.state, 2)
+        await _producer_appends(log, 2, start=3)
+        assert log.packed and not os.listdir(tmp_path / "streams")
+        await _checkpoint(dd)
+        assert await read_all(log) == expected
+        await dd.close()
+
+    run(reopen)
