@@ -106,10 +106,10 @@ class StorageConfig:
     io_threads: int = 16  # worker threads for write+fsync, creates, deletes and recovery
     read_threads: int = 16  # worker threads for reads (separate, so reads never delay commits)
     max_open_files: int = 512  # soft bound on cached segment fds (in-use fds are never closed)
-    # Decision 0010 step 2 (not finished, off by default, no CLI option): small appends of packed
-    # streams become packed records (WAL kind 5, ``committer.PACKED_APPEND_BYTES``), carried into
-    # packs at checkpoints; writes the format marker (``features.py``) first. Reads through extents
-    # and start-up adoption are decision 0010 step 2's pieces 2 and 5 (not in this branch).
+    # Decision 0010 step 2 (``--packed-appends``, off by default): small appends of packed streams
+    # become packed records (WAL kind 5, ``committer.PACKED_APPEND_BYTES``), carried into packs at
+    # checkpoints; writes the format marker (``features.py``) first. (Packed records found at
+    # start-up are read and adopted whatever this says.)
     packed_appends: bool = False
 
 
