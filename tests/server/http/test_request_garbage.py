@@ -21,9 +21,8 @@ from durastream_server.http.fastpath import Prepared, RawResponder
 from tests.server.http.test_direct_appends import JSON
 from tests.server.http.test_fastpath import Conn, running, status
 
-# Per round (%d: the round's stream): a create, a re-create, an append, a read, a HEAD and a long-poll
-# answered at once. (Refusals are not here: an error raised through the engine's coroutines may leave its
-# traceback in a cycle, which the GC frees; they are the exception, not the request rate.)
+# Per round (%d: the round's stream): a create, a re-create, an append, a read, a HEAD, a long-poll
+# answered at once, and two refusals by the engine (a create of another content type, an append of one).
 REQUESTS = [
     (b"PUT /v1/stream/g/%d HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n" + JSON, 201),
     (b"PUT /v1/stream/g/%d HTTP/1.1\r\nHost: localhost\r\n" + JSON, 200),
@@ -31,6 +30,12 @@ REQUESTS = [
     (b"GET /v1/stream/g/%d?offset=-1 HTTP/1.1\r\nHost: localhost\r\n", 200),
     (b"HEAD /v1/stream/g/%d HTTP/1.1\r\nHost: localhost\r\n", 200),
     (b"GET /v1/stream/g/%d?offset=-1&live=long-poll HTTP/1.1\r\nHost: localhost\r\n", 200),
+    (b"PUT /v1/stream/g/%d HTTP/1.1\r\nHost: localhost\r\nContent-Type: text/plain\r\n", 409),
+    (
+        b"POST /v1/stream/g/%d HTTP/1.1\r\nHost: localhost\r\nContent-Length: 7\r\n"
+        b"Content-Type: text/plain\r\n",
+        409,
+    ),
 ]
 BODIES = {b"POST": b'{"n":1}'}
 _REQUEST_TYPES = (RequestResponseCycle, RawResponder, Prepared)
