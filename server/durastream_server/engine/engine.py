@@ -1440,6 +1440,10 @@ class Engine:
 def _failed(loop: asyncio.AbstractEventLoop, exc: BaseException) -> asyncio.Future[_T]:
     """A future already failed with ``exc``: how the ``_nowait`` calls report a refusal."""
     failed: asyncio.Future[_T] = loop.create_future()
+    if isinstance(exc, ProtocolError):
+        # A refusal needs no traceback, and one would hold the frames it came through and, by their
+        # callers, the frame holding this future: a reference cycle per refused request.
+        exc.__traceback__ = None
     failed.set_exception(exc)
     return failed
 
