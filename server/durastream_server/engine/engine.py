@@ -299,7 +299,8 @@ class Engine:
                     await task
         self._sweeper = self._producer_sweeper = None
         for inc in list(self._registry.by_id.values()):
-            inc.waitset().shutdown()
+            if inc.waiters is not None:  # waitset() would make one for each of 100,000 idle streams
+                inc.waiters.shutdown()
         results = await asyncio.gather(
             *(inc.log.flush() for inc in list(self._registry.by_id.values())),
             return_exceptions=True,
@@ -1065,6 +1066,8 @@ class Engine:
             target = 0 if offset == BEGINNING else _parse_token(offset, "offset")
             if target > log.durable_tail:
                 raise BadRequest("offset is beyond the tail of the stream")
+        if self._closed:  # shut down: as at a timeout (``close`` released only existing wait sets)
+            return log.durable_tail > target or log.durable_closed
         inc.active_waits += 1
         try:
             return await inc.waitset().wait_until(
@@ -1440,6 +1443,10 @@ class Engine:
 def _failed(loop: asyncio.AbstractEventLoop, exc: BaseException) -> asyncio.Future[_T]:
     """A future already failed with ``exc``: how the ``_nowait`` calls report a refusal."""
     failed: asyncio.Future[_T] = loop.create_future()
+    if isinstance(exc, ProtocolError):
+        # A refusal needs no traceback, and one would hold the frames it came through and, by their
+        # callers, the frame holding this future: a reference cycle per refused request.
+        exc.__traceback__ = None
     failed.set_exception(exc)
     return failed
 

@@ -323,7 +323,10 @@ class DurastreamApp:
                     functools.partial(streams.append_answer_lines, append),
                     functools.partial(streams.append_answer, append),
                 )
-        except ProtocolError:
+        except ProtocolError as exc:
+            # Its traceback holds the frames it came through, and one of them the engine's failed
+            # future, which holds the error: a reference cycle per declined request, unless dropped.
+            exc.__traceback__ = None
             return False
         finally:
             REQUEST_ID.reset(context)
@@ -341,6 +344,13 @@ class DurastreamApp:
         started: float,
     ) -> None:
         assert self._streams is not None and request.responder is not None
+        refused = None if done.cancelled() else done.exception()
+        if isinstance(refused, ProtocolError):
+            # Read, not re-raised: raising it here would add this frame, which holds ``done``, which
+            # holds the error, to the error's traceback: a reference cycle per refused request.
+            error = self._send_error(request, tracked, *responses.protocol_error_parts(refused))
+            self._spawn(self._then_finished(error, request, tracked, started))
+            return
         try:
             if done.cancelled():  # only when the loop is torn down: the outcome is unknown
                 raise RuntimeError("the request was cancelled before its commit was known")

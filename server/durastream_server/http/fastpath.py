@@ -269,9 +269,14 @@ def responder(
 ) -> RawResponder | None:
     """The request's responder, if the server offers one (``with_fast_path``). ``extra_headers``: what
     the app's send wrapper appends to every response header list of this request; then
-    ``request_id_line``, its ``x-request-id`` header as a wire line."""
+    ``request_id_line``, its ``x-request-id`` header as a wire line.
+
+    Taken out of the scope (asked once per request): the responder holds the request cycle, which
+    holds the scope, so left there it would make every request's cycle, scope, headers and answer a
+    reference cycle that only the cyclic GC frees (~13 objects per request, ~10% of a create's loop
+    CPU in collections); taken out, they are freed as soon as the request is done."""
     extensions = scope.get("extensions")
-    found: RawResponder | None = extensions.get(EXTENSION) if extensions else None
+    found: RawResponder | None = extensions.pop(EXTENSION, None) if extensions else None
     if found is not None:
         found.extra_headers = extra_headers
         found.request_id_line = request_id_line
@@ -349,7 +354,10 @@ class FastPathMixin:
         except Exception:  # a bug: the ordinary path answers, and reports its own failure
             logger.exception("direct request failed; answering it the ordinary way")
             taken = False
-        if not taken:
+        if taken:
+            if extensions:  # no reference cycle through the scope (``responder``)
+                extensions.pop(EXTENSION, None)
+        else:
             super()._start_asgi_task(cycle, app)  # type: ignore[misc]  # its receive gets the body
 
     def on_headers_complete(self) -> None:

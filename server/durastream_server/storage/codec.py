@@ -113,8 +113,81 @@ _HEADER_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
 _HEADER_FIELDS = tuple(f.name for f in fields(StreamHeader))
 
 
+# The header of a stream that is not a fork and never expires (nearly every create: issue 17's
+# single-PUT creates) has six fields that vary, two strings and four integers. Its JSON is made from a
+# template derived from ``_HEADER_JSON`` itself, with those values put in by ``%``: byte for byte what
+# the encoder makes (the strings through the encoder's own C escaping), in ~2 us instead of ~8 (the
+# dict, the encoder's Python wrapper and its C pass over eleven keys).
+_PLAIN_STRINGS = ("content_type", "path")
+_PLAIN_INTEGERS = ("append_time_floor_ms", "created_at_ms", "fork_position", "fork_sub_offset")
+# The order the values take in the template (the encoder sorts the keys); ``_plain_template``
+# checks that the encoder agrees, so a new or renamed field turns the template off, never wrong.
+_PLAIN_ORDER = (
+    "append_time_floor_ms",
+    "content_type",
+    "created_at_ms",
+    "fork_position",
+    "fork_sub_offset",
+    "path",
+)
+_encode_string = json.encoder.encode_basestring_ascii  # what _HEADER_JSON uses (ensure_ascii)
+
+
+def _plain_template() -> str | None:
+    """``_HEADER_JSON`` of a plain header with ``%s``/``%d`` where the varying values go (None if
+    the header's fields are not the ones this module knows)."""
+    if set(_PLAIN_ORDER) != set(_PLAIN_STRINGS + _PLAIN_INTEGERS) or not set(_PLAIN_ORDER) <= set(
+        _HEADER_FIELDS
+    ):
+        return None
+    marks = {name: f"@{name}@" for name in _PLAIN_ORDER}
+    text = _HEADER_JSON.encode({name: marks.get(name) for name in _HEADER_FIELDS})
+    if "%" in text:
+        return None
+    found = sorted((text.index(f'"{mark}"'), name) for name, mark in marks.items())
+    if tuple(name for _, name in found) != _PLAIN_ORDER:
+        return None
+    for name, mark in marks.items():
+        text = text.replace(f'"{mark}"', "%s" if name in _PLAIN_STRINGS else "%d")
+    return text
+
+
+_PLAIN = _plain_template()
+
+
 def encode_header(header: StreamHeader) -> bytearray:
-    body = _HEADER_JSON.encode({name: getattr(header, name) for name in _HEADER_FIELDS}).encode()
+    path, content_type = header.path, header.content_type
+    floor, created = header.append_time_floor_ms, header.created_at_ms
+    position, sub_offset = header.fork_position, header.fork_sub_offset
+    if (
+        _PLAIN is not None
+        and header.ttl_seconds is None
+        and header.expires_at is None
+        and header.fork_source_id is None
+        and header.fork_source_path is None
+        and header.fork_offset_requested is None
+        and type(path) is str
+        and type(content_type) is str
+        and type(floor) is int
+        and type(created) is int
+        and type(position) is int
+        and type(sub_offset) is int
+    ):
+        body = (
+            _PLAIN
+            % (
+                floor,
+                _encode_string(content_type),
+                created,
+                position,
+                sub_offset,
+                _encode_string(path),
+            )
+        ).encode("ascii")
+    else:
+        body = _HEADER_JSON.encode(
+            {name: getattr(header, name) for name in _HEADER_FIELDS}
+        ).encode()
     return _frame(Kind.HEADER, (body,))
 
 

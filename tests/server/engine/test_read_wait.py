@@ -213,6 +213,27 @@ def test_shutdown_releases_waiters_as_timeouts(tmp_path: Path) -> None:
     run(tmp_path, scenario)
 
 
+def test_shutdown_makes_no_wait_set_for_idle_streams_and_later_waits_end_at_once(
+    tmp_path: Path,
+) -> None:
+    async def scenario(engine: Engine) -> None:
+        for i in range(50):
+            await create(engine, f"idle-{i}")
+        tail = (await create(engine, "s", b"x")).info.next_offset
+        waiter = asyncio.create_task(engine.wait("s", tail, 10.0))
+        await until(lambda: engine.waiting("s") == 1)
+        await engine.close()
+        assert await waiter is False
+        incs = [engine._lookup(f"idle-{i}") for i in range(50)]
+        assert all(inc.waiters is None for inc in incs)  # 100,000 idle streams: no 100,000 objects
+        # A wait that comes after the shutdown answers as at a timeout at once (no 10 s park), and
+        # says True if the data is already there.
+        assert await asyncio.wait_for(engine.wait("idle-0", "now", 10.0), 1.0) is False
+        assert await asyncio.wait_for(engine.wait("s", "-1", 10.0), 1.0) is True
+
+    run(tmp_path, scenario)
+
+
 def test_fork_waiters_wake_only_for_fork_appends(tmp_path: Path) -> None:
     async def scenario(engine: Engine) -> None:
         await create(engine, "src", b"source")
