@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -161,16 +162,18 @@ async def run_one(port: int, raw: bytes) -> tuple[int, str]:
 
 async def run(args: argparse.Namespace) -> dict:
     results: dict = {"load_before": os.getloadavg(), "runs": []}
-    sources = args.server_src or [None]
-    order = [
-        src for rep in range(args.repeat) for src in (sources if rep % 2 == 0 else sources[::-1])
+    servers = [
+        (src, variant) for src in args.server_src or [None] for variant in args.variant or [""]
     ]
-    for src in order:
+    order = [
+        one for rep in range(args.repeat) for one in (servers if rep % 2 == 0 else servers[::-1])
+    ]
+    for src, variant in order:
         with tempfile.TemporaryDirectory(prefix="create-bench-") as workdir:
             server = ScaleServer(
                 Path(workdir) / "data",
                 src and str(Path(src).resolve()),
-                ["--durability", args.durability],
+                ["--durability", args.durability, *shlex.split(variant)],
             )
             try:
                 server.spawn()
@@ -179,8 +182,9 @@ async def run(args: argparse.Namespace) -> dict:
             finally:
                 server.stop()
         figures["load"] = os.getloadavg()[0]
-        results["runs"].append({"server": src or "this checkout", **figures})
-        print(src or "this checkout", json.dumps(figures), flush=True)
+        name = f"{src or 'this checkout'} {variant}".strip()
+        results["runs"].append({"server": name, **figures})
+        print(name, json.dumps(figures), flush=True)
     results["load_after"] = os.getloadavg()
     return results
 
@@ -207,6 +211,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="run the servers this many times, alternating"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        help="extra server arguments, one run of each server per --variant (repeatable; e.g. "
+        "--variant '' --variant=--packed-appends)",
     )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()

@@ -261,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="segment files kept open at once (least recently used are closed), whatever the "
         f"number of streams (default: {DEFAULT_MAX_OPEN_FILES})",
     )
+    parser.add_argument(
+        "--packed-appends",
+        action="store_true",
+        help="experimental (docs/decisions/0010-packed-small-streams.md, step 2): with fsync "
+        "durability, a stream created empty keeps its small appends in the write-ahead log and "
+        "shared pack files, without a directory of its own, until it passes 256 KiB (then, or on "
+        "a fork or staged commit, it gets one). Marks the data directory (FEATURES): servers "
+        "older than that marker must not open it again (default: off)",
+    )
     producers = parser.add_argument_group(
         "producer state",
         "how long idle idempotent producers are remembered in memory (docs/server.md, "
@@ -449,6 +458,7 @@ def config_from_args(
         access_log=args.access_log,
         max_staged_bytes=args.max_staged_bytes,
         max_open_files=args.max_open_files,
+        packed_appends=args.packed_appends,
         auth_tokens=auth_tokens,
         cors_origins=tuple(args.cors_origin),
         tls_certfile=args.tls_cert,

@@ -66,6 +66,8 @@ class ServerConfig:
     access_log: bool = False  # one INFO line per answered request (http/access.py)
     max_staged_bytes: int = DEFAULT_MAX_STAGED_BYTES
     max_open_files: int = DEFAULT_MAX_OPEN_FILES
+    # Decision 0010 step 2: small appends of packed streams as packed records (off by default).
+    packed_appends: bool = False
     # Exposure (docs/security.md). No tokens: no authentication. No CORS origins: loopback origins only.
     auth_tokens: tuple[AuthToken, ...] = ()
     cors_origins: tuple[str, ...] = ()

@@ -66,6 +66,7 @@ class Backend:
                 root=config.data_dir,
                 durability=config.durability,
                 max_open_files=config.max_open_files,
+                packed_appends=config.packed_appends,
             ),
             metrics,
             lazy=True,  # streams recover after the server listens (engine/recovery.py)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import requests
@@ -246,28 +247,41 @@ def test_a_pack_whose_streams_are_all_promoted_or_deleted_is_removed(server_fact
     assert _read_all_messages(server.stream_url("r/b")) == [{"b": 1}]
 
 
-def _append_loop(
-    server: ServerProcess, names: list[str], stop: threading.Event, acked: list
+def _post_loop(
+    server: ServerProcess,
+    names: list[str],
+    stop: threading.Event,
+    acked: list,
+    request: Callable[[str, int], tuple[str, dict[str, str], int]],
 ) -> None:
-    """Append to ``names`` in turn (about 2 KB each) until ``stop``; ``acked``: (name, n) answered."""
-    padding = "x" * 2000
+    """POST to ``names`` in turn until ``stop``: ``request(name, n)`` gives the body, the headers and
+    what to record; ``acked``: (name, record) of each answered one."""
     n = 0
     with requests.Session() as session:
         while not stop.is_set():
             name = names[n % len(names)]
+            body, headers, record = request(name, n)
             try:
                 response = session.post(
                     server.stream_url(name),
-                    data=f'{{"n":{n},"pad":"{padding}"}}',
-                    headers={"Content-Type": JSON},
+                    data=body,
+                    headers={"Content-Type": JSON, **headers},
                     timeout=10,
                 )
             except requests.RequestException:
                 return
             if response.status_code not in (200, 204):
                 return
-            acked.append((name, n))
+            acked.append((name, record))
             n += 1
+
+
+def _append_loop(
+    server: ServerProcess, names: list[str], stop: threading.Event, acked: list
+) -> None:
+    """Append to ``names`` in turn (about 2 KB each) until ``stop``; ``acked``: (name, n) answered."""
+    padding = "x" * 2000
+    _post_loop(server, names, stop, acked, lambda _, n: (f'{{"n":{n},"pad":"{padding}"}}', {}, n))
 
 
 def test_one_unused_packed_stream_keeps_only_its_entry_through_checkpoints_and_a_sigkill(
@@ -304,3 +318,68 @@ def test_one_unused_packed_stream_keeps_only_its_entry_through_checkpoints_and_a
             assert len(got) == len(set(got)), name  # nothing twice
             wanted = [n for stream, n in acked[c] if stream == name]
             assert got[: len(wanted)] == wanted, name  # every acknowledged append, in order
+
+
+def _producer_headers(name: str, seq: int) -> dict[str, str]:
+    return {"Producer-Id": f"p-{name}", "Producer-Epoch": "0", "Producer-Seq": str(seq)}
+
+
+def _packed_append_loop(
+    server: ServerProcess, names: list[str], stop: threading.Event, acked: list
+) -> None:
+    """Small producer appends to ``names`` in turn until ``stop``; ``acked``: (name, seq)."""
+
+    def request(name: str, n: int) -> tuple[str, dict[str, str], int]:
+        seq = n // len(names)
+        return f'{{"n":{seq}}}', _producer_headers(name, seq), seq
+
+    _post_loop(server, names, stop, acked, request)
+
+
+def test_sigkill_before_and_after_the_checkpoint_keeps_every_acknowledged_packed_append(
+    server_factory,
+) -> None:
+    """``--packed-appends`` (decision 0010 step 2): small appends to streams created empty stay
+    packed records (no directory). SIGKILLed under load (records in the live WAL file), restarted,
+    then checkpointed (records carried into packs) and SIGKILLed again: every acknowledged append
+    comes back once, in order, the streams stay packed, and a retried append is a duplicate."""
+    server = server_factory(extra_args=("--packed-appends",))
+    names = [f"pa/{c}/{n}" for c in range(CLIENTS) for n in range(20)]
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(lambda name: _put(server, name), names))
+    acked: list[list[tuple[str, int]]] = [[] for _ in range(CLIENTS)]
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        futures = [
+            pool.submit(_packed_append_loop, server, names[c * 20 : (c + 1) * 20], stop, acked[c])
+            for c in range(CLIENTS)
+        ]
+        kill_under_load(server, futures, stop, lambda: sum(map(len, acked)), 600, "appends")
+
+    def check() -> None:
+        assert server.health()["quarantined"] == []
+        assert not _directories(server), "a small packed stream got a directory"
+        for c in range(CLIENTS):
+            for name in names[c * 20 : (c + 1) * 20]:
+                got = [m["n"] for m in _read_all_messages(server.stream_url(name))]
+                wanted = [seq for stream, seq in acked[c] if stream == name]
+                assert got[: len(wanted)] == wanted, name  # every acknowledged append, in order
+                assert got == list(range(len(got))), name  # nothing twice, nothing invented
+
+    server.restart()
+    check()
+    _checkpointed(server)  # the replayed records are in packs now, the WAL is empty
+    assert _pack_files(server)
+    server.kill()
+    server.restart()
+    check()
+    name = names[0]
+    last = len(_read_all_messages(server.stream_url(name))) - 1
+    retry = requests.post(
+        server.stream_url(name),
+        data=f'{{"n":{last}}}',
+        headers={"Content-Type": JSON, **_producer_headers(name, last)},
+        timeout=10,
+    )
+    assert retry.status_code == 204, retry.text  # a duplicate: not written again
+    assert len(_read_all_messages(server.stream_url(name))) == last + 1

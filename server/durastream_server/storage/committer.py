@@ -60,9 +60,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from durastream_server.storage.extents import Extents, records_offsets
 from durastream_server.storage.files import FdCache, Handle, fsync_dir, is_out_of_space
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
-from durastream_server.storage.packs import PackBook, Retirement
+from durastream_server.storage.packs import PackBook, Retirement, read_virtual
 from durastream_server.storage.packview import PackFiles
 from durastream_server.storage.records import AppendEntry, SoftDelete
 from durastream_server.storage.wal import Kind, WalEntry, WalFile
@@ -81,6 +82,9 @@ log = logging.getLogger(__name__)
 # A log's batch goes into a shared round when its records take at most this many bytes; a larger one is
 # written and synced by the log itself.
 ROUND_BATCH_BYTES = 256 * 1024
+# Decision 0010 step 2: a packed stream's records stay packed (WAL entries, no directory) while its
+# virtual segment 0 stays within this many bytes; the write that would pass it promotes the stream.
+PACKED_APPEND_BYTES = 256 * 1024
 # Checkpoint triggers (see the module docstring).
 CHECKPOINT_WAL_BYTES = 64 * 1024 * 1024
 CHECKPOINT_FILES = 256
@@ -99,6 +103,19 @@ class RoundJob:
     end: int  # the log's file end
     cost: int  # what the batch counts against the round's size (``log._batch_bytes``)
     promote: Promotion | None = None  # a packed stream's first write: make its directory too
+    # Decision 0010 step 2: a packed stream's small batch, written only into the WAL as packed
+    # records (``Kind.PACKED_RECORDS``) at ``end`` of its virtual segment 0; no segment write.
+    packed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PackedResult(BatchResult):
+    """``BatchResult`` of a packed job: where its records went in the round's WAL file (one
+    entry, its records ``length`` bytes at ``records_at`` of WAL ``generation``)."""
+
+    generation: int = -1
+    records_at: int = -1
+    length: int = 0
 
 
 class Promotion(Protocol):
@@ -109,10 +126,18 @@ class Promotion(Protocol):
     def log_id(self) -> str: ...
 
     @property
-    def header_frame(self) -> bytes: ...
+    def header_frame(self) -> bytes: ...  # segment 0 before the write: header (and packed records)
 
     @property
     def final(self) -> str: ...  # its directory in streams/
+
+    @property
+    def carries_records(self) -> bool: ...  # step 2: its packed records are read by ``load``
+
+    def load(self) -> None:
+        """In the worker, before the round's WAL write: read the stream's packed records back
+        (``packs.read_virtual``) into ``header_frame``. Raises OSError."""
+        ...
 
     @property
     def staged(self) -> str: ...  # where it is built without a WAL (staging/)
@@ -213,6 +238,11 @@ class Committer:
         # Retired WAL files whose packs could not be written yet (out of space), oldest first.
         self._unpacked: list[tuple[Retirement, WalFile]] = []
         self._packing = False  # ``_carry_out_packs`` is running: one at a time, oldest file first
+        # Step 2: held while a carry moves packed entries between files (from the pack's rename to
+        # the extents' relocation) and while a round reads a promoted stream's packed records back,
+        # so that read never sees a file its extents do not describe yet.
+        self._pack_lock = asyncio.Lock()
+        self.packed_appends = False  # StorageConfig.packed_appends (decision 0010 step 2)
         self._task: asyncio.Task[None] | None = None
         self._rotate = False  # the next round starts a new WAL file
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -307,16 +337,23 @@ class Committer:
                     elif self._creates:
                         self._rotate = True  # no room and nothing syncing it: start a new file
                     continue
+                call = functools.partial(
+                    loop.run_in_executor,
+                    self._thread,
+                    self._write_round,
+                    [job for _, job in jobs],
+                    rotate,
+                    [creation for creation, _ in creates],
+                    [log_id for log_id, _ in drops],
+                    [creation for creation, _ in packed],
+                )
                 try:
-                    results, made, dropped, generation, retired = await loop.run_in_executor(
-                        self._thread,
-                        self._write_round,
-                        [job for _, job in jobs],
-                        rotate,
-                        [creation for creation, _ in creates],
-                        [log_id for log_id, _ in drops],
-                        [creation for creation, _ in packed],
-                    )
+                    if any(j.promote is not None and j.promote.carries_records for _, j in jobs):
+                        async with self._pack_lock:
+                            outcome = await call()
+                    else:
+                        outcome = await call()
+                    results, made, dropped, generation, retired, packed_at = outcome
                 except BaseException as exc:  # a bug (or cancellation): never leave a log waiting
                     failure = exc if isinstance(exc, Exception) else RuntimeError("round cancelled")
                     for member, _ in jobs:
@@ -344,9 +381,11 @@ class Committer:
                     if dropped is None:
                         self.packs.superseded(log_id, generation)
                     _settle(done, dropped)
-                for creation, done in packed:
+                for (creation, done), at in zip(
+                    packed, packed_at or [-1] * len(packed), strict=True
+                ):
                     if dropped is None:  # the round's WAL write (and so each packed create) held
-                        self.packs.created(creation.log_id, generation, creation.data)
+                        self.packs.created(creation.log_id, generation, creation.data, at)
                     _settle(done, dropped)
         finally:
             self._task = None
@@ -429,36 +468,56 @@ class Committer:
     async def _carry_out_unpacked(self) -> None:
         loop = asyncio.get_running_loop()
         while self._unpacked:
-            plan, wal = self._unpacked[0]
-            files = self.pack_files
-            if (
-                files is not None
-            ):  # packed reads of these files planned before re-plan (packview.py)
-                files.moving(plan.files_moved())
-            try:
-                carried = await loop.run_in_executor(
-                    self._io, functools.partial(self.packs.carry_out, plan, wal, sync=True)
-                )
-            except OSError as exc:
-                if files is not None:
-                    files.moved()
-                if not is_out_of_space(exc):
-                    raise
-                log.warning(
-                    "no space to write the packs of %d retired WAL file(s) (%r); they stay in "
-                    "wal/ and the next checkpoint tries again",
-                    len(self._unpacked),
-                    exc,
-                )
-                return
-            del self._unpacked[0]
-            try:
-                self.packs.carried_out(plan, carried)  # (step 2: relocates the logs' extents)
-            finally:
-                if files is not None:
-                    files.moved()
-            for log_id in [i for i, g in self._fresh.items() if g <= plan.generation]:
-                del self._fresh[log_id]
+            async with self._pack_lock:
+                if not await self._carry_out_one(loop):
+                    return
+
+    async def _carry_out_one(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """The oldest retired WAL file's packs (``_carry_out_packs``); False if out of space. The
+        WAL file (and the packs left empty) are removed after the extents that pointed into them
+        are relocated (step 2: a reader never finds an extent's file gone); readers of packed
+        records are told before the move and after the relocation (``packview.PackFiles``)."""
+        plan, wal = self._unpacked[0]
+        files = self.pack_files
+        if files is not None:  # packed reads of these files planned before re-plan (packview.py)
+            files.moving(plan.files_moved())
+        try:
+            carried = await loop.run_in_executor(
+                self._io,
+                functools.partial(self.packs.carry_out, plan, wal, sync=True, remove_wal=False),
+            )
+        except OSError as exc:
+            if files is not None:
+                files.moved()
+            if not is_out_of_space(exc):
+                raise
+            log.warning(
+                "no space to write the packs of %d retired WAL file(s) (%r); they stay in "
+                "wal/ and the next checkpoint tries again",
+                len(self._unpacked),
+                exc,
+            )
+            return False
+        del self._unpacked[0]
+        try:
+            self.packs.carried_out(plan, carried)  # (step 2: relocates the logs' extents)
+        finally:
+            if files is not None:
+                files.moved()
+        await loop.run_in_executor(self._io, self.packs.finish, plan, wal)
+        for log_id in [i for i, g in self._fresh.items() if g <= plan.generation]:
+            del self._fresh[log_id]
+        return True
+
+    async def read_packed(self, extents: Extents) -> bytes:
+        """A packed stream's virtual segment 0 (``packs.read_virtual``), read while no carry moves
+        its entries."""
+        root = self.packs.root
+        assert root is not None
+        async with self._pack_lock:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._io, read_virtual, root, extents
+            )
 
     def _fail(self, exc: BaseException, what: str) -> None:
         if self._failure is None:
@@ -482,7 +541,7 @@ class Committer:
         if self._checkpoint is not None:
             await asyncio.shield(self._checkpoint)
         if (self._wal is not None or self._pins or self._made) and self._failure is None:
-            *_, retired = await asyncio.get_running_loop().run_in_executor(
+            *_, retired, _ = await asyncio.get_running_loop().run_in_executor(
                 self._thread, self._write_round, [], True, [], [], []
             )
             if retired is not None:
@@ -508,6 +567,7 @@ class Committer:
         BaseException | None,
         int,
         _Retired | None,
+        list[int] | None,
     ]:
         """Write every job's records into its segment file, then (fsync durability) into the WAL with
         the creates, drops and packed creates, synced once; then make the created streams. A job that
@@ -515,8 +575,9 @@ class Committer:
         are written after it, as a create's (without a WAL: staged, then placed). Returns one result
         per job
         (a ``BatchResult``, or the OSError that failed it), one per create (None: made), the drops'
-        (None: durable), the WAL generation written, and the WAL file this round retired, if it
-        started a new one."""
+        (None: durable), the WAL generation written, the WAL file this round retired, if it
+        started a new one, and where each packed create's header record is in the WAL file.
+        A packed job (step 2) writes its records into the WAL alone (``Kind.PACKED_RECORDS``)."""
         retired = None
         if rotate and (self._wal is not None or self._pins or self._made):
             retired = _Retired(self._wal, self._pins, self._made)
@@ -525,7 +586,7 @@ class Committer:
             self._made = []
         if self._failure is not None:
             failure = self._failure
-            return [failure] * len(jobs), [failure] * len(creates), failure, -1, retired
+            return [failure] * len(jobs), [failure] * len(creates), failure, -1, retired, None
         wal = self._wal_dir is not None
         results: list[BatchResult | BaseException] = []
         entries: list[WalEntry] = []
@@ -533,10 +594,21 @@ class Committer:
         keep = self._pin if wal else None
         records = round_messages = round_bytes = 0
         later: list[tuple[int, RoundJob, list[Chunk]]] = []  # promotions, written after the sync
+        packed_jobs: dict[int, int] = {}  # job -> index of its entry in ``entries``
         for i, job in enumerate(jobs):
             try:
-                chunks, result = lay_out(job.target, job.items, job.seg_base, job.end)
-                if job.promote is None:
+                if job.promote is not None and job.promote.carries_records:
+                    job.promote.load()  # its segment 0: header and packed records
+                if job.packed:
+                    # The virtual segment 0 never rolls: laid out as one chunk at ``end``; the
+                    # WAL entry is all that is written (below).
+                    whole = dataclasses.replace(job.target, segment_bytes=1 << 62)
+                    chunks, result = lay_out(whole, job.items, 0, job.end)
+                else:
+                    chunks, result = lay_out(job.target, job.items, job.seg_base, job.end)
+                if job.packed:
+                    pass
+                elif job.promote is None:
                     write_chunks(job.target, chunks, sync=False, keep=keep)
                 elif wal:
                     later.append((i, job, chunks))
@@ -554,7 +626,13 @@ class Committer:
             messages, size = payload(job.items)
             round_messages += messages
             round_bytes += size
-            if wal:
+            if wal and job.packed:
+                packed_jobs[i] = len(entries)
+                entries += [
+                    WalEntry(job.target.log_id, 0, c.start, c.frames, Kind.PACKED_RECORDS)
+                    for c in chunks
+                ]
+            elif wal:
                 written.append((i, job, chunks))
                 if job.promote is not None:  # replayed first: it makes the directory
                     entries.append(
@@ -563,16 +641,35 @@ class Committer:
                 entries += [WalEntry(job.target.log_id, c.base, c.start, c.frames) for c in chunks]
         entries += [WalEntry(c.log_id, 0, 0, [c.data], Kind.CREATE) for c in creates]
         entries += [WalEntry(log_id, 0, 0, [], Kind.DROP) for log_id in drops]
+        first_packed = len(entries)
         entries += [WalEntry(c.log_id, 0, 0, [c.data], Kind.PACKED) for c in packed]
+        packed_at: list[int] | None = None
         if entries:
             try:
-                self._wal_append(entries)
+                base = self._wal_append(entries)
             except OSError as exc:
                 for i, job, chunks in written:
                     if job.promote is None:
                         undo_chunks(job.target, chunks)
                     results[i] = exc
-                return results, [exc] * len(creates), exc, -1, retired
+                for i in packed_jobs:
+                    results[i] = exc
+                return results, [exc] * len(creates), exc, -1, retired, None
+            if packed or packed_jobs:
+                at = records_offsets(entries, base)
+                packed_at = at[first_packed:]
+                generation = self._wal.generation  # type: ignore[union-attr]
+                for i, k in packed_jobs.items():
+                    done = results[i]
+                    assert isinstance(done, BatchResult)
+                    results[i] = PackedResult(
+                        done.offsets,
+                        [],
+                        done.end,
+                        generation,
+                        at[k],
+                        sum(len(f) for f in entries[k].records),
+                    )
         promoted = []
         unpromoted = []
         for i, job in enumerate(jobs):
@@ -618,7 +715,7 @@ class Committer:
             except OSError as exc:
                 log.error("could not record that %d failed creates are gone: %r", len(failed), exc)
         generation = self._wal.generation if self._wal is not None else -1
-        return results, made, None, generation, retired
+        return results, made, None, generation, retired, packed_at
 
     def _unpromote(self, log_ids: list[str]) -> None:
         """Before failed promotions are answered: a synced UNPROMOTE entry each, so that a restart
@@ -667,16 +764,19 @@ class Committer:
         self._cache.discard(lambda key: key[0] == log_id)  # type: ignore[index]
         promotion.abandon()
 
-    def _wal_append(self, entries: list[WalEntry]) -> None:
+    def _wal_append(self, entries: list[WalEntry]) -> int:
+        """Append and sync ``entries``; returns the WAL file's end before them."""
         assert self._wal_dir is not None
         if self._wal is None:
             self._wal = WalFile.create(self._wal_dir, self.generation)
             self.generation += 1
         wal = self._wal
         synced_at = time.perf_counter()
+        base = wal.end
         try:
             wal.append(entries)
             self._metrics.fsync(time.perf_counter() - synced_at)
+            return base
         except OSError as exc:
             # Cut the round off, so that a restart does not put it back (it was not acknowledged).
             # Out of space: that cut is synced, and the WAL goes on (the logs heal). Anything else

@@ -106,8 +106,10 @@ class StorageConfig:
     io_threads: int = 16  # worker threads for write+fsync, creates, deletes and recovery
     read_threads: int = 16  # worker threads for reads (separate, so reads never delay commits)
     max_open_files: int = 512  # soft bound on cached segment fds (in-use fds are never closed)
-    # Decision 0010 step 2 (not finished, off by default): small appends of packed streams become
-    # packed records (WAL kind 5). For now it only writes the format marker (``features.py``).
+    # Decision 0010 step 2 (``--packed-appends``, off by default): small appends of packed streams
+    # become packed records (WAL kind 5, ``committer.PACKED_APPEND_BYTES``), carried into packs at
+    # checkpoints; writes the format marker (``features.py``) first. (Packed records found at
+    # start-up are read and adopted whatever this says.)
     packed_appends: bool = False
 
 
@@ -178,6 +180,9 @@ class DataDir:
             self._catalog_made,
             self.root,
         )
+        # Decision 0010 step 2: packed records (needs the WAL; the marker is written at start-up).
+        self._committer.packed_appends = config.packed_appends and sync
+        self._committer.packs.appends = config.packed_appends and sync
         self._ctx = LogContext(
             executor=self._executor,
             read_executor=self._read_executor,
@@ -232,7 +237,9 @@ class DataDir:
                 await self._run(features.mark, root, features.PACKED_RECORDS, sync=self._ctx.sync)
             await self._run(self._prepare_dirs)
             # Before any stream is read: put back what the write-ahead log holds (wal.py).
-            report = await self._run(replay_wal, root, sync=self._ctx.sync)
+            report = await self._run(
+                replay_wal, root, sync=self._ctx.sync, headers=self._committer.packed_appends
+            )
             self._committer.generation = report.next_generation
             settled = report.packed
             self._committer.packs.load(settled)
@@ -395,6 +402,9 @@ class DataDir:
             stream = self._adopt(result, os.path.join(self._streams, log_id))
             stream.packed = True
             stream.extents = extents
+            # The pack book tracks the same object: a checkpoint relocates it, a drop or promotion
+            # voids its records entries (decision 0010 step 2, piece 3).
+            self._committer.packs.adopt(log_id, extents)
             adopted.append(stream)
         return adopted
 
@@ -501,6 +511,11 @@ class DataDir:
         ``StorageFailure``/``InsufficientStorage`` on I/O errors (nothing is left behind then).
         """
         self._check_open()
+        source = self.logs.get(header.fork_source_id or "")
+        if source is not None and source.packed and (source.extents is not None or source._busy):
+            # A fork reads its source's files: a source with packed records (decision 0010 step
+            # 2) gets its directory first, in a round of its own.
+            await source.ensure_directory()
         state = StreamState(
             tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
         )

@@ -44,14 +44,19 @@ from typing import Any, TypeVar
 
 from durastream_server import errors
 from durastream_server.storage import catalog, codec
-from durastream_server.storage.committer import ROUND_BATCH_BYTES, Committer, RoundJob
-from durastream_server.storage.extents import Extents
+from durastream_server.storage.committer import (
+    PACKED_APPEND_BYTES,
+    ROUND_BATCH_BYTES,
+    Committer,
+    PackedResult,
+    RoundJob,
+)
+from durastream_server.storage.extents import IN_WAL, Extents
 from durastream_server.storage.files import FdCache, is_out_of_space
 from durastream_server.storage.group import GroupResult, is_group_batch, split_batch, write_group
 from durastream_server.storage.index import LogIndex
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.ordinals import floor_boundary, message_start
-from durastream_server.storage.packs import fold_packed
 from durastream_server.storage.packview import PackedView, PackFiles, Replan
 from durastream_server.storage.promotion import Promotion
 from durastream_server.storage.reader import (
@@ -68,7 +73,7 @@ from durastream_server.storage.records import (
     SoftDelete,
     StreamHeader,
 )
-from durastream_server.storage.recovery import Quarantine, recover_stream
+from durastream_server.storage.recovery import Quarantine, recover_packed, recover_stream
 from durastream_server.storage.scans import ScanBatcher
 from durastream_server.storage.segments import ReadView, SegmentTable, SegmentView
 from durastream_server.storage.snapshot import (
@@ -385,23 +390,28 @@ class StreamLog:
         )
 
     def _promotion(self) -> Promotion:
-        # A packed stream with records (decision 0010 step 2) is promoted with its whole virtual
-        # segment 0 (header and records, byte for byte what its directory's segment 0 then holds):
-        # the CREATE entry carries it and the directory is made from it; the round's records follow
-        # at ``_file_end``, its end. (``round_job`` waits while a checkpoint moves pack files.)
-        extents, files = self.extents, self._ctx.pack_files
-        first = (
-            bytes(codec.encode_header(self.header))
-            if extents is None or files is None
-            else files.read_virtual(self._ctx.cache, extents)
-        )
+        root = self._ctx.committer.packs.root
         return Promotion(
             self.id,
-            first,
+            bytes(codec.encode_header(self.header)),
             self.directory,
             self._ctx.cache,
             catalog.Entry(self.header.path, self.header.fork_source_id),
+            (root, self.extents) if self.extents is not None and root is not None else None,
         )
+
+    def _packs_batch(self, batch: list[_Queued], cost: int) -> bool:
+        """Decision 0010 step 2: a packed log's batch stays packed records (a round's WAL entry,
+        no directory) when packed appends are on, it is not a record group, the virtual segment
+        0 stays within ``PACKED_APPEND_BYTES`` (and a segment), and the header's place is known
+        (for the header extent)."""
+        ctx = self._ctx
+        committer = ctx.committer
+        if not committer.packed_appends or not ctx.sync or is_group_batch(batch):
+            return False
+        if self._file_end + cost > min(PACKED_APPEND_BYTES, ctx.segment_bytes):
+            return False
+        return self.extents is not None or self.id in committer.packs.header_at
 
     async def ensure_directory(self) -> None:
         """Give a packed stream its directory now, in a round of its own (a staged-append space
@@ -513,23 +523,14 @@ class StreamLog:
             self._poison(failure)
         rare = self._rare
         promote = None
-        files = self._ctx.pack_files
-        if (
-            self.packed
-            and self.extents is not None
-            and files is not None
-            and not all(files.unmoved(w, g, files.done) for w, g in self.extents.files())
-        ):
-            # Its promotion reads its packed records: not while a checkpoint moves their files.
-            asyncio.get_running_loop().call_later(0.005, self._ctx.committer.schedule, self)
-            return None
+        packed = False
         if self.packed and (rare is None or rare._failure is None):
             if not self._queue and rare is not None and rare._promote_waiters:
                 self._inflight = []
                 promote = self._promotion()
                 target = self._write_target()
                 return RoundJob(target, [], 0, self._file_end, 0, promote)
-            promote = self._promotion() if self._queue else None
+            packed = bool(self._queue)
         if (rare is not None and rare._failure is not None) or not self._queue:
             self._set_idle()
             return None
@@ -538,8 +539,27 @@ class StreamLog:
         batch, rest = split_batch(self._queue)
         self._queue = rest or ()
         self._inflight = batch
-        snapshot_state = capture(self.state) if not rest and self._snapshot_due() else None
+        # (Not for a batch of packed records: no directory holds a snapshot.)
+        if packed and self._ctx.committer.packed_appends:
+            due = False
+        else:
+            due = not rest and self._snapshot_due()
+        snapshot_state = capture(self.state) if due else None
         cost = _batch_bytes(batch)
+        if packed and self._packs_batch(batch, cost):
+            # Packed records (decision 0010 step 2): no directory, no segment write, no snapshot
+            # (a packed stream is folded from its virtual segment).
+            return RoundJob(
+                self._write_target(),
+                [item for item, _ in batch],
+                0,
+                self._file_end,
+                cost,
+                None,
+                packed=True,
+            )
+        if packed:
+            promote = self._promotion()
         if promote is not None:
             if is_group_batch(batch) or cost > ROUND_BATCH_BYTES:
                 # Written alone once the directory is there: this round makes only the directory.
@@ -570,9 +590,12 @@ class StreamLog:
         snapshot_state = None
         if rare is not None:
             snapshot_state, rare._round_snapshot = rare._round_snapshot, None
-        if self.packed and not isinstance(result, BaseException):
+        if type(result) is PackedResult:
+            if not self._packed_done(result):
+                result = errors.StorageFailure(f"stream {self.header.path!r}: packed create gone")
+        elif self.packed and not isinstance(result, BaseException):
             self.packed = False  # promoted by this round (``promotion.py``)
-            self.extents = None  # its directory holds its records now: read from there
+            self.extents = None  # its directory holds its packed records now
             self._settle_promote_waiters(None)
         if self._finish_batch(result) and snapshot_state is not None:
             self._writer = asyncio.get_running_loop().create_task(
@@ -580,6 +603,24 @@ class StreamLog:
             )
             return
         self._continue()
+
+    def _packed_done(self, result: PackedResult) -> bool:
+        """Packed records are durable (decision 0010 step 2): their extent, after the header's
+        the first time, becomes readable (on the loop, after the sync: nothing unacknowledged is
+        ever readable). The pack book holds the same ``Extents`` (a checkpoint relocates it)."""
+        packs = self._ctx.committer.packs
+        extents = self.extents
+        if extents is None:
+            header = packs.header_piece(self.id, self._file_end)
+            if header is None:  # dropped or promoted meanwhile: never (a log has one batch)
+                log.error("stream %s: packed records without a packed create", self.id)
+                return False
+            extents = Extents()
+            extents.add(*header, self._file_end, 0)
+            self.extents = extents
+        extents.add(IN_WAL, result.generation, result.records_at, result.length, self._file_end)
+        packs.wrote(self.id, extents, result.generation)
+        return True
 
     async def _write_alone(self, batch: list[_Queued], snapshot_state: StateImage | None) -> None:
         """Write a batch the shared round does not carry: synced in the log's own segment file."""
@@ -630,7 +671,9 @@ class StreamLog:
 
     def _continue(self) -> None:
         """After a batch: the next turn if more is queued, else idle."""
-        if self._queue and self._failure is None:
+        # A packed log whose batch was packed records may have a promotion waiting (``ensure_
+        # directory`` came while that batch was in flight): its turn too.
+        if (self._queue or (self.packed and self._promote_waiters)) and self._failure is None:
             self._ctx.committer.schedule(self)
         else:
             self._set_idle()
@@ -835,31 +878,15 @@ class StreamLog:
                 return
             if self._ctx.committer.failure is not None:
                 return  # the WAL itself failed: nothing writes until a restart
+            if self.packed and self.extents is not None:  # step 2: fold its packed records
+                await self._heal_packed(self.extents)
+                return
             if self.packed:  # its failed promotion left nothing: back to the packed create's state
                 self._drop_hot()
                 self.state = StreamState(
                     tail=self.header.fork_position,
                     last_timestamp_ms=self.header.append_time_floor_ms,
                 )
-                files = self._ctx.pack_files
-                if self.extents is not None and files is not None:
-                    # ... and its packed records' (decision 0010 step 2): folded again.
-                    [folded] = await asyncio.get_running_loop().run_in_executor(
-                        self._ctx.executor,
-                        fold_packed,
-                        files.root,
-                        [(self.id, self.extents)],
-                        self._index.sparse.interval,
-                    )
-                    if isinstance(folded, Quarantine):
-                        log.error(
-                            "stream %s (%s): cannot heal: %s; poisoned until restart",
-                            self.id,
-                            self.header.path,
-                            folded.reason,
-                        )
-                        return
-                    self.state = folded.state
                 self._staged_count = self._durable_count
                 self._failure = None
                 log.warning(
@@ -922,6 +949,27 @@ class StreamLog:
         finally:
             self._healing = None
 
+    async def _heal_packed(self, extents: Extents) -> None:
+        """``_heal`` of a packed stream with records: its state folded again from its virtual
+        segment 0 (what a restart would fold: ``recovery.recover_packed``)."""
+        data = await self._ctx.committer.read_packed(extents)
+        interval = self._index.sparse.interval
+        try:
+            recovered = recover_packed(self.id, data, interval)
+        except Quarantine as q:
+            log.error("stream %s: cannot heal: %s; poisoned until restart", self.id, q.reason)
+            return
+        if self._closed or self._deleted or self._failure is None:
+            return
+        self._drop_hot()
+        self.state = recovered.state
+        self._index = recovered.index
+        self._file_end = recovered.file_end
+        self._last_record = recovered.last_record
+        self._staged_count = self._durable_count
+        self._failure = None
+        log.warning("stream %s: healed after running out of space (still packed)", self.id)
+
     def _error(self) -> errors.StorageFailure:
         exc = self._failure
         if exc is None:
@@ -953,7 +1001,10 @@ class StreamLog:
 
     async def _write_snapshot(self, state: StateImage, covered_end: int, last_record: int) -> None:
         """Encode and write in a worker thread: the loop only took ``capture`` and the index's length
-        (storage/snapshot.py), whatever the number of producers or index points."""
+        (storage/snapshot.py), whatever the number of producers or index points. None for a
+        packed stream (no directory: it is folded from its virtual segment 0, at most 256 KiB)."""
+        if self.packed:
+            return
         index = IndexImage.of(self._index.sparse)
         pruned = self._pruned
 

@@ -211,6 +211,11 @@ class Settled:
     gaps: list[str] = field(default_factory=list)
     # Live entries per pack, packed records included (``counts`` of ``survey`` counts creates only).
     live_entries: dict[int, int] = field(default_factory=dict)
+    # Step 2: where each live packed create's header record is in its pack (generation ``live[id]
+    # [0]``), after the rewrites: the header extent of its first packed records (``PackBook``).
+    # Only with ``settle(headers=True)`` (packed appends on): an int per packed stream otherwise
+    # costs every start-up (~4 us a stream measured with 50,000 packed creates).
+    headers: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -228,13 +233,16 @@ class Survey:
     # logical byte once (the same records in a pack and in the WAL file it was written from, after a
     # crash between the two, are read once), and the streams whose pieces leave a gap.
     pieces: dict[str, list[_Piece]] = field(default_factory=dict)
+    # Where each live packed create's header record is in its pack, if a pack holds it.
+    headers: dict[str, int] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
 
 
-def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
+def survey(root: Path, wal_scans: list[tuple[int, Scan]], *, headers: bool = False) -> Survey:
     """Read every pack (with resync) and its sidecar; decide which packed creates are live. The same
     id in a pack and a WAL file of the same generation (a crash between a checkpoint's new pack and
-    its WAL file's removal) is the same entry: one stream."""
+    its WAL file's removal) is the same entry: one stream. With ``headers`` (packed appends on) it
+    also says where each live packed create's header is in its pack (``Survey.headers``)."""
     packs = root / PACKS_DIR
     pack_scans: list[tuple[int, Scan]] = []
     void: dict[int, set[str]] = {}
@@ -245,6 +253,7 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
         pack_scans.append((generation, scanned))
         void[generation] = read_dead(packs, generation)
     created: dict[str, tuple[int, bytes]] = {}
+    header_at: dict[str, int] = {}
     dropped: set[str] = set()
     found: dict[str, list[_Piece]] = {}  # every piece of every packed stream (void ones too)
     in_pack = {id(scanned) for _, scanned in pack_scans}
@@ -253,6 +262,8 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
         for i, (log_id, _segment, offset, records, kind) in enumerate(scanned.entries):
             if kind == Kind.PACKED:
                 created[log_id] = (generation, records)
+                if headers and where == IN_PACK:
+                    header_at[log_id] = scanned.records_at[i]
             elif kind == Kind.PACKED_RECORDS and records:
                 piece = _Piece(offset, where, generation, scanned.records_at[i], records, kind)
                 found.setdefault(log_id, []).append(piece)
@@ -285,7 +296,10 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]]) -> Survey:
             chosen[log_id], whole = _contiguous(pieces)
             if not whole:
                 gaps.append(log_id)
-    return Survey(live, counts, newly_void, pack_scans, damaged, chosen, gaps)
+    headers = {i: header_at[i] for i in live if i in header_at} if header_at else {}
+    return Survey(
+        live, counts, newly_void, pack_scans, damaged, pieces=chosen, gaps=gaps, headers=headers
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,7 +371,14 @@ def worth_rewriting(live: int, entries: int) -> bool:
     return live > 0 and entries - live >= entries * COMPACT_VOID_FRACTION
 
 
-def settle(root: Path, wal_scans: list[tuple[int, Scan]], *, sync: bool, out: Settled) -> None:
+def settle(
+    root: Path,
+    wal_scans: list[tuple[int, Scan]],
+    *,
+    sync: bool,
+    out: Settled,
+    headers: bool = False,
+) -> None:
     """See the module docstring. Fills ``out``. Every WAL file may be removed when it returns: the
     live packed creates of each are in a pack of its generation (durable with ``sync``)."""
     packs = root / PACKS_DIR
@@ -365,7 +386,7 @@ def settle(root: Path, wal_scans: list[tuple[int, Scan]], *, sync: bool, out: Se
     for name in os.listdir(packs):
         if name.endswith(TMP_SUFFIX):  # a rewrite that did not finish: the old pack is whole
             _unlink(packs / name)
-    found = survey(root, wal_scans)
+    found = survey(root, wal_scans, headers=headers)
     for path, start, end in found.damaged:
         out.damaged += 1
         log.error(
@@ -432,6 +453,16 @@ def settle(root: Path, wal_scans: list[tuple[int, Scan]], *, sync: bool, out: Se
         out.kept[generation] = os.stat(packs / pack_name(generation)).st_size
         out.entries[generation] = held[generation]
     out.live_entries = counts
+    out.headers = {
+        log_id: at
+        for log_id, (generation, _) in (found.live.items() if found.headers else ())
+        if generation not in rewrite and (at := found.headers.get(log_id)) is not None
+    }
+    for log_id, by_file in moved.items() if headers else ():
+        generation = found.live[log_id][0]
+        for position, at in by_file.get(generation, ()):
+            if position == 0:
+                out.headers[log_id] = at
     if sync and len(found.pack_scans) != len(out.kept):
         fsync_dir(packs)
     for log_id, pieces in found.pieces.items():
@@ -522,6 +553,9 @@ class Retirement:
     keep: list[WalEntry]  # the retired WAL file's live packed creates: they become its pack
     remove: list[int]  # packs with no live packed create left
     compact: list[int]  # packs whose void entries reach half of them: rewritten with the live ones
+    # Step 2: the live packed records the retired WAL file holds, read back from it by ``carry_out``
+    # (never held in memory while serving): stream id -> [(WAL file offset, length, position)].
+    records: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
 
     def files_moved(self) -> list[tuple[int, int]]:
         """The files (where, generation) ``carry_out`` may rename over or remove: what packed reads
@@ -532,47 +566,71 @@ class Retirement:
 
 @dataclass(frozen=True, slots=True)
 class Carried:
-    """The packs ``carry_out`` wrote: generation -> (bytes, entries)."""
+    """The packs ``carry_out`` wrote: generation -> (bytes, entries); and (step 2) where the packed
+    entries of each file it replaced are now: (where, generation) of the old file -> stream id ->
+    [(file offset of the records, length, position)] in pack ``generation`` (headers at position 0)."""
 
     written: dict[int, tuple[int, int]]
+    moved: dict[tuple[int, int], dict[str, list[tuple[int, int, int]]]] = field(
+        default_factory=dict
+    )
+    records: dict[int, int] = field(default_factory=dict)  # pack -> live records entries written
 
 
 class PackBook:
     """Which packed creates are live and in which file (WAL file or pack), for the committer.
 
     ``live``: stream id -> generation of the file holding its packed create. ``counts``: generation ->
-    live packed creates in it. ``kept``: generation -> bytes of each file in ``packs/``; ``entries``:
-    generation -> packed creates it holds (live or void). The header records of the packed creates
-    of the WAL files not yet retired are held (``_unretired``: a few hundred bytes each, for one or
-    two WAL files), so that a checkpoint writes their pack without reading the WAL file back.
-    Everything but ``carry_out`` runs on the loop."""
+    live packed entries in it (creates and, step 2, records). ``kept``: generation -> bytes of each
+    file in ``packs/``; ``entries``: generation -> packed entries it holds (live or void). The header
+    records of the packed creates of the WAL files not yet retired are held (``_unretired``: a few
+    hundred bytes each, for one or two WAL files), so that a checkpoint writes their pack without
+    reading the WAL file back.
+
+    Step 2 (``appends``, ``StorageConfig.packed_appends``): ``header_at``: id -> where its packed
+    create's header record is (file offset * 2 + IN_WAL/IN_PACK, in the file of generation
+    ``live[id]``), for the header extent of its first packed records; ``extents``: id -> the
+    ``Extents`` of each live packed stream with records (the very object its ``StreamLog.extents``
+    holds: a checkpoint relocates it in place). Everything but ``carry_out`` runs on the loop."""
 
     def __init__(self, root: Path | None) -> None:
         self.directory = root / PACKS_DIR if root is not None else None
+        self.root = root
         self.live: dict[str, int] = {}
         self.counts: dict[int, int] = {}
         self.kept: dict[int, int] = {}
         self.entries: dict[int, int] = {}
         self._unretired: dict[int, dict[str, bytes]] = {}
-        # Packs holding bytes that packed streams' extents name (step 2). Not compacted while serving
-        # until the checkpoint relocates extents (decision 0010, "Step 2: status", piece 3): a
-        # rewrite moves their entries to other offsets. The next start-up's ``settle`` compacts them.
+        # Packs holding bytes that packed streams found at start-up name (step 2): not compacted
+        # while serving (conservative: ``carried_out`` relocates the extents of a rewritten pack, but
+        # the reads of piece 2 were built against packs that stay put). The next start-up's
+        # ``settle`` compacts them.
         self.read_through: set[int] = set()
-        # WAL generation -> (id, generation of its packed create) void once that WAL file's
-        # checkpoint has synced the promotion's directory (or just for a DROP).
+        # WAL generation -> (id, generation of a pack entry of it) void once that WAL file's
+        # checkpoint has synced the promotion's directory (or just for a DROP): its create, and
+        # (step 2) each of its packed records entries in packs.
         self._dying: dict[int, list[tuple[str, int]]] = {}
+        self.appends = False
+        self.header_at: dict[str, int] = {}
+        self.extents: dict[str, Extents] = {}
+        self._records: dict[int, set[str]] = {}  # WAL generation -> ids with packed records in it
 
     def load(self, settled: Settled) -> None:
         for log_id, (generation, _) in settled.live.items():
             self.live[log_id] = generation
             self.counts[generation] = self.counts.get(generation, 0) + 1
-        # A pack that holds only packed records (step 2) of live streams is not empty: until the
-        # checkpoint tracks records (decision 0010, "Step 2: status"), it counts as live and stays
-        # until the next start-up's ``settle`` (kept too long, never removed too early).
+        # Live entries per pack: creates and (step 2) records entries; a drop or promotion of a
+        # stream adopted with its extents (``adopt``) makes its records entries void one by one.
         for generation, entries in settled.live_entries.items():
             self.counts[generation] = max(self.counts.get(generation, 0), entries)
         self.kept = dict(settled.kept)
         self.entries = dict(settled.entries)
+        if self.appends:  # the header extent of packed creates made before this start-up
+            self.header_at = {
+                log_id: at * 2 + IN_PACK
+                for log_id, at in settled.headers.items()
+                if log_id not in settled.extents
+            }
         self.read_through = {
             generation
             for extents in settled.extents.values()
@@ -587,16 +645,53 @@ class PackBook:
     def is_packed(self, log_id: str) -> bool:
         return log_id in self.live
 
-    def created(self, log_id: str, generation: int, header: bytes) -> None:
+    def created(self, log_id: str, generation: int, header: bytes, at: int = -1) -> None:
+        """A packed create is durable in WAL ``generation``, its header record at offset ``at``."""
         self.live[log_id] = generation
         self.counts[generation] = self.counts.get(generation, 0) + 1
         self._unretired.setdefault(generation, {})[log_id] = header
+        if self.appends and at >= 0:
+            self.header_at[log_id] = at * 2 + IN_WAL
+
+    def header_piece(self, log_id: str, length: int) -> tuple[int, int, int] | None:
+        """(where, generation, offset) of a live packed create's header record of ``length``
+        bytes, if known (made with packed appends on, or found by ``settle``: ``Settled.headers``;
+        otherwise its stream is promoted as in step 1 when it is first written)."""
+        at = self.header_at.get(log_id)
+        generation = self.live.get(log_id)
+        if at is None or generation is None:
+            return None
+        return at & 1, generation, at >> 1
+
+    def adopt(self, log_id: str, extents: Extents) -> None:
+        """Start-up (piece 5, not in this module's caller yet): a packed stream with records found
+        by ``settle`` (all its entries in packs) is tracked like one written since, so that a
+        pack's rewrite relocates its extents and its drop or promotion voids its records entries.
+        Its ``StreamLog.extents`` must be this same object."""
+        self.extents[log_id] = extents
+
+    def wrote(self, log_id: str, extents: Extents, generation: int) -> None:
+        """Packed records of ``log_id`` are durable in WAL ``generation`` (``extents`` says where).
+        Not tracked once its stream is dropped (a round in flight during its delete): void."""
+        if log_id not in self.live:
+            return
+        self.extents[log_id] = extents
+        self._records.setdefault(generation, set()).add(log_id)
 
     def superseded(self, log_id: str, generation: int) -> None:
         """A DROP or a promoting CREATE of ``log_id`` is durable in WAL ``generation``."""
         created = self.live.pop(log_id, None)
+        self.header_at.pop(log_id, None)
+        extents = self.extents.pop(log_id, None)
         if created is not None:
-            self._dying.setdefault(generation, []).append((log_id, created))
+            dying = self._dying.setdefault(generation, [])
+            dying.append((log_id, created))
+            if extents is not None:  # its records entries in packs (one per row; headers at 0)
+                dying += [
+                    (log_id, p.generation)
+                    for p in extents.pieces(extents.start, extents.end)
+                    if p.where == IN_PACK and p.position > 0
+                ]
 
     def void_now(self, log_id: str) -> None:
         """Without a WAL (``--durability none`` over a data directory written with fsync): write
@@ -609,6 +704,8 @@ class PackBook:
     def forget(self, log_id: str) -> None:
         """On the loop, after ``void_now``."""
         created = self.live.pop(log_id, None)
+        self.header_at.pop(log_id, None)
+        self.extents.pop(log_id, None)
         if created is not None:
             self.counts[created] -= 1
 
@@ -625,6 +722,20 @@ class PackBook:
             for log_id, header in self._unretired.pop(generation, {}).items()
             if log_id not in void
         ]
+        # Step 2: the packed records of the streams still packed (a dropped or promoted one's
+        # records are void; a promotion's CREATE entry holds them).
+        records: dict[str, list[tuple[int, int, int]]] = {}
+        for log_id in sorted(self._records.pop(generation, ())):
+            extents = self.extents.get(log_id)
+            if extents is None:
+                continue
+            rows = [
+                (p.offset, p.length, p.position)
+                for p in extents.pieces(extents.start, extents.end)
+                if p.where == IN_WAL and p.generation == generation and p.position > 0
+            ]
+            if rows:
+                records[log_id] = rows
         remove = [g for g in self.kept if not self.counts.get(g)]
         compact = [
             g
@@ -635,11 +746,16 @@ class PackBook:
         ]
         for g in [g for g, n in self.counts.items() if not n and g <= generation]:
             del self.counts[g]
-        return Retirement(generation, dead, keep, remove, compact)
+        return Retirement(generation, dead, keep, remove, compact, records)
 
-    def carry_out(self, plan: Retirement, wal: WalFile | None, *, sync: bool) -> Carried:
+    def carry_out(
+        self, plan: Retirement, wal: WalFile | None, *, sync: bool, remove_wal: bool = True
+    ) -> Carried:
         """Sidecars and half-void packs rewritten, then the retired WAL file's live packed creates
-        written as its pack and the WAL file removed, then the packs left with nothing live removed.
+        (and, step 2, its live packed records, read back from it and coalesced per stream) written
+        as its pack and the WAL file removed, then the packs left with nothing live removed.
+        With ``remove_wal`` False those removals are left to ``finish`` (called once the loop has
+        relocated the extents into the new pack: a reader never finds an extent's file gone).
         Blocking; raises OSError: out of space, the committer keeps the WAL file and carries the
         same plan out again at its next checkpoint (``Committer._carry_out_packs``); otherwise it fails."""
         assert self.directory is not None
@@ -647,6 +763,7 @@ class PackBook:
         packs.mkdir(exist_ok=True)
         gone = set(plan.remove)
         written: dict[int, tuple[int, int]] = {}
+        moved: dict[tuple[int, int], dict[str, list[tuple[int, int, int]]]] = {}
         for created, ids in plan.dead.items():
             if created in gone or created == plan.generation:
                 continue
@@ -655,28 +772,100 @@ class PackBook:
                 # WAL file that voids them goes, as a sidecar line would be.
                 entries = _live_entries(packs, created, set(ids))
                 written[created] = (write_pack(packs, created, entries, sync=sync), len(entries))
+                if self.appends:
+                    moved[(IN_PACK, created)] = _rows(entries)
             else:
                 append_dead(packs, created, ids, sync=sync)
         for created in plan.compact:
             if created in written:  # the rewrite's rename is durable: its sidecar is obsolete
                 _unlink(packs / dead_name(created))
+        records = 0
         if wal is not None:
-            if plan.keep:
-                size = write_pack(packs, plan.generation, plan.keep, sync=sync)
-                written[plan.generation] = (size, len(plan.keep))
+            if plan.keep or plan.records:
+                entries = list(plan.keep)
+                for log_id, rows in plan.records.items():
+                    entries += coalesce(
+                        [
+                            WalEntry(
+                                log_id,
+                                0,
+                                position,
+                                [pread_exact(wal.fd, length, offset)],
+                                Kind.PACKED_RECORDS,
+                            )
+                            for offset, length, position in rows
+                        ]
+                    )
+                records = len(entries) - len(plan.keep)
+                size = write_pack(packs, plan.generation, entries, sync=sync)
+                written[plan.generation] = (size, len(entries))
+                if self.appends:
+                    moved[(IN_WAL, plan.generation)] = _rows(entries)
+            if remove_wal:
+                wal.remove()
+        if remove_wal:
+            self.finish(plan, None)
+        return Carried(written, moved, {plan.generation: records} if records else {})
+
+    def finish(self, plan: Retirement, wal: WalFile | None) -> None:
+        """The end of ``carry_out(remove_wal=False)``: the WAL file and the packs left with nothing
+        live removed. Blocking."""
+        assert self.directory is not None
+        if wal is not None:
             wal.remove()
         for generation in plan.remove:
-            _unlink(packs / pack_name(generation))
-            _unlink(packs / dead_name(generation))
-        if plan.remove and sync:
-            fsync_dir(packs)
-        return Carried(written)
+            _unlink(self.directory / pack_name(generation))
+            _unlink(self.directory / dead_name(generation))
+        if plan.remove:
+            fsync_dir(self.directory)
 
     def carried_out(self, plan: Retirement, carried: Carried) -> None:
-        """On the loop, after ``carry_out``."""
+        """On the loop, after ``carry_out``: the books, and (step 2) each live packed stream's
+        extents and header offset moved into the packs written."""
         for generation in plan.remove:
             self.kept.pop(generation, None)
             self.entries.pop(generation, None)
         for generation, (size, entries) in carried.written.items():
             self.kept[generation] = size
             self.entries[generation] = entries
+        for generation, records in carried.records.items():
+            # Live records entries only: a stream dropped or promoted since the plan (its void
+            # entries were carried all the same) is not counted, so its entry reads as void.
+            live = sum(
+                1
+                for log_id, rows in carried.moved.get((IN_WAL, generation), {}).items()
+                if log_id in self.extents
+                for row in rows
+                if row[2] > 0
+            )
+            self.counts[generation] = self.counts.get(generation, 0) + min(records, live)
+        for (where, generation), streams in carried.moved.items():
+            for log_id, rows in streams.items():
+                for offset, _, position in rows:
+                    if position == 0 and log_id in self.header_at:
+                        self.header_at[log_id] = offset * 2 + IN_PACK
+                extents = self.extents.get(log_id)
+                if extents is None:
+                    continue
+                had = {
+                    p.position
+                    for p in extents.pieces(extents.start, extents.end)
+                    if p.where == where and p.generation == generation
+                }
+                if had:
+                    extents.relocate(
+                        where,
+                        generation,
+                        [row for row in rows if row[2] in had],
+                        (IN_PACK, generation),
+                    )
+
+
+def _rows(entries: list[WalEntry]) -> dict[str, list[tuple[int, int, int]]]:
+    """Where each stream's entries of a pack written from ``entries`` have their records: id ->
+    [(file offset, length, position)]."""
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for entry, at in zip(entries, records_offsets(entries), strict=True):
+        length = sum(len(r) for r in entry.records)
+        out.setdefault(entry.log_id, []).append((at, length, entry.offset))
+    return out

@@ -27,11 +27,15 @@ under ``staging/`` and renamed into ``streams/`` once whole (hazard 20).
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+from pathlib import Path
 
 from durastream_server.storage import catalog
+from durastream_server.storage.extents import Extents
 from durastream_server.storage.files import FdCache, Handle, pwrite_all
+from durastream_server.storage.packs import read_virtual
 from durastream_server.storage.segments import segment_name
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -40,7 +44,7 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 class Promotion:
     """``committer.Promotion`` for one packed stream (made per promoting round, not kept)."""
 
-    __slots__ = ("log_id", "header_frame", "staged", "final", "_cache", "_entry")
+    __slots__ = ("log_id", "header_frame", "staged", "final", "_cache", "_entry", "_packed")
 
     def __init__(
         self,
@@ -49,6 +53,7 @@ class Promotion:
         final: str,
         cache: FdCache,
         entry: catalog.Entry,
+        packed: tuple[Path, Extents] | None = None,
     ) -> None:
         self.log_id = log_id
         self.header_frame = header_frame
@@ -56,6 +61,24 @@ class Promotion:
         self.staged = staging_dir(final, log_id)
         self._cache = cache
         self._entry = entry
+        # Decision 0010 step 2: a stream with packed records (data directory, its extents): its
+        # segment 0 is its virtual segment 0, read back in the round (``load``).
+        self._packed = packed
+
+    @property
+    def carries_records(self) -> bool:
+        return self._packed is not None
+
+    def load(self) -> None:
+        """In the round's worker, under the committer's pack lock (no carry moves the entries):
+        the header record and packed records, byte for byte what segment 0 must hold; the round's
+        CREATE entry carries them (so a crash after its sync replays the whole stream)."""
+        if self._packed is not None:
+            root, extents = self._packed
+            data = read_virtual(root, extents)
+            if data[: len(self.header_frame)] != self.header_frame:
+                raise OSError(errno.EIO, f"packed stream {self.log_id}: its header does not match")
+            self.header_frame = data
 
     def make(self) -> Handle:
         fd = make_first_segment(self.final, self.header_frame)

@@ -152,7 +152,8 @@ class WalFile:
         """A new, empty WAL file whose directory entry is durable before anything is written to it
         (an fdatasync of the file does not make its name durable)."""
         path = directory / wal_name(generation)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+        # Read and write: a checkpoint reads packed records back from it (decision 0010 step 2).
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
         try:
             fsync_dir(directory)
         except BaseException:
@@ -322,7 +323,7 @@ def _next_entry(data: bytes, at: int, generation: int) -> int:
         at += 1
 
 
-def replay(root: Path, *, sync: bool) -> ReplayReport:
+def replay(root: Path, *, sync: bool, headers: bool = False) -> ReplayReport:
     """Put every WAL entry's bytes back into its segment file, sync what was written, remove the WAL
     files (see the module docstring). Blocking; runs before any stream is recovered.
 
@@ -390,7 +391,7 @@ def replay(root: Path, *, sync: bool) -> ReplayReport:
     from durastream_server.storage.packs import Settled, settle
 
     packed = Settled()
-    settle(root, scans, sync=sync, out=packed)
+    settle(root, scans, sync=sync, out=packed, headers=headers)
     for generation in found:
         os.unlink(directory / wal_name(generation))
     if found and sync:

@@ -100,3 +100,21 @@ def crash_copy(root: Path, into: Path) -> Path:
     shutil.copytree(root, into, ignore=lambda d, names: names if Path(d).name == "trash" else ())
     assert list((into / "wal").glob("*.wal")), "the WAL was checkpointed before the copy"
     return into
+
+
+async def checkpoint(dd: DataDir) -> None:
+    """Rotate the WAL and wait for the checkpoint of the file it retired. First waits for the round
+    and the checkpoint in flight (a size-triggered one), as the server does: it never rotates while a
+    checkpoint runs (``Committer._checkpoint_due``, ``_idle_checkpoint``)."""
+    committer_ = dd._committer
+    while committer_._task is not None or committer_._checkpoint is not None:
+        if committer_._task is not None:
+            await asyncio.shield(committer_._task)
+        if committer_._checkpoint is not None:
+            await asyncio.shield(committer_._checkpoint)
+    committer_._rotate = True
+    committer_._start()
+    while committer_._task is not None:
+        await asyncio.shield(committer_._task)
+    if committer_._checkpoint is not None:
+        await asyncio.shield(committer_._checkpoint)

@@ -462,11 +462,15 @@ def test_restarts_serve_the_same_bytes(tmp_path: Path, caplog: pytest.LogCapture
     assert seen[0][1] > 0
 
 
-def test_an_append_promotes_an_adopted_packed_stream_with_its_records(tmp_path: Path) -> None:
-    """The first write to a packed stream with records found at start-up promotes it with its whole
-    virtual segment 0 (the CREATE entry and the directory's segment 0 hold its records, then the
-    write's): reads answer as the directory twin's after the same append, in this process and after
-    a power loss (the data directory copied with the WAL live) and a restart."""
+def test_an_append_promotes_an_adopted_packed_stream_with_its_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that promotes a packed stream with records found at start-up (here every write: the
+    packed threshold is 0) promotes it with its whole virtual segment 0 (the CREATE entry and the
+    directory's segment 0 hold its records, then the write's): reads answer as the directory twin's
+    after the same append, in this process and after a power loss (the data directory copied with
+    the WAL live) and a restart."""
+    monkeypatch.setattr("durastream_server.storage.log.PACKED_APPEND_BYTES", 0)
     directory, packed, log_id = _twins(tmp_path)
 
     async def go() -> None:

@@ -17,7 +17,7 @@ from durastream_server.storage import DataDir, Durability, codec, committer, pac
 from durastream_server.storage import promotion as promotion_module
 from durastream_server.storage.segments import segment_name
 
-from ._util import append, config, crash_copy, header, open_dd, read_all, run
+from ._util import append, checkpoint, config, crash_copy, header, open_dd, read_all, run
 
 
 @pytest.fixture(autouse=True)
@@ -26,22 +26,7 @@ def _no_idle_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(committer, "CHECKPOINT_IDLE_SECONDS", 3600.0)
 
 
-async def _checkpoint(dd: DataDir) -> None:
-    """Rotate the WAL and wait for the checkpoint of the file it retired. First waits for the round
-    and the checkpoint in flight (a size-triggered one), as the server does: it never rotates while a
-    checkpoint runs (``Committer._checkpoint_due``, ``_idle_checkpoint``)."""
-    committer_ = dd._committer
-    while committer_._task is not None or committer_._checkpoint is not None:
-        if committer_._task is not None:
-            await asyncio.shield(committer_._task)
-        if committer_._checkpoint is not None:
-            await asyncio.shield(committer_._checkpoint)
-    committer_._rotate = True
-    committer_._start()
-    while committer_._task is not None:
-        await asyncio.shield(committer_._task)
-    if committer_._checkpoint is not None:
-        await asyncio.shield(committer_._checkpoint)
+_checkpoint = checkpoint
 
 
 def _packs(root: Path) -> list[str]:
