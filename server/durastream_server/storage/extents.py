@@ -29,6 +29,7 @@ from durastream_server.storage.wal import FIXED_SIZE, HEAD_SIZE, WalEntry
 IN_WAL = 0
 IN_PACK = 1
 _FIELDS = 4  # file key (generation * 2 + where), file offset, length, logical position
+_EXACT_UP_TO = 16  # extents kept in an exact-size buffer (``Extents.add``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +83,11 @@ class Extents:
             a[-2] += length
             return
         a.extend((key, offset, length, position))
-        # array over-allocates as it grows: keep an idle stream's buffer exact.
-        if len(a) > _FIELDS:
+        # array over-allocates as it grows (by up to 7 items past 8, a ~60% excess for the handful of
+        # extents an idle stream keeps): keep a small buffer exact. Not a large one: a hot stream adds
+        # an extent per round until the checkpoint coalesces them, and copying each time would be
+        # quadratic, while past _EXACT_UP_TO extents the excess is a few percent.
+        if _FIELDS < len(a) <= _EXACT_UP_TO * _FIELDS:
             self._a = array("q", a)
 
     def rows(self) -> tuple[int, ...]:

@@ -168,3 +168,27 @@ def test_a_packed_streams_header_entry_is_its_first_extent() -> None:
     extents = Extents()
     extents.add(IN_WAL, 0, records_offsets([_entry(0, frame)])[0], len(frame), 0)
     assert extents.start == 0 and extents.end == len(frame)
+
+
+def test_a_hot_stream_keeps_one_growing_buffer_and_an_idle_one_an_exact_one() -> None:
+    """A stream appended to in every round gets an extent per round until the checkpoint coalesces
+    them: past a few extents ``add`` no longer copies the array each time (that was quadratic), and
+    the buffer stays within a few percent of its rows; a handful of extents stay exact."""
+    small = Extents()
+    for i in range(5):
+        small.add(IN_WAL, 1, i * 100, 10, i * 10)
+    assert small.nbytes == Extents().nbytes + 5 * 4 * 8  # exact: no spare room
+
+    hot = Extents()
+    copies = 0
+    for i in range(3000):
+        before = hot._a
+        hot.add(IN_WAL, 1, i * 100, 10, i * 10)  # never adjacent: a new row per round
+        copies += hot._a is not before
+    assert len(hot) == 3000
+    assert copies <= 16  # copied only while small
+    assert hot.nbytes <= 1.1 * (Extents().nbytes + 3000 * 4 * 8)
+    assert hot.pieces(29_985, 29_995) == [
+        Piece(IN_WAL, 1, 299_805, 5, 29_985),
+        Piece(IN_WAL, 1, 299_900, 5, 29_990),
+    ]
