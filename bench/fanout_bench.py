@@ -34,6 +34,8 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import shlex
 import sys
 import tempfile
 import time
@@ -50,7 +52,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import charts  # noqa: E402
 from listing_bench import server_cpu_seconds  # noqa: E402
 
-from durastream_server.engine.api import CreateRequest  # noqa: E402
+from durastream_server.engine.api import AppendRequest, CreateRequest  # noqa: E402
 from durastream_server.engine.engine import Engine  # noqa: E402
 from durastream_server.storage import DataDir, Durability, StorageConfig  # noqa: E402
 from durastream_spark.compat import ReadAllAvailable  # noqa: E402
@@ -83,15 +85,26 @@ def array(first: int, count: int) -> bytes:
     return b"[" + b",".join(document(i) for i in range(first, first + count)) + b"]"
 
 
-async def populate(root: Path, streams: int, small: int, per_stream: int) -> None:
-    """The streams of every part, created with their content through the engine, 64 at a time."""
-    data = await DataDir.open(StorageConfig(root=root, durability=Durability.NONE))
+async def populate(
+    root: Path, streams: int, small: int, per_stream: int, packed: bool = False
+) -> None:
+    """The streams of every part, created with their content through the engine, 64 at a time.
+
+    ``packed`` (decision 0010 step 2): the ``--small`` streams are created empty and given their
+    messages by one append each, fsync durability and ``packed_appends``, so they stay packed (no
+    directory): what a server with ``--packed-appends`` makes of them; a create with a body or
+    ``--durability none`` makes a directory.
+    """
+    durability = Durability.FSYNC if packed else Durability.NONE
+    config = StorageConfig(root=root, durability=durability, packed_appends=packed)
+    data = await DataDir.open(config)
     engine = Engine(data, sweep_interval=0)
     await engine.start()
     json_type = "application/json"
     try:
         wanted = [(fan_path(n), array(n, 1)) for n in range(streams)]
-        wanted += [(small_path(n), array(n * per_stream, per_stream)) for n in range(small)]
+        smalls = [(small_path(n), array(n * per_stream, per_stream)) for n in range(small)]
+        wanted += [] if packed else smalls
         wanted.append(("one/all", array(0, small * per_stream)))
         for first in range(0, len(wanted), 64):
             await asyncio.gather(
@@ -100,6 +113,13 @@ async def populate(root: Path, streams: int, small: int, per_stream: int) -> Non
                     for path, body in wanted[first : first + 64]
                 )
             )
+
+        async def create_then_append(path: str, body: bytes) -> None:
+            await engine.create(CreateRequest(path=path, content_type=json_type))
+            await engine.append(AppendRequest(path=path, content_type=json_type, body=body))
+
+        for first in range(0, len(smalls) if packed else 0, 64):
+            await asyncio.gather(*(create_then_append(*one) for one in smalls[first : first + 64]))
     finally:
         await engine.close()
         await data.close()
@@ -343,6 +363,31 @@ def spark_part(
     return found
 
 
+def layout(data_dir: Path) -> str:
+    """Where the streams are: directories under ``streams/`` (a packed stream has none), packs."""
+    streams = data_dir / "streams"
+    dirs = sum(1 for p in streams.rglob("*") if p.is_dir()) if streams.exists() else 0
+    packs = len(list((data_dir / "packs").glob("*"))) if (data_dir / "packs").exists() else 0
+    return f"{dirs} directories under streams/, {packs} files in packs/"
+
+
+def spot_check(url: str, small: int, per_stream: int, sample: int = 50) -> None:
+    """``sample`` of the ``--small`` streams read back whole over HTTP: their messages, in order."""
+    client = StreamClient(ConnectionOptions.parse({"url": url}))
+    for n in random.sample(range(small), min(sample, small)):
+        got = client.read(small_path(n), "-1").body  # ~1 KiB: one chunk
+        want = [json.loads(document(i)) for i in range(n * per_stream, (n + 1) * per_stream)]
+        assert json.loads(got) == want, f"{small_path(n)}: {got[:200]!r}"
+
+
+def log_problems(server: ServerProcess) -> list[str]:
+    """The server log's warning, error and traceback lines."""
+    text = Path(server.log_path).read_text(errors="replace")
+    return [
+        line for line in text.splitlines() if any(w in line for w in ("WARNING", "ERROR", "Trace"))
+    ]
+
+
 @contextmanager
 def server_checkout(src: str | None) -> Iterator[None]:
     """A server process started inside runs the ``server/`` of checkout ``src`` (None: this tree)."""
@@ -382,41 +427,66 @@ def main() -> None:
         default=["-"],
         help="server checkouts to run the parts against, one after the other (- is this tree)",
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        help="extra server arguments, one pass of the parts per --variant in the order given (repeat "
+        "one to alternate: --variant '' --variant=--packed-appends --variant=--packed-appends "
+        "--variant ''); each distinct variant has its own data directory; with --packed-appends the "
+        "--small streams are made packed (create, then one append, fsync)",
+    )
     args = parser.parse_args()
+    args.variant = args.variant or [""]
     parts = set(args.parts.split(","))
 
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="fanout-bench-"))
-    data_dir = root / "data"
-    if not (data_dir / "streams").exists():
-        started = time.perf_counter()
-        asyncio.run(populate(data_dir, args.streams, args.small, args.per_stream))
-        print(f"created the streams via the engine in {time.perf_counter() - started:.0f} s")
+    distinct = list(dict.fromkeys(args.variant))
+    data_dirs = {v: root / f"data{i or ''}" for i, v in enumerate(distinct)}
+    for variant, data_dir in data_dirs.items():
+        if not (data_dir / "streams").exists():
+            started = time.perf_counter()
+            packed = "--packed-appends" in shlex.split(variant)
+            asyncio.run(populate(data_dir, args.streams, args.small, args.per_stream, packed))
+            print(f"created the streams via the engine in {time.perf_counter() - started:.0f} s")
+        if variant:
+            print(f"{variant}: {layout(data_dir)}")
     server_process.STARTUP_TIMEOUT_SECONDS = 900.0
     planned = idled = sparked = None
     for src in args.server_src:
-        server = ServerProcess(data_dir, extra_args=("--durability", "none"))
-        with server_checkout(None if src == "-" else src):
-            server.start()
-        url = server.base_url + "/v1/stream"
-        print(f"\n# server: {src if src != '-' else 'this tree'}; load before: {os.getloadavg()}")
-        try:
-            if "planning" in parts:
-                planned = planning(url, args.streams, args.changed, server.pid)
-            if "idle" in parts:
-                idled = idle(url, args.idle_streams, args.idle_seconds, server.pid)
-            if "reader" in parts:
-                reader_part(url, args.small, args.repeats, server.pid)
-            if "spark" in parts:
-                sparked = spark_part(url, args.small, args.per_stream, args.repeats, server.pid)
-        finally:
-            server.stop()
-        print(f"\nload after: {os.getloadavg()}")
+        for variant in args.variant:
+            data_dir = data_dirs[variant]
+            extra = ("--durability", "none", *shlex.split(variant))
+            server = ServerProcess(data_dir, extra_args=extra)
+            with server_checkout(None if src == "-" else src):
+                server.start()
+            url = server.base_url + "/v1/stream"
+            name = f"{src if src != '-' else 'this tree'} {variant}".strip()
+            print(f"\n# server: {name}; load before: {os.getloadavg()}")
+            try:
+                if "spark" in parts and variant:
+                    spot_check(url, args.small, args.per_stream)
+                if "planning" in parts:
+                    planned = planning(url, args.streams, args.changed, server.pid)
+                if "idle" in parts:
+                    idled = idle(url, args.idle_streams, args.idle_seconds, server.pid)
+                if "reader" in parts:
+                    reader_part(url, args.small, args.repeats, server.pid)
+                if "spark" in parts:
+                    sparked = spark_part(url, args.small, args.per_stream, args.repeats, server.pid)
+            finally:
+                server.stop()
+            if variant:
+                print(f"{variant}: after the run, {layout(data_dir)}")
+            for line in log_problems(server):
+                print(f"{name} server log: {line}")
+            print(f"\nload after: {os.getloadavg()}")
     full = not [
         a
         for a in vars(args)
-        if a not in ("dir", "parts", "server_src") and getattr(args, a) != parser.get_default(a)
+        if a not in ("dir", "parts", "server_src", "variant")
+        and getattr(args, a) != parser.get_default(a)
     ]
-    if planned and idled and sparked:
+    if planned and idled and sparked and args.variant == [""]:
         charts.record("fanout", figures(args, planned, idled, sparked), full=full)
 
 

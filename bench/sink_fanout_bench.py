@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -161,6 +162,21 @@ def check(url: str, prefix: str, streams: int, rows: int) -> None:
         assert ids == list(range(s, rows, streams)), f"{prefix}/s{s}: {len(ids)} rows"
 
 
+def report_layout(variant: str, server: object) -> None:
+    """After a variant's run: stream directories in its data dir, and its log's warnings and errors."""
+    data_dir = server.data_dir  # type: ignore[attr-defined]
+    dirs = (
+        sum(1 for _ in (data_dir / "streams").rglob("*") if _.is_dir())
+        if (data_dir / "streams").exists()
+        else 0
+    )
+    packs = len(list((data_dir / "packs").glob("*"))) if (data_dir / "packs").exists() else 0
+    print(f"{variant}: {dirs} directories under streams/, {packs} files in packs/", flush=True)
+    for line in Path(server.log_path).read_text(errors="replace").splitlines():  # type: ignore[attr-defined]
+        if "WARNING" in line or "ERROR" in line or "Traceback" in line:
+            print(f"{variant} server log: {line}", flush=True)
+
+
 def run_child(args: argparse.Namespace, url: str, pid: int, code: Path | None) -> dict:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     if code is not None:
@@ -207,7 +223,14 @@ def main() -> None:
         "--only", choices=("branch", "base"), help="run one connector (default: both, alternating)"
     )
     parser.add_argument("--replot", type=Path, help="record the chart of a saved --json run")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        help="extra server arguments, one server per --variant, the rounds alternating them "
+        "(repeatable; e.g. --variant '' --variant=--packed-appends; default: one server, no extra)",
+    )
     args = parser.parse_args()
+    args.variant = args.variant or [""]
     if args.child:
         child(args)
         return
@@ -227,23 +250,36 @@ def main() -> None:
                 check=True,
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(base_code)], input=archive, check=True)
-        server = ServerProcess(Path(tmp) / "data", extra_args=["--access-log"])
-        server.start()
-        args.access_log = server.log_path
-        url = server.base_url + "/v1/stream"
-        runs: dict[str, list[dict]] = {"branch": [], "base": []}
+        servers = {}  # one server per --variant, all up for the run; rounds alternate them
+        for number, variant in enumerate(args.variant):
+            servers[variant] = ServerProcess(
+                Path(tmp) / f"data{number or ''}",
+                extra_args=["--access-log", *shlex.split(variant)],
+            )
+            servers[variant].start()
+        runs: dict[str, list[dict]] = {}
         try:
             for round_ in range(args.rounds):
                 order = ("base", "branch") if round_ % 2 == 0 else ("branch", "base")
-                for name in order:
-                    if args.only not in (None, name):
-                        continue
-                    result = run_child(args, url, server.pid, base_code if name == "base" else None)
-                    check(url, result["prefix"], args.streams, args.rows)
-                    runs[name].append(result)
-                    print(name, json.dumps(result), flush=True)
+                variants = args.variant if round_ % 2 == 0 else args.variant[::-1]
+                for variant in variants:
+                    server = servers[variant]
+                    args.access_log = server.log_path
+                    url = server.base_url + "/v1/stream"
+                    for name in order:
+                        if args.only not in (None, name):
+                            continue
+                        code = base_code if name == "base" else None
+                        result = run_child(args, url, server.pid, code)
+                        check(url, result["prefix"], args.streams, args.rows)
+                        key = f"{name} {variant}".strip()
+                        runs.setdefault(key, []).append(result)
+                        print(key, json.dumps(result), flush=True)
         finally:
-            server.stop()
+            for variant, server in servers.items():
+                server.stop()
+                if variant:
+                    report_layout(variant, server)
     load = os.getloadavg()
     summary = {
         "rows": args.rows,
@@ -268,7 +304,7 @@ def main() -> None:
             "one_figures": results[-1]["one"][2],
             "fan_figures": results[-1]["fan"][2],
         }
-    if runs["base"] and runs["branch"]:
+    if runs.get("base") and runs.get("branch"):
         summary["fan_base_over_branch_wall"] = round(
             summary["base"]["fan_s"] / summary["branch"]["fan_s"], 2
         )
@@ -276,7 +312,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2))
     full = args.rows == 40_000 and args.streams == 2_000 and args.rounds >= 2
-    if args.only:
+    if args.only or args.variant != [""]:
         return
     charts.record("sink_fanout", figures(summary), full=full)
 
