@@ -112,6 +112,13 @@ class ServerConfig:
             raise ValueError(f"max staged bytes must be >= 1, got {self.max_staged_bytes}")
         if self.max_open_files < 1:
             raise ValueError(f"max open files must be >= 1, got {self.max_open_files}")
+        if self.packed_appends and self.durability is not Durability.FSYNC:
+            # Packed records live only in the synced write-ahead log and packs: with no WAL there is
+            # nothing to pack them into, and ignoring the flag would be a silent default.
+            raise ValueError(
+                f"--packed-appends needs --durability fsync (packed records live in the synced "
+                f"write-ahead log), got --durability {self.durability.value}: drop one of the two"
+            )
         check_unique(self.auth_tokens)
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             raise ValueError("TLS needs both a certificate and a key (--tls-cert and --tls-key)")

@@ -146,3 +146,25 @@ def test_max_open_files_must_be_positive(tmp_path: Path, capsys) -> None:
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert "--max-open-files" in error and "positive integer" in error and "'0'" in error
+
+
+def test_packed_appends_without_fsync_durability_is_refused(tmp_path: Path, capsys) -> None:
+    """``--packed-appends`` with ``--durability none`` would pack nothing (there is no write-ahead
+    log): refused, naming both options and the value, instead of silently ignored."""
+    from durastream_server.cli import main
+
+    code = main(
+        [
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--packed-appends",
+            "--durability",
+            "none",
+            "--port",
+            "0",
+        ]
+    )
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "--packed-appends" in error and "--durability fsync" in error and "none" in error
+    assert not (tmp_path / "d").exists()  # refused before anything was made
