@@ -33,7 +33,7 @@ from pathlib import Path
 
 from durastream_server.storage import codec
 from durastream_server.storage.extents import IN_PACK, Extents
-from durastream_server.storage.files import FdCache, Handle, pread_exact
+from durastream_server.storage.files import FdCache, Handle
 from durastream_server.storage.segments import READ_BLOCK, Window
 
 _PACK_TAG = "pack"
@@ -76,23 +76,6 @@ class PackFiles:
         """After the extents point at where the bytes are now (or the move failed and nothing moved
         that extents name)."""
         self.done = self.begun
-
-    def unmoved(self, where: int, generation: int, stamp: int) -> bool:
-        """No move of the file began after a view with ``stamp`` was planned or was in flight then."""
-        return self._touched.get((where, generation), 0) <= stamp
-
-    def read_virtual(self, cache: FdCache, extents: Extents) -> bytes:
-        """A packed stream's virtual segment 0 (header record and records), for its promotion's
-        CREATE entry (at most the packed threshold: read on the loop). Raises ``Replan`` during a
-        move, OSError."""
-        out = bytearray()
-        for piece in extents.pieces(extents.start, extents.end):
-            handle = self.acquire(cache, piece.where, piece.generation, self.done)
-            try:
-                out += pread_exact(handle.fd, piece.length, piece.offset)
-            finally:
-                cache.release(handle)
-        return bytes(out)
 
     def path(self, where: int, generation: int) -> str:
         path = self._paths.get((where, generation))
