@@ -19,6 +19,8 @@ MAX_POSITION: Final = 10**16 - 1
 
 _OFFSET_RE: Final = re.compile(r"\A0{16}_(\d{16})\Z")
 
+_ZERO_GENERATION: Final = "0" * 16 + "_"
+
 Sentinel = Literal["-1", "now"]
 
 
@@ -35,6 +37,10 @@ def format_offset(position: int) -> str:
 
 def parse_position(text: str) -> int:
     """Parse a canonical offset token (not a sentinel) into a logical position."""
+    # What the pattern accepts, in C-level string methods: a multi-range read parses two tokens a
+    # range (``isdecimal`` is the pattern's ``\d``: Unicode decimal digits, which ``int`` reads).
+    if len(text) == 33 and text.startswith(_ZERO_GENERATION) and text[17:].isdecimal():
+        return int(text[17:])
     match = _OFFSET_RE.match(text)
     if match is None:
         raise InvalidOffset(text)

@@ -22,6 +22,7 @@ import asyncio
 import functools
 import json
 from collections.abc import Iterator
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Final
 
 from durastream_server.engine import contenttype
@@ -103,10 +104,7 @@ async def serve_reads(
     fmt = document.get("format", "frames")
     if fmt not in FORMATS:
         raise BadRequest(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    ranges = [
-        (_text(item, "path", index), _text(item, "offset", index), _text(item, "end", index))
-        for index, item in enumerate(items)
-    ]
+    ranges = _ranges(items)
     lines = fmt == "frames-lines"
     overhead = frames.PER_LINE_OVERHEAD if lines else frames.PER_MESSAGE_OVERHEAD
     budget = chunk_bytes - frames.HEADER.size - 8  # the frames header and the final boundary
@@ -126,7 +124,12 @@ async def serve_reads(
                 continue
             yield path, offset, end
 
-    results = await engine.read_range_answers(checked(), budget, overhead=overhead)
+    # Nothing to check a range for (no scoped token, no frames-lines): the ranges as they are, not
+    # a generator step each.
+    plain = request.token is None and not lines
+    results = await engine.read_range_answers(
+        ranges if plain else checked(), budget, overhead=overhead
+    )
     entries: list[str] = []
     pieces: list[MessageRun | MessageSlice] = []
     count = 0
@@ -153,6 +156,29 @@ async def serve_reads(
         [("Content-Type", CONTENT_TYPE), ("Cache-Control", responses.CACHE_NO_STORE)],
         prefix + body,
     )
+
+
+def _ranges(items: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Each item's ``(path, offset, end)``, all validated as ``_text`` validates one (its error for
+    the first bad one). 10,000 ranges are checked at once with C-level calls (~3 us a range as three
+    ``_text`` calls each)."""
+    try:
+        ranges = [(item["path"], item["offset"], item["end"]) for item in items]
+    except KeyError:
+        ranges = []
+    texts = list(chain.from_iterable(ranges))
+    if (
+        ranges
+        and set(map(type, texts)) == {str}
+        and min(map(len, texts)) > 0
+        and max(map(len, texts)) <= 4096
+        and "\x00" not in "".join(texts)
+    ):
+        return ranges
+    return [
+        (_text(item, "path", index), _text(item, "offset", index), _text(item, "end", index))
+        for index, item in enumerate(items)
+    ]
 
 
 def _error(exc: ProtocolError) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from durastream_server import errors
 from durastream_server.storage import catalog, codec
@@ -117,10 +117,10 @@ class ReadChunk:
     messages: int = 0  # messages (or pieces of byte-stream messages) in ``slices``
 
 
-@dataclass(frozen=True, slots=True)
-class DiskRead:
+class DiskRead(NamedTuple):
     """The disk part of a planned read (``StreamLog.plan_read``), for a worker thread: the segments
-    and the record to scan from, as the log held them when it was planned."""
+    and the record to scan from, as the log held them when it was planned. A tuple: a multi-range
+    read plans one a range on the loop (``segments.SegmentView``)."""
 
     segments: SegmentView | PackedView
     cache: FdCache

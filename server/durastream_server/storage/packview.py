@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from durastream_server.storage import codec
 from durastream_server.storage.extents import IN_PACK, Extents
@@ -103,12 +103,12 @@ class PackFiles:
         return handle
 
 
-@dataclass(frozen=True, slots=True)
-class PackedView:
+class PackedView(NamedTuple):
     """An immutable picture of a packed stream's pieces up to a durable ``end`` (for a worker thread):
     the counterpart of ``segments.SegmentView``. ``rows``: ``Extents.rows()``, four integers an
     extent (file key = generation * 2 + where, file offset, length, logical position), copied on the
-    loop when the read is planned (a tuple copy: planning 10,000 reads on the loop must stay cheap)."""
+    loop when the read is planned (a tuple copy: planning 10,000 reads on the loop must stay cheap).
+    A tuple itself for the same reason (``segments.SegmentView``)."""
 
     log_id: str
     rows: tuple[int, ...]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from itertools import accumulate, islice, repeat
 
 from durastream_server.storage import codec
@@ -229,6 +229,15 @@ def read_one_record(
         buf = pread_exact(handle.fd, rec_max, scan_from - shift)
     finally:
         cache.release(handle)
+    return parse_one_record(buf, scan_from, start, cap, max_bytes, overhead)
+
+
+def parse_one_record(
+    buf: bytes, scan_from: int, start: int, cap: int, max_bytes: int, overhead: int
+) -> tuple[list[MessageSlice | MessageRun], int, int] | None:
+    """``read_one_record`` of the bytes ``buf`` read at ``scan_from`` (up to the view's end): its
+    answer, or None when they are not exactly the one APPEND record of ``[start, cap)`` within
+    ``max_bytes``. Raises ``CorruptRecord`` on a checksum mismatch."""
     magic, version, kind, body_len, crc, position, ts, n, meta_len, _ = _HEAD.unpack_from(buf)
     rec_len = FRAME_SIZE + body_len
     payload_len = body_len - APPEND_FIXED_SIZE - meta_len
@@ -238,7 +247,7 @@ def read_one_record(
         or kind != _APPEND
         or position != start
         or position + payload_len != cap
-        or rec_len > rec_max
+        or rec_len > len(buf)
         or n < 1
         or payload_len + n * overhead > max(1, max_bytes)
     ):
@@ -250,6 +259,94 @@ def read_one_record(
     if min(lengths) == 0:
         return None
     return [MessageRun(start, buf[payload_at:rec_len], lengths, ts)], cap, n
+
+
+def preread_records(
+    reads: Sequence[tuple[ReadView, int]], cache: FdCache, *, evict: bool = False
+) -> list[bytes | None]:
+    """The bytes ``read_one_record`` would read for each ``(view, scan_from)`` (the view's last
+    record, up to its end), read together: a batch of many small reads (a multi-range read).
+
+    Reads are grouped by file, so a file is acquired once for all of its records (a pack holding
+    thousands of packed streams: one ``acquire``, not one a stream), sorted by offset, and records
+    that lie side by side in a file (packed streams do) are read with one ``pread`` of up to
+    ``COALESCE_SPAN``. None for a read that is not one record's worth of its last piece or whose
+    file could not be read (gone, moved since planned: ``Replan``, short): ``read_one_record`` /
+    ``read_range`` then read it alone and raise the error a single read gets."""
+    out: list[bytes | None] = [None] * len(reads)
+    by_file: dict[Hashable, list[tuple[int, int, int]]] = {}  # file: (file offset, length, index)
+    views: dict[Hashable, tuple[ReadView, int]] = {}  # file: a view naming it, its extent row
+    for index, (segs, scan_from) in enumerate(reads):
+        rec_max = segs.end - scan_from
+        if not _HEAD_SIZE <= rec_max <= READ_BLOCK:
+            continue
+        if type(segs) is SegmentView:
+            shift = segs.bases[-1]
+            if scan_from < shift:
+                continue
+            key: Hashable = (segs.log_id, shift)
+            row = -1
+        else:
+            if not segs.rows:
+                continue
+            row, shift, _ = segs.locate(segs.end - 1)
+            if scan_from < segs.rows[row + 3]:
+                continue
+            key = (segs.files, segs.rows[row], segs.stamp)
+        found = by_file.get(key)
+        if found is None:
+            by_file[key] = found = []
+            views[key] = (segs, row)
+        found.append((scan_from - shift, rec_max, index))
+    for key, items in by_file.items():
+        segs, row = views[key]
+        try:
+            if type(segs) is SegmentView:
+                base = segs.bases[-1]
+                handle = cache.acquire(key, segs.path(base), evict=evict)
+            else:
+                file = segs.rows[row]
+                handle = segs.files.acquire(cache, file & 1, file >> 1, segs.stamp)
+        except Exception:  # noqa: BLE001 - read alone, the single read raises the right error
+            continue
+        try:
+            _pread_coalesced(handle.fd, items, out)
+        except OSError:
+            pass  # a short read: each of them read alone gives its error
+        finally:
+            cache.release(handle)
+    return out
+
+
+COALESCE_SPAN = 1024 * 1024  # at most this many bytes in one pread of side-by-side records
+COALESCE_GAP = 4096  # records at most this far apart are read in one pread (the gap is read too)
+
+
+def _pread_coalesced(fd: int, items: list[tuple[int, int, int]], out: list[bytes | None]) -> None:
+    """``out[index]`` = the ``length`` bytes at ``offset`` of ``fd`` for each item, neighbours in
+    one ``pread``."""
+    items.sort()
+    count = len(items)
+    j = 0
+    while j < count:
+        first, length, index = items[j]
+        stop = first + length
+        k = j + 1
+        while k < count:
+            offset, length, _ = items[k]
+            if offset > stop + COALESCE_GAP or offset + length - first > COALESCE_SPAN:
+                break
+            if offset + length > stop:
+                stop = offset + length
+            k += 1
+        buf = pread_exact(fd, stop - first, first)
+        if k == j + 1:
+            out[index] = buf
+        else:
+            for offset, length, index in items[j:k]:
+                at = offset - first
+                out[index] = buf[at : at + length]
+        j = k
 
 
 def _byte_span(

@@ -18,7 +18,7 @@ import sys
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from durastream_server.storage import codec
 from durastream_server.storage.codec import APPEND_FIXED, APPEND_FIXED_SIZE, FRAME, FRAME_SIZE
@@ -82,9 +82,10 @@ class SegmentTable:
         return SegmentView(self._root, self.log_id, self.bases, end)
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentView:
-    """An immutable picture of a log's segments up to a durable ``end`` (for a worker thread)."""
+class SegmentView(NamedTuple):
+    """An immutable picture of a log's segments up to a durable ``end`` (for a worker thread). A
+    tuple: a multi-range read plans one a range on the loop, and a frozen dataclass sets each field
+    through ``object.__setattr__`` in Python (~0.6 us more a view)."""
 
     root: str  # the data directory's ``streams/``: the log's directory is ``root/log_id``
     log_id: str
