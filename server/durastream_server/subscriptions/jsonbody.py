@@ -58,7 +58,8 @@ def loads(data: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
 
 def _deeper(value: Any, limit: int, containers: int | None = None) -> bool:
     """Whether the parsed ``value`` nests more than ``limit`` arrays/objects inside each other.
-    ``containers``: at least how many arrays/objects ``value`` holds in all (its text's openers).
+    ``containers``: an upper bound of the arrays/objects ``value`` holds in all (its text's openers,
+    which also counts brackets inside strings); the early stop below is sound only for a bound.
 
     A level at a time, each step a C-level pass over the whole level (``map``, ``compress``,
     ``chain``): a multi-range read's 2,000 range objects are one level, and a Python step per
