@@ -383,3 +383,35 @@ def test_sigkill_before_and_after_the_checkpoint_keeps_every_acknowledged_packed
     )
     assert retry.status_code == 204, retry.text  # a duplicate: not written again
     assert len(_read_all_messages(server.stream_url(name))) == last + 1
+
+
+def test_a_stream_crossing_the_packed_threshold_is_promoted_and_reads_back_across_a_sigkill(
+    server_factory,
+) -> None:
+    """``--packed-threshold`` (here 4 KiB): a packed stream whose records would pass it is promoted to
+    a directory of its own, with its packed records (some carried into a pack by a checkpoint, some
+    in the live WAL file); one that stays below it keeps none. Its messages read back the same
+    before and after a SIGKILL and restart, and it keeps taking appends (now into its directory)."""
+    server = server_factory(extra_args=("--packed-appends", "--packed-threshold", "4k"))
+    _put(server, "grow")
+    _put(server, "small")
+    body = '{"pad":"' + "x" * 200 + '","n":%d}'
+    for seq in range(8):  # ~1.8 KiB: stays packed
+        _post(server, "grow", body % seq)
+    _post(server, "small", body % 0)
+    _checkpointed(server)  # those records are in a pack now
+    assert not _directories(server)
+    for seq in range(8, 24):  # passes 4 KiB on the way: promoted
+        _post(server, "grow", body % seq)
+    assert len(_directories(server)) == 1, "the growing stream was not promoted"
+    grown = _read_all_messages(server.stream_url("grow"))
+    assert [m["n"] for m in grown] == list(range(24))
+    small = _read_all_messages(server.stream_url("small"))
+    server.kill()
+    server.restart()
+    assert server.health()["quarantined"] == []
+    assert _read_all_messages(server.stream_url("grow")) == grown
+    assert _read_all_messages(server.stream_url("small")) == small
+    assert len(_directories(server)) == 1  # the small one is still packed
+    _post(server, "grow", body % 24)
+    assert [m["n"] for m in _read_all_messages(server.stream_url("grow"))] == list(range(25))

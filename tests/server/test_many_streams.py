@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from durastream_server.sizes import parse_byte_size
 from durastream_server.storage.datadir import _RECOVERY_BATCH
 from durastream_server.storage.recovery import Quarantine, Recovered, recover_batch
 from tests.support.http import poll_until
@@ -146,6 +147,32 @@ def test_max_open_files_must_be_positive(tmp_path: Path, capsys) -> None:
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert "--max-open-files" in error and "positive integer" in error and "'0'" in error
+
+
+@pytest.mark.parametrize("value", ["67108865", "128m"])
+def test_a_packed_threshold_beyond_the_segment_size_is_refused(
+    tmp_path: Path, capsys, value: str
+) -> None:
+    """``--packed-threshold`` goes from 0 to the segment size (64 MiB): beyond it refused, naming the
+    option, the value and the range, before anything is made."""
+    from durastream_server.cli import main
+
+    code = main(["--data-dir", str(tmp_path / "d"), "--packed-threshold", value, "--port", "0"])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "--packed-threshold" in error and "0..67108864" in error
+    assert str(parse_byte_size(value)) in error
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_packed_threshold_that_is_not_a_size_is_refused(tmp_path: Path, capsys) -> None:
+    from durastream_server.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--data-dir", str(tmp_path / "d"), "--packed-threshold", "-1"])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert "--packed-threshold" in error and "'-1'" in error
 
 
 def test_packed_appends_without_fsync_durability_is_refused(tmp_path: Path, capsys) -> None:

@@ -4,7 +4,7 @@ storage layer, real files: a packed stream's small appends go into the round's W
 checkpoint carries them into a pack and relocates the extents, a start-up's ``packs.settle`` finds the
 same bytes and ``recovery.recover_packed`` folds the same state and dedup state; a power loss with the
 WAL live before and after the carry, and the crash between a pack's rename and its WAL file's removal,
-lose nothing and read nothing twice; a batch that would pass ``PACKED_APPEND_BYTES`` promotes the stream
+lose nothing and read nothing twice; a batch that would pass ``StorageConfig.packed_threshold`` promotes the stream
 with its packed records (its CREATE entry carries them), also across a crash after that round's sync.
 
 Reads through extents and start-up adoption of such streams are pieces 2 and 5 (another branch): the
@@ -206,14 +206,12 @@ def _reopen_promoted(root: Path, log_id: str, messages: list[bytes], last_seq: i
 
 
 def test_a_batch_past_the_threshold_promotes_the_stream_with_its_packed_records(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(committer, "PACKED_APPEND_BYTES", 4096)
-    monkeypatch.setattr("durastream_server.storage.log.PACKED_APPEND_BYTES", 4096)
     root = tmp_path / "live"
 
     async def go() -> tuple[str, list[bytes]]:
-        dd = await open_dd(root, packed_appends=True)
+        dd = await open_dd(root, packed_appends=True, packed_threshold=4096)
         log = await dd.create_stream(header("/p"), None)
         await _producer_appends(log, 3)
         await _checkpoint(dd)  # some records in a pack
@@ -245,8 +243,6 @@ def test_a_crash_after_the_promoting_rounds_sync_replays_the_packed_records_too(
     """Before the sync the stream is packed and whole (the power-loss tests above); after it, its
     directory is not made yet (copied then): the replay makes it from the CREATE entry, which
     carries the header and the packed records, and puts the new record after them."""
-    monkeypatch.setattr(committer, "PACKED_APPEND_BYTES", 4096)
-    monkeypatch.setattr("durastream_server.storage.log.PACKED_APPEND_BYTES", 4096)
     root, copy = tmp_path / "live", tmp_path / "crashed"
     make = promotion_module.Promotion.make
 
@@ -258,7 +254,7 @@ def test_a_crash_after_the_promoting_rounds_sync_replays_the_packed_records_too(
     monkeypatch.setattr(promotion_module.Promotion, "make", copy_then_make)
 
     async def go() -> tuple[str, list[bytes]]:
-        dd = await open_dd(root, packed_appends=True)
+        dd = await open_dd(root, packed_appends=True, packed_threshold=4096)
         log = await dd.create_stream(header("/p"), None)
         await _producer_appends(log, 3)
         await _checkpoint(dd)
