@@ -282,12 +282,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--packed-appends",
-        action="store_true",
-        help="experimental (docs/decisions/0010-packed-small-streams.md, step 2): with fsync "
-        "durability, a stream created empty keeps its small appends in the write-ahead log and "
-        "shared pack files, without a directory of its own, until it passes --packed-threshold (then, or on "
-        "a fork or staged commit, it gets one). Marks the data directory (FEATURES): servers "
-        "older than that marker must not open it again (default: off)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="(docs/decisions/0010-packed-small-streams.md) a stream created empty keeps its small "
+        "appends in the write-ahead log and shared pack files, without a directory of its own, "
+        "until it passes --packed-threshold (then, or on a fork or staged commit, it gets one). "
+        "Marks the data directory (FEATURES): servers older than that marker must not open it "
+        "again. Needs --durability fsync; --no-packed-appends: a directory per stream from its "
+        "first append (default: on with --durability fsync, off with none)",
     )
     producers = parser.add_argument_group(
         "producer state",

@@ -73,8 +73,10 @@ class ServerConfig:
     access_log: bool = False  # one INFO line per answered request (http/access.py)
     max_staged_bytes: int = DEFAULT_MAX_STAGED_BYTES
     max_open_files: int = DEFAULT_MAX_OPEN_FILES
-    # Decision 0010 step 2: small appends of packed streams as packed records (off by default).
-    packed_appends: bool = False
+    # Decision 0010 step 2: small appends of packed streams as packed records. None (not given): on
+    # with fsync durability, off with none (there is no write-ahead log to pack into); __post_init__
+    # resolves it to a bool. True with --durability none is refused.
+    packed_appends: bool | None = None
     packed_threshold: int = DEFAULT_PACKED_THRESHOLD
     # Exposure (docs/security.md). No tokens: no authentication. No CORS origins: loopback origins only.
     auth_tokens: tuple[AuthToken, ...] = ()
@@ -120,7 +122,9 @@ class ServerConfig:
             raise ValueError(f"max staged bytes must be >= 1, got {self.max_staged_bytes}")
         if self.max_open_files < 1:
             raise ValueError(f"max open files must be >= 1, got {self.max_open_files}")
-        if self.packed_appends and self.durability is not Durability.FSYNC:
+        if self.packed_appends is None:
+            object.__setattr__(self, "packed_appends", self.durability is Durability.FSYNC)
+        elif self.packed_appends and self.durability is not Durability.FSYNC:
             # Packed records live only in the synced write-ahead log and packs: with no WAL there is
             # nothing to pack them into, and ignoring the flag would be a silent default.
             raise ValueError(
