@@ -216,7 +216,7 @@ def main() -> None:
         "--variant",
         action="append",
         help="extra server arguments, one run of each server per --variant (repeatable; e.g. "
-        "--variant '' --variant=--packed-appends)",
+        "--variant '' --variant=--no-packed-appends; packed appends are the default)",
     )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()

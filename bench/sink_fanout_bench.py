@@ -227,7 +227,7 @@ def main() -> None:
         "--variant",
         action="append",
         help="extra server arguments, one server per --variant, the rounds alternating them "
-        "(repeatable; e.g. --variant '' --variant=--packed-appends; default: one server, no extra)",
+        "(repeatable; e.g. --variant '' --variant=--no-packed-appends, packed appends being the default; default: one server, no extra)",
     )
     args = parser.parse_args()
     args.variant = args.variant or [""]

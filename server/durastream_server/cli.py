@@ -45,9 +45,11 @@ from durastream_server.config import (
     DEFAULT_MAX_OPEN_FILES,
     DEFAULT_MAX_STAGED_BYTES,
     DEFAULT_MIN_BODY_BYTES_PER_SECOND,
+    DEFAULT_PACKED_THRESHOLD,
     DEFAULT_PORT,
     DEFAULT_SHUTDOWN_GRACE_SECONDS,
     DEFAULT_SSE_RECONNECT_SECONDS,
+    MAX_PACKED_THRESHOLD,
     WEBHOOK_LOCALHOST_CHOICES,
     ServerConfig,
     normalize_public_url,
@@ -147,6 +149,14 @@ def _byte_size(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive byte size, got {text!r}")
     return value
+
+
+def _non_negative_byte_size(text: str) -> int:
+    """A byte size that may be 0 (``--packed-threshold``; its upper bound is checked by ``ServerConfig``)."""
+    try:
+        return parse_byte_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _min_header_bytes(text: str) -> int:
@@ -262,13 +272,24 @@ def build_parser() -> argparse.ArgumentParser:
         f"number of streams (default: {DEFAULT_MAX_OPEN_FILES})",
     )
     parser.add_argument(
+        "--packed-threshold",
+        type=_non_negative_byte_size,
+        default=DEFAULT_PACKED_THRESHOLD,
+        metavar="BYTES",
+        help="with packed appends, a packed stream whose records would pass this size is promoted "
+        f"to a directory of its own; 0 to {format_byte_size(MAX_PACKED_THRESHOLD)} (the segment "
+        f"size; 0: at its first append) (default: {format_byte_size(DEFAULT_PACKED_THRESHOLD)})",
+    )
+    parser.add_argument(
         "--packed-appends",
-        action="store_true",
-        help="experimental (docs/decisions/0010-packed-small-streams.md, step 2): with fsync "
-        "durability, a stream created empty keeps its small appends in the write-ahead log and "
-        "shared pack files, without a directory of its own, until it passes 256 KiB (then, or on "
-        "a fork or staged commit, it gets one). Marks the data directory (FEATURES): servers "
-        "older than that marker must not open it again (default: off)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="(docs/decisions/0010-packed-small-streams.md) a stream created empty keeps its small "
+        "appends in the write-ahead log and shared pack files, without a directory of its own, "
+        "until it passes --packed-threshold (then, or on a fork or staged commit, it gets one). "
+        "Marks the data directory (FEATURES): servers older than that marker must not open it "
+        "again. Needs --durability fsync; --no-packed-appends: a directory per stream from its "
+        "first append (default: on with --durability fsync, off with none)",
     )
     producers = parser.add_argument_group(
         "producer state",
@@ -459,6 +480,7 @@ def config_from_args(
         max_staged_bytes=args.max_staged_bytes,
         max_open_files=args.max_open_files,
         packed_appends=args.packed_appends,
+        packed_threshold=args.packed_threshold,
         auth_tokens=auth_tokens,
         cors_origins=tuple(args.cors_origin),
         tls_certfile=args.tls_cert,

@@ -13,7 +13,9 @@ from urllib.parse import urlsplit, urlunsplit
 from durastream_server.auth import AuthToken, check_unique
 from durastream_server.engine.jsonmode import DEFAULT_MAX_MESSAGES
 from durastream_server.engine.producer_sweep import ProducerPolicy
-from durastream_server.storage.datadir import Durability
+from durastream_server.sizes import format_byte_size
+from durastream_server.storage.committer import PACKED_APPEND_BYTES
+from durastream_server.storage.datadir import DEFAULT_SEGMENT_BYTES, Durability
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 4437  # section 13.1: the protocol's registered default port
@@ -42,6 +44,11 @@ DEFAULT_BODY_TIMEOUT_SECONDS = 30.0  # longest silence while a request body is s
 # 128 kbit/s link, so only a client trickling a body on purpose is cut off. A 64 MiB body may take 68 min.
 DEFAULT_MIN_BODY_BYTES_PER_SECOND = 16 * 1024
 WEBHOOK_LOCALHOST_CHOICES = ("auto", "allow", "deny")
+# --packed-threshold: a packed stream is promoted to its own directory once its records would pass
+# this many bytes (decision 0010). At most a segment: a packed stream's virtual segment 0 never rolls,
+# and its promotion copies it whole into one write-ahead-log entry.
+DEFAULT_PACKED_THRESHOLD = PACKED_APPEND_BYTES
+MAX_PACKED_THRESHOLD = DEFAULT_SEGMENT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +73,11 @@ class ServerConfig:
     access_log: bool = False  # one INFO line per answered request (http/access.py)
     max_staged_bytes: int = DEFAULT_MAX_STAGED_BYTES
     max_open_files: int = DEFAULT_MAX_OPEN_FILES
-    # Decision 0010 step 2: small appends of packed streams as packed records (off by default).
-    packed_appends: bool = False
+    # Decision 0010 step 2: small appends of packed streams as packed records. None (not given): on
+    # with fsync durability, off with none (there is no write-ahead log to pack into); __post_init__
+    # resolves it to a bool. True with --durability none is refused.
+    packed_appends: bool | None = None
+    packed_threshold: int = DEFAULT_PACKED_THRESHOLD
     # Exposure (docs/security.md). No tokens: no authentication. No CORS origins: loopback origins only.
     auth_tokens: tuple[AuthToken, ...] = ()
     cors_origins: tuple[str, ...] = ()
@@ -112,12 +122,20 @@ class ServerConfig:
             raise ValueError(f"max staged bytes must be >= 1, got {self.max_staged_bytes}")
         if self.max_open_files < 1:
             raise ValueError(f"max open files must be >= 1, got {self.max_open_files}")
-        if self.packed_appends and self.durability is not Durability.FSYNC:
+        if self.packed_appends is None:
+            object.__setattr__(self, "packed_appends", self.durability is Durability.FSYNC)
+        elif self.packed_appends and self.durability is not Durability.FSYNC:
             # Packed records live only in the synced write-ahead log and packs: with no WAL there is
             # nothing to pack them into, and ignoring the flag would be a silent default.
             raise ValueError(
                 f"--packed-appends needs --durability fsync (packed records live in the synced "
                 f"write-ahead log), got --durability {self.durability.value}: drop one of the two"
+            )
+        if not 0 <= self.packed_threshold <= MAX_PACKED_THRESHOLD:
+            raise ValueError(
+                f"--packed-threshold must be within 0..{MAX_PACKED_THRESHOLD} bytes "
+                f"(0 .. the segment size, {format_byte_size(MAX_PACKED_THRESHOLD)}), "
+                f"got {self.packed_threshold}"
             )
         check_unique(self.auth_tokens)
         if (self.tls_certfile is None) != (self.tls_keyfile is None):

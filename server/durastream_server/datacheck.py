@@ -149,17 +149,22 @@ def _verify_log(directory: str, log_id: str, interval: int, report: StreamReport
         index = LogIndex(SparseIndex(index_interval, last_time=header.append_time_floor_ms))
         index.sparse.note(header.fork_position, header_end, 0)
         complete = _replay(segs, header_end, state, index, report)
-        report.tail, report.messages = state.tail, index.messages
-        report.closed, report.soft_deleted = state.closed, state.soft_deleted
-        report.last_stream_seq = state.last_stream_seq
-        report.producers = {
-            producer_id: {"epoch": producer.epoch, "last_seq": producer.last_seq}
-            for producer_id, producer in sorted(state.producers.items())
-        }
+        _take_state(report, state, index.messages)
         if snapshot is not None:
             _check_snapshot(segs, header, header_end, snapshot, state, index, complete, report)
     finally:
         segs.close()
+
+
+def _take_state(report: StreamReport, state: StreamState, messages: int) -> None:
+    """What a fold found, reported alike for a directory's segments and a packed stream's records."""
+    report.tail, report.messages = state.tail, messages
+    report.closed, report.soft_deleted = state.closed, state.soft_deleted
+    report.last_stream_seq = state.last_stream_seq
+    report.producers = {
+        producer_id: {"epoch": producer.epoch, "last_seq": producer.last_seq}
+        for producer_id, producer in sorted(state.producers.items())
+    }
 
 
 def _describe(report: StreamReport, header: StreamHeader) -> None:
@@ -391,9 +396,7 @@ def _fold_packed(stream: StreamReport, log_id: str, virtual: bytes) -> None:
     except recovery.Quarantine as exc:
         stream.note(DAMAGE, "packed records", exc.reason)
         return
-    stream.tail = folded.state.tail
-    stream.messages = folded.index.messages
-    stream.closed = folded.state.closed
+    _take_state(stream, folded.state, folded.index.messages)
 
 
 def _verify_subscriptions(directory: Path, report: DirectoryReport) -> None:

@@ -67,6 +67,7 @@ class Backend:
                 durability=config.durability,
                 max_open_files=config.max_open_files,
                 packed_appends=config.packed_appends,
+                packed_threshold=config.packed_threshold,
             ),
             metrics,
             lazy=True,  # streams recover after the server listens (engine/recovery.py)

@@ -88,9 +88,10 @@ def fill(server: ServerProcess) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict]]:
-    """A data directory a real server wrote and shut down cleanly (so with snapshots)."""
+    """A data directory a real server wrote and shut down cleanly (so with snapshots): a directory per
+    stream (``--no-packed-appends``), whose file kinds the damage tests below hit."""
     root = tmp_path_factory.mktemp("check-clean")
-    server = ServerProcess(root / "data")
+    server = ServerProcess(root / "data", extra_args=("--no-packed-appends",))
     server.start()
     try:
         seen = fill(server)
@@ -142,29 +143,55 @@ def test_a_clean_directory_passes(clean) -> None:
     assert text.returncode == 0 and "checked 4 streams, 1 subscriptions" in text.stdout
 
 
+def _inspected_as_seen(document: dict, seen: dict[str, dict]) -> None:
+    by_path = {stream["path"]: stream for stream in document["streams"]}
+    for path in ("tenant/orders", "tenant/events", "tenant/staged", "wake/pool"):
+        assert by_path[path]["tail_offset"] == seen[path]["offset"], path
+        assert by_path[path]["closed"] == seen[path]["closed"], path
+        assert by_path[path]["content_type"] == seen[path]["content_type"].split(";")[0], path
+    orders = by_path["tenant/orders"]
+    assert orders["producers"] == {
+        "p1": {"epoch": 3, "last_seq": 299},
+        "p2": {"epoch": 0, "last_seq": 0},
+    }
+    assert orders["messages"] == 301
+    assert by_path["tenant/events"]["ttl_seconds"] == 3600
+
+
 def test_inspect_shows_what_the_server_said(clean) -> None:
     data_dir, seen = clean
     for document in (
         json.loads(run("inspect", data_dir, "--json").stdout),
         seen["__live_inspect__"],
     ):
-        by_path = {stream["path"]: stream for stream in document["streams"]}
-        for path in ("tenant/orders", "tenant/events", "tenant/staged", "wake/pool"):
-            assert by_path[path]["tail_offset"] == seen[path]["offset"], path
-            assert by_path[path]["closed"] == seen[path]["closed"], path
-            assert by_path[path]["content_type"] == seen[path]["content_type"].split(";")[0], path
-        orders = by_path["tenant/orders"]
-        assert orders["producers"] == {
-            "p1": {"epoch": 3, "last_seq": 299},
-            "p2": {"epoch": 0, "last_seq": 0},
-        }
-        assert orders["messages"] == 301
-        assert by_path["tenant/events"]["ttl_seconds"] == 3600
+        _inspected_as_seen(document, seen)
     one = run("inspect", data_dir, "tenant/orders")
     assert one.returncode == 0
     assert "p1: epoch 3, last seq 299" in one.stdout and "tenant/events" not in one.stdout
     missing = run("inspect", data_dir, "no/such")
     assert missing.returncode == 1 and "no stream at path 'no/such'" in missing.stderr
+
+
+def test_check_and_inspect_of_packed_streams_show_what_the_server_said(tmp_path: Path) -> None:
+    """With packed appends (the default) the small streams have no directory: ``check`` passes and
+    ``inspect`` folds their packed records to the same tail, closure, messages and producers."""
+    server = ServerProcess(tmp_path / "data")
+    server.start()
+    try:
+        seen = fill(server)
+    finally:
+        assert server.terminate() == 0
+    packed = {d.name for d in (server.data_dir / "streams").iterdir()}
+    assert len(packed) == 1  # tenant/staged's staged appends gave it one; the others are packed
+    code, report = check_json(server.data_dir)
+    assert code == 0 and not report["damaged"], report
+    assert {stream["path"] for stream in report["streams"]} == {
+        "tenant/orders",
+        "tenant/events",
+        "tenant/staged",
+        "wake/pool",
+    }
+    _inspected_as_seen(json.loads(run("inspect", server.data_dir, "--json").stdout), seen)
 
 
 def _damage_record(data_dir: Path) -> str:

@@ -6,6 +6,9 @@ promotes it to a directory (``storage/promotion.py``). These tests kill the serv
 checkpoint, during promotions, and after the WAL file holding a delete (or a promotion) was retired while
 the pack holding the original create is still kept: every acknowledged stream must come back once, with
 its metadata and exactly its acknowledged data, and nothing deleted may come back.
+
+The tests of step 1's promotion at the first write run with ``--no-packed-appends`` (with packed
+appends, the default, a first small write keeps the stream packed); the last two test packed appends.
 """
 
 from __future__ import annotations
@@ -144,7 +147,7 @@ def test_sigkill_before_and_after_the_checkpoint_brings_every_packed_create_back
 def test_a_deleted_or_promoted_packed_stream_stays_so_after_its_wal_file_is_retired(
     server_factory,
 ) -> None:
-    server = server_factory()
+    server = server_factory(extra_args=("--no-packed-appends",))
     for name in ("keep", "gone", "grown", "grown-then-gone"):
         _put(server, f"t/{name}")
     _checkpointed(server)
@@ -193,7 +196,7 @@ def _promote_loop(
 def test_sigkill_during_promotions_leaves_each_stream_once_with_its_write_or_without_it(
     server_factory,
 ) -> None:
-    server = server_factory()
+    server = server_factory(extra_args=("--no-packed-appends",))
     names = [f"p/{c}/{n}" for c in range(CLIENTS) for n in range(120)]
     with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
         list(pool.map(lambda name: _put(server, name), names))
@@ -225,7 +228,7 @@ def test_sigkill_during_promotions_leaves_each_stream_once_with_its_write_or_wit
 
 
 def test_a_pack_whose_streams_are_all_promoted_or_deleted_is_removed(server_factory) -> None:
-    server = server_factory()
+    server = server_factory(extra_args=("--no-packed-appends",))
     for name in ("a", "b", "c"):
         _put(server, f"r/{name}")
     _checkpointed(server)
@@ -291,7 +294,7 @@ def test_one_unused_packed_stream_keeps_only_its_entry_through_checkpoints_and_a
     checkpoints (128 promoted segment files each) and SIGKILLed: the unused stream keeps only its own
     entry in packs/ (the WAL files it was created in held everyone's appends, and were kept whole
     before), and every acknowledged append comes back once."""
-    server = server_factory()
+    server = server_factory(extra_args=("--no-packed-appends",))
     names = [f"u/{c}/{n}" for c in range(CLIENTS) for n in range(60)]
     with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
         list(pool.map(lambda name: _put(server, name), names[: len(names) // 2]))
@@ -383,3 +386,35 @@ def test_sigkill_before_and_after_the_checkpoint_keeps_every_acknowledged_packed
     )
     assert retry.status_code == 204, retry.text  # a duplicate: not written again
     assert len(_read_all_messages(server.stream_url(name))) == last + 1
+
+
+def test_a_stream_crossing_the_packed_threshold_is_promoted_and_reads_back_across_a_sigkill(
+    server_factory,
+) -> None:
+    """``--packed-threshold`` (here 4 KiB): a packed stream whose records would pass it is promoted to
+    a directory of its own, with its packed records (some carried into a pack by a checkpoint, some
+    in the live WAL file); one that stays below it keeps none. Its messages read back the same
+    before and after a SIGKILL and restart, and it keeps taking appends (now into its directory)."""
+    server = server_factory(extra_args=("--packed-appends", "--packed-threshold", "4k"))
+    _put(server, "grow")
+    _put(server, "small")
+    body = '{"pad":"' + "x" * 200 + '","n":%d}'
+    for seq in range(8):  # ~1.8 KiB: stays packed
+        _post(server, "grow", body % seq)
+    _post(server, "small", body % 0)
+    _checkpointed(server)  # those records are in a pack now
+    assert not _directories(server)
+    for seq in range(8, 24):  # passes 4 KiB on the way: promoted
+        _post(server, "grow", body % seq)
+    assert len(_directories(server)) == 1, "the growing stream was not promoted"
+    grown = _read_all_messages(server.stream_url("grow"))
+    assert [m["n"] for m in grown] == list(range(24))
+    small = _read_all_messages(server.stream_url("small"))
+    server.kill()
+    server.restart()
+    assert server.health()["quarantined"] == []
+    assert _read_all_messages(server.stream_url("grow")) == grown
+    assert _read_all_messages(server.stream_url("small")) == small
+    assert len(_directories(server)) == 1  # the small one is still packed
+    _post(server, "grow", body % 24)
+    assert [m["n"] for m in _read_all_messages(server.stream_url("grow"))] == list(range(25))

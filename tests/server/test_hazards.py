@@ -197,7 +197,8 @@ def test_hazard_17_close_racing_appends_is_monotonic(durastream_server) -> None:
 
 
 def test_hazard_18_torn_tail_is_truncated_before_new_appends(server_factory) -> None:
-    server = server_factory()
+    # Segment files to damage (packed streams' records: tests/server/storage/test_packed_records.py).
+    server = server_factory(extra_args=("--no-packed-appends",))
     url = server.stream_url("h18/stream")
     create(url, TEXT)
     for record in (b"one", b"two", b"three"):
@@ -214,7 +215,8 @@ def test_hazard_18_torn_tail_is_truncated_before_new_appends(server_factory) -> 
 
 
 def test_hazard_18_mid_file_corruption_is_never_served(server_factory) -> None:
-    server = server_factory()
+    # Segment files to damage (packed streams' records: tests/server/storage/test_packed_records.py).
+    server = server_factory(extra_args=("--no-packed-appends",))
     url = server.stream_url("h18/corrupt")
     create(url, TEXT)
     for record in (b"A" * 100, b"B" * 100, b"C" * 100):
@@ -413,7 +415,8 @@ def test_hazard_31_fork_survives_source_delete_under_append_load(durastream_serv
 
 
 def test_hazard_32_corrupt_stream_is_quarantined_never_reset(server_factory) -> None:
-    server = server_factory()
+    # Segment files to damage (packed streams' records: tests/server/storage/test_packed_records.py).
+    server = server_factory(extra_args=("--no-packed-appends",))
     url = server.stream_url("h32")
     create(url, TEXT)
     for n in range(5):

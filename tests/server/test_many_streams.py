@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from durastream_server.sizes import parse_byte_size
 from durastream_server.storage.datadir import _RECOVERY_BATCH
 from durastream_server.storage.recovery import Quarantine, Recovered, recover_batch
 from tests.support.http import poll_until
@@ -98,7 +99,7 @@ def test_every_stream_and_staged_handle_survives_sigkill_across_recovery_batches
 def test_recover_batch_quarantines_what_cannot_be_read_and_recovers_the_rest(
     server_factory, tmp_path: Path
 ) -> None:
-    server = server_factory()
+    server = server_factory(extra_args=("--no-packed-appends",))  # directories to damage
     _create_with_one_message(server, ["batch/a", "batch/b"])
     server.stop()
     streams = server.data_dir / "streams"
@@ -115,7 +116,8 @@ def test_recover_batch_quarantines_what_cannot_be_read_and_recovers_the_rest(
 
 def test_open_segment_files_stay_within_max_open_files(server_factory) -> None:
     limit = 8
-    server = server_factory(extra_args=["--max-open-files", str(limit)])
+    # Directories (segment files to keep open): packed streams open none of their own.
+    server = server_factory(extra_args=["--max-open-files", str(limit), "--no-packed-appends"])
     paths = [f"fds/s{i:03d}" for i in range(60)]
     _create_with_one_message(server, paths)
     for path in paths:  # every stream's segment is read, after every one was written
@@ -146,6 +148,55 @@ def test_max_open_files_must_be_positive(tmp_path: Path, capsys) -> None:
     assert exit_.value.code == 2
     error = capsys.readouterr().err
     assert "--max-open-files" in error and "positive integer" in error and "'0'" in error
+
+
+@pytest.mark.parametrize("value", ["67108865", "128m"])
+def test_a_packed_threshold_beyond_the_segment_size_is_refused(
+    tmp_path: Path, capsys, value: str
+) -> None:
+    """``--packed-threshold`` goes from 0 to the segment size (64 MiB): beyond it refused, naming the
+    option, the value and the range, before anything is made."""
+    from durastream_server.cli import main
+
+    code = main(["--data-dir", str(tmp_path / "d"), "--packed-threshold", value, "--port", "0"])
+    assert code == 2
+    error = capsys.readouterr().err
+    assert "--packed-threshold" in error and "0..67108864" in error
+    assert str(parse_byte_size(value)) in error
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_packed_threshold_that_is_not_a_size_is_refused(tmp_path: Path, capsys) -> None:
+    from durastream_server.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--data-dir", str(tmp_path / "d"), "--packed-threshold", "-1"])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert "--packed-threshold" in error and "'-1'" in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "packed"),
+    [
+        ([], {}, True),  # the default with fsync durability
+        (["--durability", "none"], {}, False),  # no write-ahead log: off, not refused
+        (["--no-packed-appends"], {}, False),
+        (["--packed-appends"], {}, True),
+        ([], {"DURASTREAM_PACKED_APPENDS": "false"}, False),
+        (["--durability", "none"], {"DURASTREAM_PACKED_APPENDS": "false"}, False),
+    ],
+)
+def test_packed_appends_default_on_with_fsync_durability_only(
+    argv: list[str], environ: dict[str, str], packed: bool
+) -> None:
+    """Decision 0010: packed appends are the default where they can work (fsync durability), off
+    with ``--durability none`` without a refusal, and ``--no-packed-appends`` (or the variable) turns
+    them off; what the server is given is a plain bool."""
+    from durastream_server.cli import build_parser, config_from_args, parse_args
+
+    config = config_from_args(parse_args(build_parser(), argv, environ))
+    assert config.packed_appends is packed
 
 
 def test_packed_appends_without_fsync_durability_is_refused(tmp_path: Path, capsys) -> None:

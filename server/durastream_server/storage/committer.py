@@ -84,6 +84,7 @@ log = logging.getLogger(__name__)
 ROUND_BATCH_BYTES = 256 * 1024
 # Decision 0010 step 2: a packed stream's records stay packed (WAL entries, no directory) while its
 # virtual segment 0 stays within this many bytes; the write that would pass it promotes the stream.
+# The default of ``--packed-threshold`` (``StorageConfig.packed_threshold``, ``Committer.packed_threshold``).
 PACKED_APPEND_BYTES = 256 * 1024
 # Checkpoint triggers (see the module docstring).
 CHECKPOINT_WAL_BYTES = 64 * 1024 * 1024
@@ -243,6 +244,7 @@ class Committer:
         # so that read never sees a file its extents do not describe yet.
         self._pack_lock = asyncio.Lock()
         self.packed_appends = False  # StorageConfig.packed_appends (decision 0010 step 2)
+        self.packed_threshold = PACKED_APPEND_BYTES  # StorageConfig.packed_threshold
         self._task: asyncio.Task[None] | None = None
         self._rotate = False  # the next round starts a new WAL file
         self._idle_timer: asyncio.TimerHandle | None = None

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from durastream_server import errors
 from durastream_server.storage import catalog, codec, features
-from durastream_server.storage.committer import Committer
+from durastream_server.storage.committer import PACKED_APPEND_BYTES, Committer
 from durastream_server.storage.extents import Extents
 from durastream_server.storage.files import (
     FdCache,
@@ -96,21 +96,29 @@ class Durability(str, Enum):
     NONE = "none"  # after write(2) only: survives a process crash, not a power loss
 
 
+# A stream's segment files roll at this size; also the largest ``--packed-threshold`` (a packed
+# stream's virtual segment 0 is never rolled).
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+
+
 @dataclass(frozen=True, slots=True)
 class StorageConfig:
     root: Path
     durability: Durability = Durability.FSYNC
-    segment_bytes: int = 64 * 1024 * 1024
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
     index_interval_bytes: int = 64 * 1024  # one sparse-index entry per this many segment bytes
     snapshot_interval_entries: int = 4096
     io_threads: int = 16  # worker threads for write+fsync, creates, deletes and recovery
     read_threads: int = 16  # worker threads for reads (separate, so reads never delay commits)
     max_open_files: int = 512  # soft bound on cached segment fds (in-use fds are never closed)
     # Decision 0010 step 2 (``--packed-appends``, off by default): small appends of packed streams
-    # become packed records (WAL kind 5, ``committer.PACKED_APPEND_BYTES``), carried into packs at
-    # checkpoints; writes the format marker (``features.py``) first. (Packed records found at
-    # start-up are read and adopted whatever this says.)
+    # become packed records (WAL kind 5), carried into packs at checkpoints; writes the format
+    # marker (``features.py``) first. (Packed records found at start-up are read and adopted
+    # whatever this says.)
     packed_appends: bool = False
+    # ``--packed-threshold``: a packed stream whose virtual segment 0 would pass this many bytes is
+    # promoted to its own directory (capped by ``segment_bytes``: segment 0 is never rolled).
+    packed_threshold: int = PACKED_APPEND_BYTES
 
 
 class AlreadyLocked(RuntimeError):
@@ -183,6 +191,7 @@ class DataDir:
         # Decision 0010 step 2: packed records (needs the WAL; the marker is written at start-up).
         self._committer.packed_appends = config.packed_appends and sync
         self._committer.packs.appends = config.packed_appends and sync
+        self._committer.packed_threshold = max(0, config.packed_threshold)
         self._ctx = LogContext(
             executor=self._executor,
             read_executor=self._read_executor,

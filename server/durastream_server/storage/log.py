@@ -45,7 +45,6 @@ from typing import Any, NamedTuple, TypeVar
 from durastream_server import errors
 from durastream_server.storage import catalog, codec
 from durastream_server.storage.committer import (
-    PACKED_APPEND_BYTES,
     ROUND_BATCH_BYTES,
     Committer,
     PackedResult,
@@ -403,13 +402,13 @@ class StreamLog:
     def _packs_batch(self, batch: list[_Queued], cost: int) -> bool:
         """Decision 0010 step 2: a packed log's batch stays packed records (a round's WAL entry,
         no directory) when packed appends are on, it is not a record group, the virtual segment
-        0 stays within ``PACKED_APPEND_BYTES`` (and a segment), and the header's place is known
+        0 stays within ``Committer.packed_threshold`` (``--packed-threshold``, and a segment), and the header's place is known
         (for the header extent)."""
         ctx = self._ctx
         committer = ctx.committer
         if not committer.packed_appends or not ctx.sync or is_group_batch(batch):
             return False
-        if self._file_end + cost > min(PACKED_APPEND_BYTES, ctx.segment_bytes):
+        if self._file_end + cost > min(committer.packed_threshold, ctx.segment_bytes):
             return False
         return self.extents is not None or self.id in committer.packs.header_at
 

@@ -275,7 +275,8 @@ def test_a_storage_failure_after_staging_is_a_503_with_a_json_body(
         return real(fd, buffers, offset)
 
     async def scenario() -> None:
-        async with running(tmp_path, direct=True) as (app, port):
+        # A segment write that fails: the stream needs a directory (packed appends write none).
+        async with running(tmp_path, direct=True, packed_appends=False) as (app, port):
             assert status(await request(port, "PUT", "/v1/stream/f", extra=JSON)) == 201
             monkeypatch.setattr(os, "pwritev", broken)
             answer = await request(port, "POST", "/v1/stream/f", b"{}", extra=JSON)

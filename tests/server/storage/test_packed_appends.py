@@ -4,7 +4,7 @@ storage layer, real files: a packed stream's small appends go into the round's W
 checkpoint carries them into a pack and relocates the extents, a start-up's ``packs.settle`` finds the
 same bytes and ``recovery.recover_packed`` folds the same state and dedup state; a power loss with the
 WAL live before and after the carry, and the crash between a pack's rename and its WAL file's removal,
-lose nothing and read nothing twice; a batch that would pass ``PACKED_APPEND_BYTES`` promotes the stream
+lose nothing and read nothing twice; a batch that would pass ``StorageConfig.packed_threshold`` promotes the stream
 with its packed records (its CREATE entry carries them), also across a crash after that round's sync.
 
 Reads through extents and start-up adoption of such streams are pieces 2 and 5 (another branch): the
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from durastream_server import errors
 from durastream_server.engine import producers
 from durastream_server.storage import DataDir, committer, packs, recovery, wal
 from durastream_server.storage import promotion as promotion_module
-from durastream_server.storage.extents import IN_PACK, IN_WAL
+from durastream_server.storage.extents import IN_PACK, IN_WAL, Extents
 from durastream_server.storage.records import ProducerTuple
 from durastream_server.storage.segments import segment_name
 
@@ -206,14 +207,12 @@ def _reopen_promoted(root: Path, log_id: str, messages: list[bytes], last_seq: i
 
 
 def test_a_batch_past_the_threshold_promotes_the_stream_with_its_packed_records(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(committer, "PACKED_APPEND_BYTES", 4096)
-    monkeypatch.setattr("durastream_server.storage.log.PACKED_APPEND_BYTES", 4096)
     root = tmp_path / "live"
 
     async def go() -> tuple[str, list[bytes]]:
-        dd = await open_dd(root, packed_appends=True)
+        dd = await open_dd(root, packed_appends=True, packed_threshold=4096)
         log = await dd.create_stream(header("/p"), None)
         await _producer_appends(log, 3)
         await _checkpoint(dd)  # some records in a pack
@@ -245,8 +244,6 @@ def test_a_crash_after_the_promoting_rounds_sync_replays_the_packed_records_too(
     """Before the sync the stream is packed and whole (the power-loss tests above); after it, its
     directory is not made yet (copied then): the replay makes it from the CREATE entry, which
     carries the header and the packed records, and puts the new record after them."""
-    monkeypatch.setattr(committer, "PACKED_APPEND_BYTES", 4096)
-    monkeypatch.setattr("durastream_server.storage.log.PACKED_APPEND_BYTES", 4096)
     root, copy = tmp_path / "live", tmp_path / "crashed"
     make = promotion_module.Promotion.make
 
@@ -258,7 +255,7 @@ def test_a_crash_after_the_promoting_rounds_sync_replays_the_packed_records_too(
     monkeypatch.setattr(promotion_module.Promotion, "make", copy_then_make)
 
     async def go() -> tuple[str, list[bytes]]:
-        dd = await open_dd(root, packed_appends=True)
+        dd = await open_dd(root, packed_appends=True, packed_threshold=4096)
         log = await dd.create_stream(header("/p"), None)
         await _producer_appends(log, 3)
         await _checkpoint(dd)
@@ -541,3 +538,77 @@ def test_packed_appends_read_back_across_a_carry_and_a_restart(tmp_path: Path) -
         await dd.close()
 
     run(reopen)
+
+
+def test_packed_records_answered_after_their_streams_drop_are_not_carried(tmp_path: Path) -> None:
+    """``PackBook.wrote``'s guard: a round of packed records answered after its stream's DROP is
+    durable (a round in flight during the delete) must not bring the stream back into the books:
+    the checkpoint of that WAL file would carry the dropped stream's records into its pack, count
+    them live, and keep that pack (and the stream's extents) forever, past the disk bound.
+
+    Driven on the real pack book in the order the committer's rounds would answer, since
+    ``DataDir.delete_stream`` waits for the log's batch first (the window is the engine's)."""
+    book = packs.PackBook(tmp_path)
+    book.appends = True
+    head = b"h" * 40
+    book.created("gone", 1, head, at=100)
+    book.created("kept", 1, head, at=200)
+    rows = {}
+    for log_id, at in (("gone", 300), ("kept", 400)):
+        extents = Extents()
+        extents.add(IN_WAL, 1, at - 200, len(head), 0)  # its header, in the same WAL file
+        extents.add(IN_WAL, 1, at, 30, len(head))
+        rows[log_id] = extents
+    book.superseded("gone", 1)  # its DROP, durable in WAL file 1 ...
+    book.wrote("gone", rows["gone"], 1)  # ... then the round of its last packed records answers
+    book.wrote("kept", rows["kept"], 1)
+    assert "gone" not in book.extents and not book.is_packed("gone")
+    plan = book.plan(1)
+    assert set(plan.records) == {"kept"}  # nothing of the dropped stream carried
+    assert plan.records["kept"] == [(400, 30, len(head))]
+    assert [e.log_id for e in plan.keep] == ["kept"] and plan.dead == {1: ["gone"]}
+
+
+def test_a_stream_dropped_while_its_records_are_carried_leaves_the_pack_removable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``PackBook.carried_out`` counts live only the carried records of streams still packed: a
+    stream deleted between the checkpoint's plan and the carry's end had its records carried all
+    the same, but its DROP (answered meanwhile) could not name that new pack's entry as void. Were
+    the entry counted live, the pack would outlive every stream in it (the disk bound). The carry
+    is held in its worker thread (the only injection) while the delete runs for real."""
+    entered, release = threading.Event(), threading.Event()
+    carry_out = packs.PackBook.carry_out
+
+    def held(self: packs.PackBook, *args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        entered.set()
+        assert release.wait(30), "never released"
+        return carry_out(self, *args, **kwargs)
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        keep = await dd.create_stream(header("/keep"), None)
+        gone = await dd.create_stream(header("/gone"), None)
+        await _producer_appends(keep, 1)
+        await _producer_appends(gone, 2)
+        loop = asyncio.get_running_loop()
+        with monkeypatch.context() as patched:
+            patched.setattr(packs.PackBook, "carry_out", held)
+            carrying = asyncio.ensure_future(_checkpoint(dd))
+            assert await loop.run_in_executor(None, entered.wait, 30), "no carry started"
+            await asyncio.wait_for(dd.delete_stream(gone), 30)  # its DROP, mid-carry
+            release.set()
+            await asyncio.wait_for(carrying, 30)
+        [(where, g)] = keep.extents.files()  # its header and records, carried into one pack
+        assert where == IN_PACK
+        book = dd._committer.packs
+        assert book.counts[g] == 3  # two creates (the DROP's file not retired yet), keep's records
+        await _checkpoint(dd)  # the DROP's WAL file: gone's create void
+        assert book.counts[g] == 2
+        await dd.delete_stream(keep)
+        await _checkpoint(dd)
+        assert g not in book.counts and g not in book.kept
+        await dd.close()
+        assert not list((tmp_path / packs.PACKS_DIR).glob("*.pack"))
+
+    run(go)

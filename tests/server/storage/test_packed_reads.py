@@ -114,9 +114,11 @@ def _twins(tmp_path: Path, seed: int = 1, records: int = 40) -> tuple[Path, Path
     return directory, packed, log_id
 
 
-async def _open_both(directory: Path, packed: Path, log_id: str) -> tuple[DataDir, DataDir]:
+async def _open_both(
+    directory: Path, packed: Path, log_id: str, **packed_options: Any
+) -> tuple[DataDir, DataDir]:
     a = await open_dd(directory, index_interval_bytes=_INTERVAL)
-    b = await open_dd(packed, index_interval_bytes=_INTERVAL, packed_appends=True)
+    b = await open_dd(packed, index_interval_bytes=_INTERVAL, packed_appends=True, **packed_options)
     return a, b
 
 
@@ -462,19 +464,16 @@ def test_restarts_serve_the_same_bytes(tmp_path: Path, caplog: pytest.LogCapture
     assert seen[0][1] > 0
 
 
-def test_an_append_promotes_an_adopted_packed_stream_with_its_records(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_append_promotes_an_adopted_packed_stream_with_its_records(tmp_path: Path) -> None:
     """A write that promotes a packed stream with records found at start-up (here every write: the
     packed threshold is 0) promotes it with its whole virtual segment 0 (the CREATE entry and the
     directory's segment 0 hold its records, then the write's): reads answer as the directory twin's
     after the same append, in this process and after a power loss (the data directory copied with
     the WAL live) and a restart."""
-    monkeypatch.setattr("durastream_server.storage.log.PACKED_APPEND_BYTES", 0)
     directory, packed, log_id = _twins(tmp_path)
 
     async def go() -> None:
-        a, b = await _open_both(directory, packed, log_id)
+        a, b = await _open_both(directory, packed, log_id, packed_threshold=0)
         try:
             la, lb = a.logs[log_id], b.logs[log_id]
             for log in (la, lb):
