@@ -86,6 +86,13 @@ def test_a_hold_that_raises_or_is_cancelled_puts_the_thresholds_back(
     assert gc.get_threshold() == thresholds and holds.depth == 0
 
 
+def test_a_disabled_hold_counts_but_leaves_the_thresholds(thresholds: tuple[int, int, int]) -> None:
+    holds = BulkCollections(enabled=False)
+    with holds.held():
+        assert holds.depth == 1 and gc.get_threshold() == thresholds
+    assert holds.depth == 0 and gc.get_threshold() == thresholds
+
+
 def test_a_hold_never_lowers_a_higher_threshold_nor_turns_collections_on() -> None:
     saved = gc.get_threshold()
     holds = BulkCollections()
@@ -134,10 +141,11 @@ class _Probe(Recorder):
 
 
 def test_bulk_ensure_and_commits_run_their_entries_under_the_hold(
-    tmp_path: Path, thresholds: tuple[int, int, int]
+    tmp_path: Path, thresholds: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real handlers on a real engine: every entry's create and append happens with the raised
     threshold, and once answered the thresholds are the ones before."""
+    monkeypatch.setattr(BULK, "enabled", True)  # off by default for now (collections_hold.py)
     probe = _Probe()
     paths = [f"held/s{i}" for i in range(50)]
 
