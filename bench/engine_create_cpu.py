@@ -14,7 +14,10 @@ directory, on uvloop as the server runs:
 
 Figures per create or entry: the loop thread's CPU (``time.thread_time``: HTTP-less request handling,
 engine, record encoding, futures) and the process's (``time.process_time``: plus the commit thread's round
-and the I/O threads' syncs), and the wall seconds. Checkouts alternate ``--repeat`` times; compare them in
+and the I/O threads' syncs), the cyclic GC's CPU (``gc.callbacks``, in whichever thread collected; part of
+the other two) and its collections by generation, and the wall seconds. The heap is frozen after start-up,
+as the server freezes it. ``--packed-appends`` opens the data directory with packed appends (decision 0010
+step 2), as the server's flag does. Checkouts alternate ``--repeat`` times; compare them in
 the same run. ``--profile PREFIX`` writes a cProfile of each bulk phase (loop thread) to
 ``PREFIX-<phase>.prof`` of the first checkout's first run.
 
@@ -31,7 +34,7 @@ import sys
 from pathlib import Path
 
 CHILD = r"""
-import asyncio, cProfile, json, sys, tempfile, time
+import asyncio, cProfile, gc, json, sys, tempfile, time
 from pathlib import Path
 from durastream_server.engine.engine import Engine
 from durastream_server.engine.api import CreateRequest
@@ -40,6 +43,7 @@ from durastream_server.http.handlers import Request
 from durastream_server.storage.datadir import DataDir, StorageConfig, Durability
 
 COUNT, BULK, DURABILITY, PROFILE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+PACKED = sys.argv[5] == "packed"
 MAX_BODY = 64 * 1024 * 1024
 
 def request(body, content_type):
@@ -59,10 +63,23 @@ def commits_body(paths, key, seq):
          json.dumps([{"i": i, "n": n, "pad": "0123456789abcdef"} for n in range(10)]).encode())
         for i, path in enumerate(paths)])
 
+GC = {"seconds": 0.0, "collections": [0, 0, 0], "started": 0.0}
+
+def on_gc(phase, info):
+    # The cyclic GC's CPU in the thread it runs in, and its collections by generation.
+    if phase == "start":
+        GC["started"] = time.thread_time()
+    else:
+        GC["seconds"] += time.thread_time() - GC["started"]
+        GC["collections"][info["generation"]] += 1
+
+gc.callbacks.append(on_gc)
+
 def timed(figures, name, count):
     class Timer:
         def __enter__(self):
             self.profile = cProfile.Profile() if PROFILE and name != "create" else None
+            self.g0, GC["collections"] = GC["seconds"], [0, 0, 0]
             self.t0, self.c0, self.p0 = time.perf_counter(), time.thread_time(), time.process_time()
             if self.profile: self.profile.enable()
         def __exit__(self, *exc):
@@ -71,7 +88,9 @@ def timed(figures, name, count):
             wall = time.perf_counter() - self.t0
             loop, proc = time.thread_time() - self.c0, time.process_time() - self.p0
             figures[name] = {"loop_cpu_us": round(1e6 * loop / count, 1),
-                             "process_cpu_us": round(1e6 * proc / count, 1), "seconds": round(wall, 3)}
+                             "process_cpu_us": round(1e6 * proc / count, 1), "seconds": round(wall, 3),
+                             "gc_cpu_us": round(1e6 * (GC["seconds"] - self.g0) / count, 1),
+                             "collections": GC["collections"]}
             if self.profile:
                 self.profile.dump_stats(f"{PROFILE}-{name.replace(' ', '_')}.prof")
     return Timer()
@@ -79,10 +98,13 @@ def timed(figures, name, count):
 async def main():
     figures = {}
     with tempfile.TemporaryDirectory(prefix="engine-create-") as root:
-        config = StorageConfig(root=Path(root), durability=Durability(DURABILITY))
+        extra = {"packed_appends": True} if PACKED else {}
+        config = StorageConfig(root=Path(root), durability=Durability(DURABILITY), **extra)
         data = await DataDir.open(config)
         engine = Engine(data, sweep_interval=0)
         await engine.start()
+        gc.collect()
+        gc.freeze()  # as the server does once it listens (server.py)
         try:
             for name in ("create", "create again") if COUNT else ():
                 queue = iter(range(COUNT))
@@ -125,6 +147,11 @@ def main() -> None:
     parser.add_argument(
         "--profile", default="", help="cProfile the bulk phases to PREFIX-<phase>.prof"
     )
+    parser.add_argument(
+        "--packed-appends",
+        action="store_true",
+        help="the data directory with packed appends (decision 0010 step 2), as --packed-appends",
+    )
     args = parser.parse_args()
     sources = args.server_src or [str(Path(__file__).resolve().parents[1])]
     for rep in range(args.repeat):
@@ -140,6 +167,7 @@ def main() -> None:
                     str(args.bulk),
                     args.durability,
                     profile,
+                    "packed" if args.packed_appends else "",
                 ],
                 env=env,
                 capture_output=True,

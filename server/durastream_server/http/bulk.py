@@ -58,6 +58,7 @@ from durastream_server.engine.txnapi import (
 from durastream_server.errors import BadRequest, NotFound, ProtocolError
 from durastream_server.http import parse, paths, txn
 from durastream_server.http.body import parse_json, read_body, read_json_body
+from durastream_server.http.collections_hold import BULK
 from durastream_server.http.handlers import StreamHandlers
 from durastream_server.http.multirange import check_scope, require_post
 
@@ -84,6 +85,11 @@ _T = TypeVar("_T")
 async def serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
     """Per path: the stream's content type, tail and closure, creating it first when missing (and
     ``create`` is true) with ``content_type``, as ``PUT`` would."""
+    with BULK.held():  # fewer young collections while its entries' objects live (collections_hold)
+        return await _serve_ensure(engine, request, max_body_bytes)
+
+
+async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
     require_post(request)
     document = await read_json_body(request.receive, request.headers, max_body_bytes, _ENSURE_SHAPE)
     if not isinstance(document, dict) or not {"streams", "content_type"} <= set(document) <= {
@@ -167,6 +173,13 @@ async def serve_commits(engine: Engine, request: Request, max_body_bytes: int) -
 
 
 async def _serve_txn(
+    engine: Engine, request: Request, max_body_bytes: int, kinds: tuple[type, ...], what: str
+) -> dict[str, Any]:
+    with BULK.held():  # fewer young collections while its entries' objects live (collections_hold)
+        return await _serve_txn_held(engine, request, max_body_bytes, kinds, what)
+
+
+async def _serve_txn_held(
     engine: Engine, request: Request, max_body_bytes: int, kinds: tuple[type, ...], what: str
 ) -> dict[str, Any]:
     require_post(request)

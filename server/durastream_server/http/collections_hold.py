@@ -1,0 +1,70 @@
+"""The cyclic GC while bulk requests are in flight: fewer, larger young collections (issue 16).
+
+A bulk ``ensure`` or ``commits`` request of N entries keeps every entry's objects alive until it is
+answered (the parsed entries, the engine's futures, the ``AppendEntry`` records, the answers), and a
+routed write's new streams add dozens of long-lived objects each. With the interpreter's default
+young-generation threshold (700 net allocations) such a request sets off a young collection every few
+entries, and those survivors climb into the old generation, whose full collections rescan all of them:
+measured in process (``bench/engine_create_cpu.py --bulk 10000 --packed-appends``, the heap frozen as the
+server freezes it), the cyclic GC was 22 us of an ``ensure`` entry's ~95 us of loop CPU and 61-80 us of
+an inline commit's ~195 us, none of it finding garbage worth the scan (docs/benchmarks.md, "Run 8").
+
+So while at least one bulk request is in flight, the young threshold is ``BULK_YOUNG_THRESHOLD``
+(the older generations' thresholds are kept); the first request to start raises it, the last to end
+puts the previous thresholds back. Collections still run (garbage stays bounded by the threshold), they
+are just rarer, and each young one scans more objects (well under a millisecond at this size). Outside
+bulk requests nothing changes: decision 0004 kept the default threshold for the latency of small
+requests (fewer but longer pauses did not help there), and a bulk request's own answer takes far longer
+than such a pause.
+
+**Off for now** (``BULK``, below): without packed appends a routed write cost more server CPU with it.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+BULK_YOUNG_THRESHOLD: Final = 10_000
+
+
+class BulkCollections:
+    """Counts the bulk requests in flight and holds the raised threshold while there is one."""
+
+    __slots__ = ("_depth", "_saved", "enabled")
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.enabled = enabled  # False: holds are only counted, the thresholds are left alone
+        self._depth = 0
+        self._saved: tuple[int, int, int] | None = None
+
+    @property
+    def depth(self) -> int:
+        """Bulk requests in flight (tests, observability)."""
+        return self._depth
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Run the body with the bulk threshold (nested and concurrent holds share one raise)."""
+        if self._depth == 0 and self.enabled:
+            saved = gc.get_threshold()
+            self._saved = saved
+            if saved[0] and saved[0] < BULK_YOUNG_THRESHOLD:  # 0: collections are off, keep it so
+                gc.set_threshold(BULK_YOUNG_THRESHOLD, saved[1], saved[2])
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0 and self._saved is not None:
+                gc.set_threshold(*self._saved)
+                self._saved = None
+
+
+# One per process: the thresholds are the interpreter's. Off for now (2026-11-28): with packed appends
+# on it cut the routed save's server CPU at 10,000 streams (0.84x), but with them off, at 2,000 streams,
+# the routed save took 3.2-3.6 s of server CPU against main's 1.9-2.3 s in two alternating pairs, not
+# explained yet (docs/benchmarks.md, sink section, Run 8). Switch it on only once that is understood.
+BULK = BulkCollections(enabled=False)
