@@ -25,6 +25,7 @@ from durastream_server.engine import producers
 from durastream_server.storage import DataDir, committer, packs, recovery, wal
 from durastream_server.storage import promotion as promotion_module
 from durastream_server.storage.extents import IN_PACK, IN_WAL, Extents
+from durastream_server.storage.log import StreamLog
 from durastream_server.storage.records import ProducerTuple
 from durastream_server.storage.segments import segment_name
 
@@ -272,15 +273,22 @@ def test_a_crash_after_the_promoting_rounds_sync_replays_the_packed_records_too(
     _reopen_promoted(copy, log_id, messages, 4)
 
 
+async def _keep_and_gone(tmp_path: Path) -> tuple[DataDir, StreamLog, StreamLog]:
+    """A packed data directory with two packed streams with records: ``/keep`` (one append) and
+    ``/gone`` (two), the one a delete test deletes."""
+    dd = await open_dd(tmp_path, packed_appends=True)
+    keep = await dd.create_stream(header("/keep"), None)
+    gone = await dd.create_stream(header("/gone"), None)
+    await _producer_appends(keep, 1)
+    await _producer_appends(gone, 2)
+    return dd, keep, gone
+
+
 def test_a_delete_of_a_packed_stream_with_records_voids_them_and_its_pack_goes(
     tmp_path: Path,
 ) -> None:
     async def go() -> None:
-        dd = await open_dd(tmp_path, packed_appends=True)
-        keep = await dd.create_stream(header("/keep"), None)
-        gone = await dd.create_stream(header("/gone"), None)
-        await _producer_appends(keep, 1)
-        await _producer_appends(gone, 2)
+        dd, keep, gone = await _keep_and_gone(tmp_path)
         await _checkpoint(dd)
         g = next(iter(gone.extents.files()))[1]
         assert dd._committer.packs.counts[g] == 4  # two creates, two records entries
@@ -586,11 +594,7 @@ def test_a_stream_dropped_while_its_records_are_carried_leaves_the_pack_removabl
         return carry_out(self, *args, **kwargs)
 
     async def go() -> None:
-        dd = await open_dd(tmp_path, packed_appends=True)
-        keep = await dd.create_stream(header("/keep"), None)
-        gone = await dd.create_stream(header("/gone"), None)
-        await _producer_appends(keep, 1)
-        await _producer_appends(gone, 2)
+        dd, keep, gone = await _keep_and_gone(tmp_path)
         loop = asyncio.get_running_loop()
         with monkeypatch.context() as patched:
             patched.setattr(packs.PackBook, "carry_out", held)
