@@ -142,10 +142,7 @@ def _allowed_host(text: str) -> str:
 
 def _byte_size(text: str) -> int:
     """A positive byte size: ``67108864``, ``64m``, ``1g`` (the grammar of ``sizes.py``, as the connector's)."""
-    try:
-        value = parse_byte_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    value = _non_negative_byte_size(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive byte size, got {text!r}")
     return value

@@ -191,7 +191,7 @@ class DataDir:
         # Decision 0010 step 2: packed records (needs the WAL; the marker is written at start-up).
         self._committer.packed_appends = config.packed_appends and sync
         self._committer.packs.appends = config.packed_appends and sync
-        self._committer.packed_threshold = max(0, config.packed_threshold)
+        self._committer.packed_threshold = config.packed_threshold
         self._ctx = LogContext(
             executor=self._executor,
             read_executor=self._read_executor,
