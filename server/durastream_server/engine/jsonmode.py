@@ -69,6 +69,21 @@ _DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
 _SCAN: Final = _DECODER.scan_once
 
 
+def _refusal(exc: BaseException) -> InvalidJson:
+    """The 400 for a body a parser refused, in words a client can act on.
+
+    Both parsers refuse containers nested deeper than about a thousand levels with a ``RecursionError``
+    (the stdlib's depends on the stack depth it is called at, so it is not a fixed number): its message
+    ("maximum recursion depth exceeded while decoding a JSON array...") names the interpreter, not the
+    body, so it is replaced by one that says what to change.
+    """
+    if isinstance(exc, RecursionError):
+        return InvalidJson(
+            "invalid JSON: arrays and objects nested too deeply (about 900 levels at most are accepted)"
+        )
+    return InvalidJson(f"invalid JSON: {exc}")
+
+
 # A top-level array into the raw bytes of its elements (surrounding whitespace trimmed).
 _ARRAY_OF_RAW: Final = msgspec.json.Decoder(list[msgspec.Raw])
 # Any JSON value as one span: validates every byte without an object per element.
@@ -168,7 +183,7 @@ def _value_end(text: str, index: int) -> int:
             f"invalid JSON: {json.JSONDecodeError('Expecting value', text, stop.value)}"
         ) from None
     except (ValueError, RecursionError) as exc:
-        raise InvalidJson(f"invalid JSON: {exc}") from None
+        raise _refusal(exc) from None
     return end
 
 
@@ -222,7 +237,7 @@ def _decide_with_msgspec(
     try:
         _ANY_RAW.decode(body)
     except _FAST_REJECTS as exc:
-        raise InvalidJson(f"invalid JSON: {exc}") from None
+        raise _refusal(exc) from None
     value = body.strip(_WHITESPACE_BYTES)
     if value[:1] != b"[":
         return (value,)
@@ -283,7 +298,7 @@ def split_with_stdlib(
                 f"invalid JSON: {json.JSONDecodeError('Expecting value', text, stop.value)}"
             ) from None
         except (ValueError, RecursionError) as exc:
-            raise InvalidJson(f"invalid JSON: {exc}") from None
+            raise _refusal(exc) from None
         if len(messages) == limit:
             raise too_many(limit)
         append(body[index:element_end] if ascii_body else text[index:element_end].encode("utf-8"))

@@ -238,3 +238,22 @@ def test_a_tiny_cap_still_admits_single_values_and_byte_streams(server_factory, 
     headers = {"Content-Type": "application/octet-stream"}
     assert requests.put(bytes_url, headers=headers).status_code == 201
     assert requests.post(bytes_url, data=b"0," * 1000, headers=headers).status_code == 204
+
+
+@pytest.mark.parametrize("depth", [2_000, 200_000])
+def test_json_nested_too_deeply_gets_a_400_that_says_so_and_appends_nothing(
+    durastream_server, depth: int
+) -> None:
+    """Both parsers give up past ~1,000 levels with a ``RecursionError``; its message names the
+    interpreter. The client gets the reason in the body's terms, as a 400, and the server keeps serving
+    (2,000 levels is a 4 KB body, 200,000 levels a 400 KB one, checked off the event loop)."""
+    url = durastream_server.stream_url(f"bombs/deep-{depth}")
+    assert requests.put(url, headers=JSON).status_code == 201
+    for body in (b"[" * depth + b"]" * depth, b'{"a":' * depth + b"1" + b"}" * depth):
+        response = requests.post(url, data=body, headers=JSON)
+        assert response.status_code == 400, (response.status_code, response.text[:300])
+        error = _error(response)
+        assert error["code"] == "INVALID_JSON"
+        assert "nested too deeply" in error["message"] and "recursion" not in error["message"]
+    assert requests.get(url, params={"offset": "-1"}).content == b"[]"
+    assert requests.post(url, data=b"[[[1]]]", headers=JSON).status_code == 204
