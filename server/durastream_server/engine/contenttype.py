@@ -80,6 +80,27 @@ def is_json(value: str) -> bool:
 
 
 def for_create(raw: str | None) -> str:
-    """The content type a new (non-fork) stream gets: missing or invalid means octet-stream."""
+    """The content type a new (non-fork) stream gets: missing means octet-stream (section 5.1).
+
+    An invalid one never gets here from a request (``invalid_for_create`` refuses it first); the
+    default for it only keeps this total."""
     parsed = parse(raw)
     return parsed.text if parsed is not None else DEFAULT
+
+
+def invalid_for_create(
+    raw: str | None, name: str = "Content-Type", *, header: bool = True
+) -> str | None:
+    """Why a create's content type is refused, or None when it is acceptable.
+
+    Missing or blank is acceptable (the stream gets ``application/octet-stream``, as the protocol
+    allows); anything else must be ``type/subtype`` with optional parameters. Giving a malformed one
+    the default instead would be a silent guess: ``json`` or ``application/json/x`` would make a
+    binary stream whose reads and appends then surprise the writer."""
+    if raw is None or not raw.strip() or parse(raw) is not None:
+        return None
+    omit = f" (omit the header for {DEFAULT})" if header else ""
+    return (
+        f"{name} {raw!r} is not a media type: expected type/subtype with optional parameters, "
+        f"e.g. application/json or text/plain; charset=utf-8{omit}"
+    )

@@ -41,6 +41,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from durastream_server.engine import contenttype
 from durastream_server.engine.api import (
     AppendRequest,
     AppendResult,
@@ -107,6 +108,9 @@ async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -
         raise BadRequest(f"'streams' must be a list of 1 to {MAX_ENTRIES} paths")
     if not isinstance(content_type, str) or not content_type.strip():
         raise BadRequest(f"'content_type' must be a non-empty string, got {content_type!r}")
+    refusal = contenttype.invalid_for_create(content_type, "'content_type'", header=False)
+    if refusal is not None:
+        raise BadRequest(refusal)
     if not isinstance(create, bool):
         raise BadRequest(f"'create' must be true or false, got {create!r}")
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Final, Literal
 from urllib.parse import parse_qsl
 
-from durastream_server.engine import expiry
+from durastream_server.engine import contenttype, expiry
 from durastream_server.engine.api import AppendRequest, CreateRequest
 from durastream_server.errors import BadRequest
 from durastream_server.http.paths import InvalidPath, forked_from_path
@@ -171,9 +171,13 @@ def create_request(path: str, headers: dict[str, str], body: bytes) -> CreateReq
             if not _CANONICAL_UINT.match(text) or len(text) > 16 or int(text) > MAX_SAFE_INTEGER:
                 raise BadRequest(f"invalid Stream-Fork-Sub-Offset {sub_offset_text!r}")
             sub_offset = int(text)
+    requested_type = content_type(headers)
+    refusal = contenttype.invalid_for_create(requested_type)
+    if refusal is not None:
+        raise BadRequest(refusal)
     return CreateRequest(
         path=path,
-        content_type=content_type(headers),
+        content_type=requested_type,
         body=body,
         ttl_seconds=ttl,
         expires_at=expiry,

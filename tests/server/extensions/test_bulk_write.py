@@ -103,6 +103,8 @@ def test_ensure_refuses_bad_bodies_naming_the_field(durastream_server: ServerPro
     for body, named in (
         ({"streams": [], "content_type": JSON}, "'streams'"),
         ({"streams": ["a"], "content_type": ""}, "'content_type'"),
+        ({"streams": ["a"], "content_type": "json"}, "'content_type' 'json' is not a media type"),
+        ({"streams": ["a"], "content_type": "\r\nX: y"}, "type/subtype"),
         ({"streams": ["a"], "content_type": JSON, "create": "yes"}, "'create'"),
         ({"streams": ["a"]}, "streams"),
     ):
@@ -112,6 +114,8 @@ def test_ensure_refuses_bad_bodies_naming_the_field(durastream_server: ServerPro
     response = ensure(durastream_server, {"streams": ["a/../b"], "content_type": JSON})
     (result,) = response.json()["results"]
     assert result["status"] == 400 and "streams[0]" in result["error"]["message"]
+    # None of the refused bodies created anything (a malformed type is not given the default).
+    assert requests.head(durastream_server.stream_url("a")).status_code == 404
 
 
 def test_stages_and_commits_of_many_streams_in_two_requests(

@@ -180,6 +180,19 @@ def test_create_request_without_content_type_leaves_the_default_to_the_engine() 
     assert parse.create_request("s", {"content-type": "  "}, b"").content_type is None
 
 
+@pytest.mark.parametrize("raw", ["json", "application/json/x", "text /plain", "a/b/c", "/plain"])
+@pytest.mark.parametrize("fork", [False, True])
+def test_a_create_with_a_malformed_content_type_is_refused_naming_it(raw: str, fork: bool) -> None:
+    """Not given the default: ``json`` would otherwise make a binary stream the writer never asked for
+    (a fork's invalid type is refused too, rather than taken as "inherit")."""
+    headers = {"content-type": raw}
+    if fork:
+        headers["stream-forked-from"] = "/v1/stream/src"
+    with pytest.raises(BadRequest) as refused:
+        parse.create_request("s", headers, b"")
+    assert repr(raw) in str(refused.value) and "type/subtype" in str(refused.value)
+
+
 @pytest.mark.parametrize(
     "headers",
     [

@@ -319,3 +319,32 @@ def test_put_and_post_response_headers(durastream_server: ServerProcess) -> None
     assert duplicate.status_code == 204
     assert duplicate.headers["Producer-Seq"] == "0"
     assert requests.get(url).content == b"a"
+
+
+def test_a_put_with_a_malformed_content_type_is_refused_and_creates_nothing(
+    durastream_server: ServerProcess,
+) -> None:
+    """A malformed Content-Type on a create is a 400 naming it, not a silent octet-stream stream; a
+    missing or blank one still gets the protocol's default, and a valid one with parameters is kept."""
+    url = durastream_server.stream_url(unique("ctype"))
+    for raw in ("json", "application/json/x", "text /plain"):
+        response = requests.put(url, headers={"Content-Type": raw})
+        assert response.status_code == 400, (raw, response.status_code, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "BAD_REQUEST"
+        assert repr(raw) in error["message"] and "type/subtype" in error["message"]
+        assert requests.head(url).status_code == 404
+    source = durastream_server.stream_url(unique("ctype-src"))
+    assert requests.put(source, headers={"Content-Type": "text/plain"}).status_code == 201
+    fork = requests.put(
+        url,
+        headers={"Content-Type": "plain", "Stream-Forked-From": urlsplit(source).path},
+    )
+    assert fork.status_code == 400 and "'plain'" in fork.json()["error"]["message"]
+    assert requests.put(url, headers={"Content-Type": ""}).status_code == 201
+    assert requests.head(url).headers["Content-Type"] == "application/octet-stream"
+    kept = durastream_server.stream_url(unique("ctype-kept"))
+    assert (
+        requests.put(kept, headers={"Content-Type": "Text/Plain; charset=utf-8"}).status_code == 201
+    )
+    assert requests.head(kept).headers["Content-Type"] == "text/plain; charset=utf-8"
