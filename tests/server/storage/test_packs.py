@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from durastream_server import datacheck, errors
-from durastream_server.storage import DataDir, Durability, codec, committer, packs, wal
+from durastream_server.storage import DataDir, Durability, codec, committer, packindex, packs, wal
 from durastream_server.storage import promotion as promotion_module
 from durastream_server.storage.segments import segment_name
 
@@ -205,7 +205,10 @@ def test_a_failed_promotion_fails_that_write_only_and_heals(
     run(go)
 
 
-def test_a_damaged_entry_in_a_pack_loses_only_the_stream_it_holds(tmp_path: Path) -> None:
+def test_a_damaged_entry_in_a_pack_quarantines_only_the_stream_it_holds(tmp_path: Path) -> None:
+    """The pack's index names the damaged entry's stream (its id is under the failed CRC): it is
+    quarantined by its path; the entries after the damage are read (hazard 32)."""
+
     async def go() -> list[str]:
         dd = await open_dd(tmp_path)
         made = [await dd.create_stream(header(f"/d{i}"), None) for i in range(3)]
@@ -220,11 +223,16 @@ def test_a_damaged_entry_in_a_pack_loses_only_the_stream_it_holds(tmp_path: Path
     pack.write_bytes(bytes(data))
     report = datacheck.verify_dir(tmp_path)
     assert report.damaged and any(f.kind == "pack" for f in report.findings)
-    assert sorted(s.path for s in report.streams) == ["/d0", "/d2"]
+    assert sorted((s.path, s.status) for s in report.streams) == [
+        ("/d0", "ok"),
+        ("/d1", "damaged"),
+        ("/d2", "ok"),
+    ]
 
     async def reopen() -> None:
         dd = await open_dd(tmp_path)
         assert set(dd.logs) == {ids[0], ids[2]}  # the entries after the damage are read
+        assert "/d1" in dd.corrupt  # not made anew, listed by /healthz
         await dd.close()
 
     run(reopen)
@@ -395,7 +403,10 @@ def test_an_unpromote_that_cannot_be_written_stops_writes_until_a_restart(
 
 
 def _pack_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in (root / packs.PACKS_DIR).iterdir())
+    """The packs and their sidecars (the disk bound of decision 0010; indexes are counted apart)."""
+    return sum(
+        p.stat().st_size for p in (root / packs.PACKS_DIR).iterdir() if p.suffix != packindex.SUFFIX
+    )
 
 
 def test_packs_hold_only_live_packed_creates_while_appends_fill_wal_files(
@@ -444,7 +455,11 @@ def test_a_half_void_pack_is_rewritten_with_its_live_creates_and_its_sidecar_goe
         assert packs.read_dead(tmp_path / packs.PACKS_DIR, generation) == {g.id for g in logs[:4]}
         await dd.delete_stream(logs[4])  # 5 of 10: rewritten with the 5 live ones
         await _checkpoint(dd)
-        assert _packs(tmp_path) == [pack]
+        index = packindex.index_name(generation)
+        assert _packs(tmp_path) == [index, pack]  # the sidecar gone, the index of the new pack
+        size = (tmp_path / packs.PACKS_DIR / pack).stat().st_size
+        rows = packindex.read(tmp_path / packs.PACKS_DIR, generation, size)
+        assert rows is not None and [r.log_id for r in rows] == [g.id for g in logs[5:]]
         assert _pack_bytes(tmp_path) < full * 0.6
         scanned = wal.scan(tmp_path / packs.PACKS_DIR / pack, generation, resync=True)
         assert [e[0] for e in scanned.entries] == [g.id for g in logs[5:]]
