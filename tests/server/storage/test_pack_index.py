@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from durastream_server import datacheck
+from durastream_server import datacheck, errors
 from durastream_server.storage import DataDir, committer, packindex, packs
 
 from ._util import append, checkpoint, config, header, open_dd, read_all, run
@@ -187,3 +187,25 @@ def test_an_index_is_tied_to_its_packs_generation_and_size(tmp_path: Path) -> No
         packindex.decode(bytes(damaged), 7, 150)
     assert packindex.blamed(rows, [(120, 130)]) == [rows[1]]
     assert packindex.blamed(rows, [(99, 101)]) == rows
+
+
+def test_a_pack_entry_damaged_while_serving_is_an_error_on_read_never_a_short_stream(
+    tmp_path: Path,
+) -> None:
+    """The CRC of each record is checked when it is read (``reader``): damage that appears after
+    start-up folded the stream answers ``CorruptStream`` (500), not the records before it."""
+    ids = _three_streams(tmp_path)
+
+    async def go() -> None:
+        dd = await _open_lazy(tmp_path)
+        try:
+            assert await _messages(dd, ids[1]) == 3  # adopted whole: its records folded
+            [row] = [r for r in _rows(tmp_path, 2) if r.log_id == ids[1]]
+            _flip(tmp_path, 2, row)
+            with pytest.raises(errors.CorruptStream):
+                await read_all(dd.logs[ids[1]])
+            assert await _messages(dd, ids[0]) == 3
+        finally:
+            await dd.close()
+
+    run(go)
