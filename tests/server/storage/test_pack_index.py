@@ -14,7 +14,7 @@ import pytest
 from durastream_server import datacheck, errors
 from durastream_server.storage import DataDir, committer, packindex, packs
 
-from ._util import append, checkpoint, config, header, open_dd, read_all, run
+from ._util import append, checkpoint, config, crash_copy, header, open_dd, read_all, run
 
 
 @pytest.fixture(autouse=True)
@@ -209,3 +209,39 @@ def test_a_pack_entry_damaged_while_serving_is_an_error_on_read_never_a_short_st
             await dd.close()
 
     run(go)
+
+
+def test_after_a_power_loss_with_the_wal_live_a_damaged_pack_entry_still_quarantines(
+    tmp_path: Path,
+) -> None:
+    """The data directory copied while the server runs, the WAL live (newer records of every stream
+    in it, not checkpointed): the damaged entry of a pack is still attributed by its index, and the
+    live WAL file's records of the other streams are read."""
+    live = tmp_path / "live"
+    ids = _three_streams(live)
+
+    async def write_more() -> None:
+        dd = await open_dd(live, packed_appends=True)
+        for log_id in ids:  # opened whole (not lazy): every log is there
+            await append(dd.logs[log_id], b'"m3"')
+        crash_copy(live, tmp_path / "copy")
+        await dd.close()
+
+    run(write_more)
+    copy = tmp_path / "copy"
+    [row] = [r for r in _rows(copy, 1) if r.log_id == ids[1]]
+    _flip(copy, 1, row)
+
+    async def reopen() -> None:
+        dd = await _open_lazy(copy)
+        try:
+            for log_id in (ids[0], ids[2]):
+                assert await _messages(dd, log_id) == 4
+            if ids[1] in dd.pending.hints:
+                await dd.recover([ids[1]])
+            assert ids[1] not in dd.logs and "/s1" in dd.corrupt
+        finally:
+            await dd.close()
+
+    run(reopen)
+    run(reopen)

@@ -508,8 +508,9 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The data directory copied as a SIGKILL would leave it just before and after every rename into
-    ``packs/`` (a new pack of a retired WAL file, a half-void pack rewritten) and before the WAL
-    file's removal: each copy starts with the same streams, each once, packed as they were."""
+    ``packs/`` (a new pack of a retired WAL file, a half-void pack rewritten, and each pack's index)
+    and before the WAL file's and an old index's removal: each copy starts with the same streams,
+    each once, packed as they were, and every pack then has the index of its own bytes."""
     root = tmp_path / "live"
     snapshots: list[tuple[str, Path]] = []
     real_rename, real_unlink = os.rename, os.unlink
@@ -522,7 +523,7 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
         snapshots.append((label, into))
 
     def rename(src, dst, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if str(dst).endswith(".pack"):
+        if str(dst).endswith((".pack", packindex.SUFFIX)):
             snapshot(f"before renaming {dst}")
             real_rename(src, dst, *args, **kwargs)
             snapshot(f"after renaming {dst}")
@@ -530,7 +531,7 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
         return real_rename(src, dst, *args, **kwargs)
 
     def unlink(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if str(path).endswith((".wal", ".dead")):
+        if str(path).endswith((".wal", ".dead", packindex.SUFFIX)):
             snapshot(f"before removing {path}")
         return real_unlink(path, *args, **kwargs)
 
@@ -558,6 +559,8 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
 
     labels = [label for label, _ in snapshots[first:]]
     assert any("before renaming" in x for x in labels) and any(".wal" in x for x in labels), labels
+    assert any(f"renaming {root}" in x and x.endswith(packindex.SUFFIX) for x in labels), labels
+    assert any(f"removing {root}" in x and x.endswith(packindex.SUFFIX) for x in labels), labels
 
     async def reopen(label: str, copy: Path) -> None:
         for _ in range(2):  # and once more after the first start-up settled the packs
@@ -573,6 +576,12 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
                 for e in wal.scan(copy / packs.PACKS_DIR / packs.pack_name(g), g).entries
             ]
             assert sorted(scanned) == sorted(packed), label  # one entry per packed stream
+            for g in packs.pack_generations(copy / packs.PACKS_DIR):
+                pack = copy / packs.PACKS_DIR / packs.pack_name(g)
+                rows = packindex.read(copy / packs.PACKS_DIR, g, pack.stat().st_size)
+                want = wal.scan(pack, g).entries
+                assert rows is not None, label
+                assert [(r.log_id, r.kind) for r in rows] == [(e[0], e[4]) for e in want], label
             assert not [n for n in os.listdir(copy / packs.PACKS_DIR) if n.endswith(".tmp")]
             await dd.close()
 
