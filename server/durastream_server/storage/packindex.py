@@ -40,13 +40,16 @@ def index_name(generation: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One entry of a pack: its bytes ``[offset, offset + length)``, its kind, its stream, and for a
-    packed create the path its header names (to quarantine that path when the create is damaged)."""
+    """One entry of a pack: its bytes ``[offset, offset + length)``, its kind, its stream, the logical
+    position of its records in the stream's virtual segment 0 (for a start-up from the index alone,
+    not built yet), and for a packed create the path its header names (to quarantine that path when
+    the create is damaged)."""
 
     offset: int
     length: int
     kind: int
     log_id: str
+    position: int
     path: str | None
 
 
@@ -60,10 +63,10 @@ def _create_path(records: bytes) -> str | None:
     return path if isinstance(path, str) else None
 
 
-def _row(offset: int, log_id: str, records: bytes, kind: int) -> Row:
+def _row(offset: int, log_id: str, records: bytes, kind: int, position: int) -> Row:
     length = HEAD_SIZE + FIXED_SIZE + len(log_id.encode("ascii")) + len(records)
     path = _create_path(records) if kind == Kind.PACKED else None
-    return Row(offset, length, kind, log_id, path)
+    return Row(offset, length, kind, log_id, position, path)
 
 
 def rows_of_entries(entries: list[WalEntry]) -> list[Row]:
@@ -71,7 +74,7 @@ def rows_of_entries(entries: list[WalEntry]) -> list[Row]:
     rows = []
     at = 0
     for entry in entries:
-        row = _row(at, entry.log_id, b"".join(entry.records), entry.kind)
+        row = _row(at, entry.log_id, b"".join(entry.records), entry.kind, entry.offset)
         rows.append(row)
         at += row.length
     return rows
@@ -80,18 +83,19 @@ def rows_of_entries(entries: list[WalEntry]) -> list[Row]:
 def rows_of_scan(scanned: Scan) -> list[Row]:
     """The rows of a pack that scanned clean (no damage: every entry is known)."""
     rows = []
-    for (log_id, _segment, _offset, records, kind), records_at in zip(
+    for (log_id, _segment, position, records, kind), records_at in zip(
         scanned.entries, scanned.records_at, strict=True
     ):
         start = records_at - HEAD_SIZE - FIXED_SIZE - len(log_id.encode("ascii"))
-        rows.append(_row(start, log_id, records, kind))
+        rows.append(_row(start, log_id, records, kind, position))
     return rows
 
 
 def encode(generation: int, size: int, rows: list[Row]) -> bytes:
     lines = [f"{MAGIC} {VERSION} {generation} {size} {len(rows)}"]
     lines += [
-        f"{r.offset} {r.length} {r.kind} {r.log_id} {json.dumps(r.path) if r.path else '-'}"
+        f"{r.offset} {r.length} {r.kind} {r.log_id} {r.position} "
+        f"{json.dumps(r.path) if r.path else '-'}"
         for r in rows
     ]
     body = ("\n".join(lines) + "\n").encode()
@@ -114,13 +118,14 @@ def decode(raw: bytes, generation: int, size: int) -> list[Row]:
         )
     rows = []
     for line in lines[1:]:
-        offset, length, kind, log_id, path = line.split(" ", 4)
+        offset, length, kind, log_id, position, path = line.split(" ", 5)
         rows.append(
             Row(
                 int(offset),
                 int(length),
                 int(kind),
                 log_id,
+                int(position),
                 None if path == "-" else json.loads(path),
             )
         )

@@ -175,7 +175,10 @@ def test_a_clean_pack_without_a_valid_index_is_read_whole_and_gets_one(
 
 
 def test_an_index_is_tied_to_its_packs_generation_and_size(tmp_path: Path) -> None:
-    rows = [packindex.Row(0, 100, 3, "a" * 32, "/x y"), packindex.Row(100, 50, 5, "a" * 32, None)]
+    rows = [
+        packindex.Row(0, 100, 3, "a" * 32, 0, "/x y"),
+        packindex.Row(100, 50, 5, "a" * 32, 80, None),
+    ]
     raw = packindex.encode(7, 150, rows)
     assert packindex.decode(raw, 7, 150) == rows
     for generation, size in ((8, 150), (7, 149)):
