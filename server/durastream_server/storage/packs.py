@@ -33,7 +33,9 @@ made. What the WAL files' entries made void is written to the sidecars of the pa
 packed creates of each WAL file are written into a pack of its generation (a torn end is an
 unacknowledged round, and is not read), half-void packs are rewritten, and packs with none are removed;
 then the replay removes the WAL files. A damaged entry in the middle of a pack is skipped and logged with
-its byte range; the entries after it are read (hazard 32).
+its byte range; the entries after it are read (hazard 32). The pack's index (``packindex``, written
+after each pack) names the stream of a damaged entry: that stream is quarantined, and the pack kept as
+it is (``Survey.protected``); without a valid index the damaged entry's stream cannot be named.
 """
 
 from __future__ import annotations
@@ -451,8 +453,8 @@ def settle(
     for path, start, end in found.damaged:
         out.damaged += 1
         log.error(
-            "pack %s: bytes %d-%d are damaged and were skipped (a packed stream created there is "
-            "lost; the entries after them are read)",
+            "pack %s: bytes %d-%d are damaged and were skipped (the streams its index names for "
+            "them are quarantined; the entries after them are read)",
             path,
             start,
             end,
