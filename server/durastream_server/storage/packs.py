@@ -488,8 +488,9 @@ def settle(
     held = {generation: len(scanned.entries) for generation, scanned in found.pack_scans}
     # Written again with their live entries only: the WAL files' (no pack of their generation yet)
     # and the packs that are half void (or that are whole WAL files, as step 1 first kept them).
-    for generation in found.protected:  # kept as it is: its damage stays visible
-        counts[generation] = max(counts.get(generation, 0), 1)
+    for generation in found.protected:  # kept as it is: its damage stays visible, so one more live
+        # entry that nothing voids (the pack outlives the drops of its other streams)
+        counts[generation] = counts.get(generation, 0) + 1
     rewrite = {
         g
         for g in counts

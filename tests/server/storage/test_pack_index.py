@@ -248,3 +248,38 @@ def test_after_a_power_loss_with_the_wal_live_a_damaged_pack_entry_still_quarant
 
     run(reopen)
     run(reopen)
+
+
+def test_a_pack_kept_for_its_damage_outlives_the_deletes_of_its_other_streams(
+    tmp_path: Path,
+) -> None:
+    """The other streams of the damaged pack deleted and checkpointed while serving: the pack is not
+    removed (nor compacted), so the next start-up still quarantines the damaged entry's stream
+    instead of finding it whole and shorter."""
+    ids = _three_streams(tmp_path)
+    [row] = [r for r in _rows(tmp_path, 2) if r.log_id == ids[1]]
+    _flip(tmp_path, 2, row)
+
+    async def delete_others() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        assert set(dd.logs) == {ids[0], ids[2]}
+        for log_id in (ids[0], ids[2]):
+            await dd.delete_stream(dd.logs[log_id])
+        await checkpoint(dd)
+        await checkpoint(dd)
+        await dd.close()
+
+    run(delete_others)
+    assert 2 in packs.pack_generations(tmp_path / packs.PACKS_DIR)
+
+    async def reopen() -> None:
+        dd = await _open_lazy(tmp_path)
+        try:
+            if ids[1] in dd.pending.hints:
+                await dd.recover([ids[1]])
+            assert ids[1] not in dd.logs and "/s1" in dd.corrupt
+        finally:
+            await dd.close()
+
+    run(reopen)
+    run(reopen)
