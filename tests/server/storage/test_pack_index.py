@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from durastream_server import datacheck, errors
-from durastream_server.storage import DataDir, committer, packindex, packs
+from durastream_server.storage import DataDir, codec, committer, packindex, packs
 
 from ._util import append, checkpoint, config, crash_copy, header, open_dd, read_all, run
 
@@ -283,3 +283,9 @@ def test_a_pack_kept_for_its_damage_outlives_the_deletes_of_its_other_streams(
 
     run(reopen)
     run(reopen)
+
+
+@pytest.mark.parametrize("path", ["/plain", '/with "quotes" and \\ slash', "/naïve/日本", "/path"])
+def test_the_path_of_a_packed_create_is_read_as_the_header_holds_it(path: str) -> None:
+    record = bytes(codec.encode_header(header(path, fork_source_path="/x/path")))
+    assert packindex._create_path(record) == packs.header_path(record) == path
