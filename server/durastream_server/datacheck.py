@@ -380,12 +380,25 @@ def _verify_packed(root: Path, only: str | None, report: DirectoryReport) -> Non
         pieces = found.pieces.get(log_id)
         if pieces is not None:  # packed records (decision 0010 step 2): folded as start-up does
             _fold_packed(stream, log_id, b"".join(p.records for p in packs.prefix(pieces)))
-            if log_id in found.gaps:
-                stream.note(
-                    DAMAGE,
-                    "packed records",
-                    "its records stop at a gap (a damaged pack entry): the server quarantines it",
-                )
+        if log_id in found.gaps:
+            stream.note(
+                DAMAGE,
+                "packed records",
+                "a damaged pack entry holds some of its records (a gap, or named by the pack's "
+                "index): the server quarantines it",
+            )
+        report.streams.append(stream)
+    for log_id, path in sorted(found.lost.items()):  # named by a pack index, create damaged
+        if only is not None and path != only:
+            continue
+        stream = StreamReport(log_id)
+        stream.path = path
+        stream.note(
+            DAMAGE,
+            "header",
+            "its packed create is a damaged pack entry (named by the pack's index): the server "
+            "quarantines it",
+        )
         report.streams.append(stream)
 
 

@@ -418,3 +418,51 @@ def test_a_stream_crossing_the_packed_threshold_is_promoted_and_reads_back_acros
     assert len(_directories(server)) == 1  # the small one is still packed
     _post(server, "grow", body % 24)
     assert [m["n"] for m in _read_all_messages(server.stream_url("grow"))] == list(range(25))
+
+
+def test_a_damaged_last_pack_entry_quarantines_its_stream_across_sigkills(server_factory) -> None:
+    """The pack index (decision 0010, "Step 2: the pack index"): after a SIGKILL, one byte flipped in
+    the *last* packed entry of one stream (its id is under the failed CRC) quarantines that stream,
+    by the index's word: 5xx for its path (never its records before the damage), listed by
+    ``/healthz``, at every later start-up; the other streams of the same pack serve whole."""
+    from durastream_server.storage import packindex
+
+    server = server_factory()
+    names = [f"idx/{n}" for n in range(3)]
+    for name in names:
+        _put(server, name)
+    for n in range(2):
+        for name in names:
+            _post(server, name, f'{{"n":{n}}}')
+    _checkpointed(server)
+    server.kill()
+    directory = server.data_dir / packs.PACKS_DIR
+    indexed = {}  # pack -> its index's rows
+    for found in _pack_files(server):
+        rows = packindex.read(directory, int(found.name.split(".")[0]), found.stat().st_size)
+        assert rows is not None, found
+        indexed[found] = rows
+    [victim_id] = {
+        r.log_id for rs in indexed.values() for r in rs if r.path and r.path.endswith(names[1])
+    }
+    pack, victim = [
+        (found, r)
+        for found, rs in indexed.items()
+        for r in rs
+        if r.log_id == victim_id and r.kind == wal.Kind.PACKED_RECORDS
+    ][-1]  # its last records entry
+    data = bytearray(pack.read_bytes())
+    data[victim.offset + victim.length - 3] ^= 0xFF  # inside its last record
+    pack.write_bytes(bytes(data))
+    for _ in range(2):
+        server.restart()
+        served = {}
+        for name in names:
+            response = requests.get(server.stream_url(name), params={"offset": "-1"}, timeout=10)
+            served[name] = response.status_code
+            if response.status_code == 200:
+                assert [m["n"] for m in response.json()] == [0, 1], name
+        assert served == {names[0]: 200, names[1]: served[names[1]], names[2]: 200}
+        assert served[names[1]] >= 500, served
+        assert [q["path"] for q in server.health()["quarantined"]] == [names[1]]
+        server.kill()

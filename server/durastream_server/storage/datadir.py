@@ -255,6 +255,12 @@ class DataDir:
             self._packed_boot = {i: frame for i, (_, frame) in settled.live.items()}
             self._packed_extents = settled.extents
             self._packed_gaps = set(settled.gaps)
+            for log_id, path in settled.lost.items():
+                # Its packed create is a damaged entry that its pack's index names: its path is
+                # reserved, never made anew or served (decision 0010, "Step 2: the pack index").
+                self._quarantine_packed(
+                    log_id, path, "its packed create is a damaged pack entry (see `check`)"
+                )
             if report.files:
                 log.info(
                     "data dir %s: write-ahead log replayed (%d files, %d entries, %d written back; "
@@ -363,6 +369,15 @@ class DataDir:
                 adopted += await self._adopt_packed_records(with_records)
             for log_id in packed:
                 frame = self._packed_boot.pop(log_id)
+                if log_id in self._packed_gaps:  # its only records entry is damaged (pack index)
+                    hint = self.pending.hints.get(log_id)
+                    self._quarantine_packed(
+                        log_id,
+                        hint.path if hint else None,
+                        "a damaged pack entry holds its records (named by the pack's index; "
+                        "see `check`)",
+                    )
+                    continue
                 try:
                     header = decode_header_frame(frame)
                 except codec.CorruptRecord as exc:  # its WAL entry checked out: a bug, not damage
@@ -404,8 +419,9 @@ class DataDir:
                 self._quarantine_packed(
                     log_id,
                     result.header.path,
-                    f"its packed records stop at a gap at byte {extents.end} of its virtual segment "
-                    "(a damaged pack entry was skipped; see the start-up log and `check`)",
+                    f"its records stop at a gap or a damaged pack entry (its readable records end "
+                    f"at byte {extents.end} of its virtual segment; see the start-up log and "
+                    "`check`)",
                 )
                 continue
             stream = self._adopt(result, os.path.join(self._streams, log_id))

@@ -33,7 +33,9 @@ made. What the WAL files' entries made void is written to the sidecars of the pa
 packed creates of each WAL file are written into a pack of its generation (a torn end is an
 unacknowledged round, and is not read), half-void packs are rewritten, and packs with none are removed;
 then the replay removes the WAL files. A damaged entry in the middle of a pack is skipped and logged with
-its byte range; the entries after it are read (hazard 32).
+its byte range; the entries after it are read (hazard 32). The pack's index (``packindex``, written
+after each pack) names the stream of a damaged entry: that stream is quarantined, and the pack kept as
+it is (``Survey.protected``); without a valid index the damaged entry's stream cannot be named.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from durastream_server.storage import codec
+from durastream_server.storage import codec, packindex
 from durastream_server.storage.extents import (
     IN_PACK,
     IN_WAL,
@@ -163,6 +165,9 @@ def write_pack(directory: Path, generation: int, entries: list[WalEntry], *, syn
     buffers: list[bytes | bytearray | memoryview] = []
     for entry in entries:
         buffers += encode_entry(generation, entry)
+    # The old pack's index goes (durably) before the new pack is renamed in; the new index is
+    # written once the rename is durable (``packindex``): no index ever describes other bytes.
+    packindex.remove(directory, generation, sync=sync)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
     try:
         size = pwrite_all(fd, buffers, 0)
@@ -173,6 +178,7 @@ def write_pack(directory: Path, generation: int, entries: list[WalEntry], *, syn
     os.rename(temporary, final)
     if sync:
         fsync_dir(directory)
+    packindex.write(directory, generation, size, packindex.rows_of_entries(entries), sync=sync)
     return size
 
 
@@ -216,6 +222,11 @@ class Settled:
     # Only with ``settle(headers=True)`` (packed appends on): an int per packed stream otherwise
     # costs every start-up (~4 us a stream measured with 50,000 packed creates).
     headers: dict[str, int] = field(default_factory=dict)
+    # The pack index: packed streams whose create is a damaged entry its pack's index names (id ->
+    # path, or None if the index had none): quarantined by ``DataDir``; and the packs kept as they
+    # are because of a damaged entry attributed to a stream (never compacted while serving).
+    lost: dict[str, str | None] = field(default_factory=dict)
+    protected: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -236,6 +247,12 @@ class Survey:
     # Where each live packed create's header record is in its pack, if a pack holds it.
     headers: dict[str, int] = field(default_factory=dict)
     gaps: list[str] = field(default_factory=list)
+    # The pack index: streams whose packed create is a damaged entry (id -> path, if the index
+    # holds it), the packs kept as they are because a damaged entry of theirs is attributed, and the
+    # clean packs without an index.
+    lost: dict[str, str | None] = field(default_factory=dict)
+    protected: set[int] = field(default_factory=set)
+    unindexed: list[int] = field(default_factory=list)
 
 
 def survey(root: Path, wal_scans: list[tuple[int, Scan]], *, headers: bool = False) -> Survey:
@@ -247,11 +264,27 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]], *, headers: bool = Fal
     pack_scans: list[tuple[int, Scan]] = []
     void: dict[int, set[str]] = {}
     damaged = []
+    blame: dict[str, tuple[int, str | None]] = {}  # stream id -> (pack, path) of a damaged entry
+    unindexed: list[int] = []  # clean packs without a valid index (``settle`` writes one)
+    in_wal_files = {generation for generation, _ in wal_scans}
     for generation in pack_generations(packs) if packs.is_dir() else []:
         scanned = scan(packs / pack_name(generation), generation, resync=True)
         damaged += [(packs / pack_name(generation), a, b) for a, b in scanned.damaged]
         pack_scans.append((generation, scanned))
         void[generation] = read_dead(packs, generation)
+        if scanned.damaged:
+            rows = packindex.read(packs, generation, _size(packs, generation))
+            if rows is None:
+                log.error(
+                    "pack %s is damaged and has no valid index: the streams of its damaged "
+                    "entries cannot be named",
+                    pack_name(generation),
+                )
+            elif generation not in in_wal_files:  # else its WAL file still holds them whole
+                for row in packindex.blamed(rows, scanned.damaged):
+                    blame[row.log_id] = (generation, row.path)
+        elif not packindex.describes(packs, generation, _size(packs, generation)):
+            unindexed.append(generation)
     created: dict[str, tuple[int, bytes]] = {}
     header_at: dict[str, int] = {}
     dropped: set[str] = set()
@@ -276,7 +309,7 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]], *, headers: bool = Fal
                 if kind == Kind.PACKED and log_id in found:
                     at = scanned.records_at[i]
                     found[log_id].append(_Piece(0, where, generation, at, records, kind))
-    present = set(os.listdir(root / "streams")) if created else set()
+    present = set(os.listdir(root / "streams")) if created or blame else set()
     live: dict[str, tuple[int, bytes]] = {}
     counts: dict[int, int] = {}
     newly_void: dict[int, list[str]] = {}
@@ -297,9 +330,39 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]], *, headers: bool = Fal
             if not whole:
                 gaps.append(log_id)
     headers = {i: header_at[i] for i in live if i in header_at} if header_at else {}
+    # Damaged entries the packs' indexes name: a live stream is quarantined (whether the entry was its
+    # first, middle or last); one whose create is the damaged entry (not void) is quarantined by the
+    # path the index holds. Their packs are kept as they are (``protected``): the damage stays
+    # visible to every later start-up and to ``check``.
+    lost: dict[str, str | None] = {}
+    protected: set[int] = set()
+    for log_id, (generation, path) in blame.items():
+        void_elsewhere = log_id in created or log_id in dropped or log_id in present
+        if log_id in live:
+            if log_id not in gaps:
+                gaps.append(log_id)
+        elif void_elsewhere or any(log_id in v for v in void.values()):
+            continue  # void: nothing of it is served
+        else:
+            lost[log_id] = path
+        protected.add(generation)
     return Survey(
-        live, counts, newly_void, pack_scans, damaged, pieces=chosen, gaps=gaps, headers=headers
+        live,
+        counts,
+        newly_void,
+        pack_scans,
+        damaged,
+        pieces=chosen,
+        gaps=gaps,
+        headers=headers,
+        lost=lost,
+        protected=protected,
+        unindexed=unindexed,
     )
+
+
+def _size(packs: Path, generation: int) -> int:
+    return os.stat(packs / pack_name(generation)).st_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,14 +453,23 @@ def settle(
     for path, start, end in found.damaged:
         out.damaged += 1
         log.error(
-            "pack %s: bytes %d-%d are damaged and were skipped (a packed stream created there is "
-            "lost; the entries after them are read)",
+            "pack %s: bytes %d-%d are damaged and were skipped (the streams its index names for "
+            "them are quarantined; the entries after them are read)",
             path,
             start,
             end,
         )
     out.live = found.live
     out.gaps = found.gaps
+    out.lost = found.lost
+    out.protected = found.protected
+    for log_id, path in found.lost.items():
+        log.error(
+            "packed stream %s (%r): its packed create is a damaged pack entry (named by the pack's "
+            "index); it is quarantined",
+            log_id,
+            path,
+        )
     for log_id in found.gaps:
         log.error(
             "packed stream %s: its records stop at a gap (a damaged pack entry was skipped); it is "
@@ -416,8 +488,14 @@ def settle(
     held = {generation: len(scanned.entries) for generation, scanned in found.pack_scans}
     # Written again with their live entries only: the WAL files' (no pack of their generation yet)
     # and the packs that are half void (or that are whole WAL files, as step 1 first kept them).
+    for generation in found.protected:  # kept as it is: its damage stays visible, so one more live
+        # entry that nothing voids (the pack outlives the drops of its other streams)
+        counts[generation] = counts.get(generation, 0) + 1
     rewrite = {
-        g for g in counts if g not in held or g in in_wal or worth_rewriting(counts[g], held[g])
+        g
+        for g in counts
+        if g not in held or g in in_wal or worth_rewriting(counts[g], held[g])
+        if g not in found.protected
     }
     # The sidecars first: the WAL files whose DROPs (or replayed CREATEs) say so are removed next.
     for generation, ids in found.newly_void.items():
@@ -449,6 +527,15 @@ def settle(
         if not counts.get(generation):
             _unlink(packs / pack_name(generation))
             _unlink(packs / dead_name(generation))
+            _unlink(packs / packindex.index_name(generation))
+    # The index of a clean pack kept as it is that has none, or a stale one (written before this
+    # version, or a crash between a pack's rename and its index's).
+    scans = dict(found.pack_scans)
+    for generation in found.unindexed:
+        if counts.get(generation) and generation not in rewrite:
+            size = os.stat(packs / pack_name(generation)).st_size
+            rows = packindex.rows_of_scan(scans[generation])
+            packindex.write(packs, generation, size, rows, sync=sync)
     for generation in counts:
         out.kept[generation] = os.stat(packs / pack_name(generation)).st_size
         out.entries[generation] = held[generation]
@@ -636,7 +723,7 @@ class PackBook:
             for extents in settled.extents.values()
             for where, generation in extents.files()
             if where == IN_PACK
-        }
+        } | settled.protected
 
     @property
     def disk_bytes(self) -> int:
@@ -816,6 +903,7 @@ class PackBook:
         for generation in plan.remove:
             _unlink(self.directory / pack_name(generation))
             _unlink(self.directory / dead_name(generation))
+            _unlink(self.directory / packindex.index_name(generation))
         if plan.remove:
             fsync_dir(self.directory)
 

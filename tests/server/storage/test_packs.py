@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from durastream_server import datacheck, errors
-from durastream_server.storage import DataDir, Durability, codec, committer, packs, wal
+from durastream_server.storage import DataDir, Durability, codec, committer, packindex, packs, wal
 from durastream_server.storage import promotion as promotion_module
 from durastream_server.storage.segments import segment_name
 
@@ -205,7 +205,10 @@ def test_a_failed_promotion_fails_that_write_only_and_heals(
     run(go)
 
 
-def test_a_damaged_entry_in_a_pack_loses_only_the_stream_it_holds(tmp_path: Path) -> None:
+def test_a_damaged_entry_in_a_pack_quarantines_only_the_stream_it_holds(tmp_path: Path) -> None:
+    """The pack's index names the damaged entry's stream (its id is under the failed CRC): it is
+    quarantined by its path; the entries after the damage are read (hazard 32)."""
+
     async def go() -> list[str]:
         dd = await open_dd(tmp_path)
         made = [await dd.create_stream(header(f"/d{i}"), None) for i in range(3)]
@@ -220,11 +223,16 @@ def test_a_damaged_entry_in_a_pack_loses_only_the_stream_it_holds(tmp_path: Path
     pack.write_bytes(bytes(data))
     report = datacheck.verify_dir(tmp_path)
     assert report.damaged and any(f.kind == "pack" for f in report.findings)
-    assert sorted(s.path for s in report.streams) == ["/d0", "/d2"]
+    assert sorted((s.path, s.status) for s in report.streams) == [
+        ("/d0", "ok"),
+        ("/d1", "damaged"),
+        ("/d2", "ok"),
+    ]
 
     async def reopen() -> None:
         dd = await open_dd(tmp_path)
         assert set(dd.logs) == {ids[0], ids[2]}  # the entries after the damage are read
+        assert "/d1" in dd.corrupt  # not made anew, listed by /healthz
         await dd.close()
 
     run(reopen)
@@ -395,7 +403,10 @@ def test_an_unpromote_that_cannot_be_written_stops_writes_until_a_restart(
 
 
 def _pack_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in (root / packs.PACKS_DIR).iterdir())
+    """The packs and their sidecars (the disk bound of decision 0010; indexes are counted apart)."""
+    return sum(
+        p.stat().st_size for p in (root / packs.PACKS_DIR).iterdir() if p.suffix != packindex.SUFFIX
+    )
 
 
 def test_packs_hold_only_live_packed_creates_while_appends_fill_wal_files(
@@ -444,7 +455,11 @@ def test_a_half_void_pack_is_rewritten_with_its_live_creates_and_its_sidecar_goe
         assert packs.read_dead(tmp_path / packs.PACKS_DIR, generation) == {g.id for g in logs[:4]}
         await dd.delete_stream(logs[4])  # 5 of 10: rewritten with the 5 live ones
         await _checkpoint(dd)
-        assert _packs(tmp_path) == [pack]
+        index = packindex.index_name(generation)
+        assert _packs(tmp_path) == [index, pack]  # the sidecar gone, the index of the new pack
+        size = (tmp_path / packs.PACKS_DIR / pack).stat().st_size
+        rows = packindex.read(tmp_path / packs.PACKS_DIR, generation, size)
+        assert rows is not None and [r.log_id for r in rows] == [g.id for g in logs[5:]]
         assert _pack_bytes(tmp_path) < full * 0.6
         scanned = wal.scan(tmp_path / packs.PACKS_DIR / pack, generation, resync=True)
         assert [e[0] for e in scanned.entries] == [g.id for g in logs[5:]]
@@ -493,8 +508,9 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The data directory copied as a SIGKILL would leave it just before and after every rename into
-    ``packs/`` (a new pack of a retired WAL file, a half-void pack rewritten) and before the WAL
-    file's removal: each copy starts with the same streams, each once, packed as they were."""
+    ``packs/`` (a new pack of a retired WAL file, a half-void pack rewritten, and each pack's index)
+    and before the WAL file's and an old index's removal: each copy starts with the same streams,
+    each once, packed as they were, and every pack then has the index of its own bytes."""
     root = tmp_path / "live"
     snapshots: list[tuple[str, Path]] = []
     real_rename, real_unlink = os.rename, os.unlink
@@ -507,7 +523,7 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
         snapshots.append((label, into))
 
     def rename(src, dst, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if str(dst).endswith(".pack"):
+        if str(dst).endswith((".pack", packindex.SUFFIX)):
             snapshot(f"before renaming {dst}")
             real_rename(src, dst, *args, **kwargs)
             snapshot(f"after renaming {dst}")
@@ -515,7 +531,7 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
         return real_rename(src, dst, *args, **kwargs)
 
     def unlink(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        if str(path).endswith((".wal", ".dead")):
+        if str(path).endswith((".wal", ".dead", packindex.SUFFIX)):
             snapshot(f"before removing {path}")
         return real_unlink(path, *args, **kwargs)
 
@@ -543,6 +559,8 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
 
     labels = [label for label, _ in snapshots[first:]]
     assert any("before renaming" in x for x in labels) and any(".wal" in x for x in labels), labels
+    assert any(f"renaming {root}" in x and x.endswith(packindex.SUFFIX) for x in labels), labels
+    assert any(f"removing {root}" in x and x.endswith(packindex.SUFFIX) for x in labels), labels
 
     async def reopen(label: str, copy: Path) -> None:
         for _ in range(2):  # and once more after the first start-up settled the packs
@@ -558,6 +576,12 @@ def test_a_crash_at_each_step_of_writing_or_rewriting_a_pack_loses_or_duplicates
                 for e in wal.scan(copy / packs.PACKS_DIR / packs.pack_name(g), g).entries
             ]
             assert sorted(scanned) == sorted(packed), label  # one entry per packed stream
+            for g in packs.pack_generations(copy / packs.PACKS_DIR):
+                pack = copy / packs.PACKS_DIR / packs.pack_name(g)
+                rows = packindex.read(copy / packs.PACKS_DIR, g, pack.stat().st_size)
+                want = wal.scan(pack, g).entries
+                assert rows is not None, label
+                assert [(r.log_id, r.kind) for r in rows] == [(e[0], e[4]) for e in want], label
             assert not [n for n in os.listdir(copy / packs.PACKS_DIR) if n.endswith(".tmp")]
             await dd.close()
 

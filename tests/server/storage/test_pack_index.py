@@ -1,0 +1,291 @@
+"""The pack index (decision 0010, "Step 2: the pack index"; ``storage/packindex.py``) at the storage
+layer: a damaged pack entry of a packed stream, whether its create, its first, a middle or its last
+records entry, quarantines that stream (never served short) while the other streams of the same packs
+serve whole; a missing, torn or stale index falls back to the scan (and today's behaviour for damage);
+``settle`` writes the index of a clean pack that has none."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from durastream_server import datacheck, errors
+from durastream_server.storage import DataDir, codec, committer, packindex, packs
+
+from ._util import append, checkpoint, config, crash_copy, header, open_dd, read_all, run
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(committer, "CHECKPOINT_IDLE_SECONDS", 3600.0)
+
+
+def _three_streams(root: Path) -> list[str]:
+    """/s0, /s1, /s2: packed, three records each, one per pack (three checkpoints): each stream's
+    create and first records entry in pack 0, its middle one in pack 1, its last one in pack 2."""
+
+    async def go() -> list[str]:
+        dd = await open_dd(root, packed_appends=True)
+        logs = [await dd.create_stream(header(f"/s{i}"), None) for i in range(3)]
+        for round_ in range(3):
+            for log in logs:
+                await append(log, f'"m{round_}"'.encode())
+            await checkpoint(dd)
+        await dd.close()
+        return [log.id for log in logs]
+
+    ids = run(go)
+    assert packs.pack_generations(root / packs.PACKS_DIR) == [0, 1, 2]
+    return ids
+
+
+def _rows(root: Path, generation: int) -> list[packindex.Row]:
+    directory = root / packs.PACKS_DIR
+    size = (directory / packs.pack_name(generation)).stat().st_size
+    rows = packindex.read(directory, generation, size)
+    assert rows is not None
+    return rows
+
+
+def _flip(root: Path, generation: int, row: packindex.Row) -> None:
+    """Flip a byte in the middle of the entry ``row`` describes: its CRC fails."""
+    pack = root / packs.PACKS_DIR / packs.pack_name(generation)
+    data = bytearray(pack.read_bytes())
+    data[row.offset + row.length // 2] ^= 0xFF
+    pack.write_bytes(bytes(data))
+
+
+_ENTRIES = {  # which entry of /s1: (pack generation, kind)
+    "create": (0, 3),
+    "first": (0, 5),
+    "middle": (1, 5),
+    "last": (2, 5),
+}
+
+
+async def _open_lazy(root: Path) -> DataDir:
+    """As the server opens it: streams recovered on demand (``DataDir.recover``)."""
+    return await DataDir.open(config(root, packed_appends=True), lazy=True)
+
+
+async def _messages(dd: DataDir, log_id: str) -> int:
+    if log_id not in dd.logs:
+        await dd.recover([log_id])
+    return len(await read_all(dd.logs[log_id]))
+
+
+@pytest.mark.parametrize("which", sorted(_ENTRIES))
+def test_a_damaged_entry_of_a_packed_stream_quarantines_it_and_the_others_serve_whole(
+    tmp_path: Path, which: str
+) -> None:
+    ids = _three_streams(tmp_path)
+    generation, kind = _ENTRIES[which]
+    [row] = [r for r in _rows(tmp_path, generation) if r.log_id == ids[1] and r.kind == kind]
+    _flip(tmp_path, generation, row)
+
+    report = datacheck.verify_dir(tmp_path)
+    assert report.damaged
+    [s1] = [s for s in report.streams if s.path == "/s1"]
+    assert s1.status == "damaged"
+    assert all(s.status == "ok" for s in report.streams if s.path != "/s1")
+
+    async def reopen() -> None:
+        dd = await _open_lazy(tmp_path)
+        try:
+            for log_id in (ids[0], ids[2]):
+                assert await _messages(dd, log_id) == 3
+            if ids[1] in dd.pending.hints:
+                await dd.recover([ids[1]])
+            assert ids[1] not in dd.logs  # never served, short or otherwise
+            assert "/s1" in dd.corrupt  # its path reserved, listed by /healthz
+        finally:
+            await dd.close()
+
+    run(reopen)
+    run(reopen)  # the damage is kept: every start-up quarantines it again
+    assert generation in packs.pack_generations(tmp_path / packs.PACKS_DIR)
+
+
+def test_without_a_valid_index_a_damaged_last_entry_is_served_as_before(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fallback (the Limit of decision 0010 without the index): a torn index is not trusted."""
+    ids = _three_streams(tmp_path)
+    [row] = [r for r in _rows(tmp_path, 2) if r.log_id == ids[1]]
+    index = tmp_path / packs.PACKS_DIR / packindex.index_name(2)
+    index.write_bytes(index.read_bytes()[:-5])  # torn: its checksum fails
+    _flip(tmp_path, 2, row)
+
+    async def reopen() -> None:
+        dd = await _open_lazy(tmp_path)
+        try:
+            assert await _messages(dd, ids[0]) == 3
+            assert await _messages(dd, ids[1]) == 2  # the stream's id is under the failed CRC
+            assert await _messages(dd, ids[2]) == 3
+        finally:
+            await dd.close()
+
+    with caplog.at_level(logging.WARNING):
+        run(reopen)
+    assert "is not used: its checksum fails" in caplog.text
+    assert "has no valid index" in caplog.text
+
+
+@pytest.mark.parametrize("state", ["missing", "stale"])
+def test_a_clean_pack_without_a_valid_index_is_read_whole_and_gets_one(
+    tmp_path: Path, state: str
+) -> None:
+    ids = _three_streams(tmp_path)
+    directory = tmp_path / packs.PACKS_DIR
+    index = directory / packindex.index_name(1)
+    if state == "missing":  # a crash between the pack's rename and its index's
+        index.unlink()
+    else:  # the index of another version of the pack (as before a rewrite): another size
+        rows = _rows(tmp_path, 1)
+        size = (directory / packs.pack_name(1)).stat().st_size
+        index.write_bytes(packindex.encode(1, size + 141, rows + [rows[0]]))
+        assert packindex.read(directory, 1, size) is None
+
+    async def reopen() -> None:
+        dd = await _open_lazy(tmp_path)
+        try:
+            for log_id in ids:
+                assert await _messages(dd, log_id) == 3
+        finally:
+            await dd.close()
+
+    run(reopen)
+    assert [r.log_id for r in _rows(tmp_path, 1)] == ids  # written again by the start-up
+    # And so a damaged entry of it is attributed from now on.
+    [row] = [r for r in _rows(tmp_path, 1) if r.log_id == ids[2]]
+    _flip(tmp_path, 1, row)
+
+    async def again() -> None:
+        dd = await _open_lazy(tmp_path)
+        try:
+            if ids[2] in dd.pending.hints:
+                await dd.recover([ids[2]])
+            assert ids[2] not in dd.logs and "/s2" in dd.corrupt
+        finally:
+            await dd.close()
+
+    run(again)
+
+
+def test_an_index_is_tied_to_its_packs_generation_and_size(tmp_path: Path) -> None:
+    rows = [
+        packindex.Row(0, 100, 3, "a" * 32, 0, "/x y"),
+        packindex.Row(100, 50, 5, "a" * 32, 80, None),
+    ]
+    raw = packindex.encode(7, 150, rows)
+    assert packindex.decode(raw, 7, 150) == rows
+    for generation, size in ((8, 150), (7, 149)):
+        with pytest.raises(ValueError, match="stale"):
+            packindex.decode(raw, generation, size)
+    damaged = bytearray(raw)
+    damaged[40] ^= 1
+    with pytest.raises(ValueError, match="checksum"):
+        packindex.decode(bytes(damaged), 7, 150)
+    assert packindex.blamed(rows, [(120, 130)]) == [rows[1]]
+    assert packindex.blamed(rows, [(99, 101)]) == rows
+
+
+def test_a_pack_entry_damaged_while_serving_is_an_error_on_read_never_a_short_stream(
+    tmp_path: Path,
+) -> None:
+    """The CRC of each record is checked when it is read (``reader``): damage that appears after
+    start-up folded the stream answers ``CorruptStream`` (500), not the records before it."""
+    ids = _three_streams(tmp_path)
+
+    async def go() -> None:
+        dd = await _open_lazy(tmp_path)
+        try:
+            assert await _messages(dd, ids[1]) == 3  # adopted whole: its records folded
+            [row] = [r for r in _rows(tmp_path, 2) if r.log_id == ids[1]]
+            _flip(tmp_path, 2, row)
+            with pytest.raises(errors.CorruptStream):
+                await read_all(dd.logs[ids[1]])
+            assert await _messages(dd, ids[0]) == 3
+        finally:
+            await dd.close()
+
+    run(go)
+
+
+def test_after_a_power_loss_with_the_wal_live_a_damaged_pack_entry_still_quarantines(
+    tmp_path: Path,
+) -> None:
+    """The data directory copied while the server runs, the WAL live (newer records of every stream
+    in it, not checkpointed): the damaged entry of a pack is still attributed by its index, and the
+    live WAL file's records of the other streams are read."""
+    live = tmp_path / "live"
+    ids = _three_streams(live)
+
+    async def write_more() -> None:
+        dd = await open_dd(live, packed_appends=True)
+        for log_id in ids:  # opened whole (not lazy): every log is there
+            await append(dd.logs[log_id], b'"m3"')
+        crash_copy(live, tmp_path / "copy")
+        await dd.close()
+
+    run(write_more)
+    copy = tmp_path / "copy"
+    [row] = [r for r in _rows(copy, 1) if r.log_id == ids[1]]
+    _flip(copy, 1, row)
+
+    async def reopen() -> None:
+        dd = await _open_lazy(copy)
+        try:
+            for log_id in (ids[0], ids[2]):
+                assert await _messages(dd, log_id) == 4
+            if ids[1] in dd.pending.hints:
+                await dd.recover([ids[1]])
+            assert ids[1] not in dd.logs and "/s1" in dd.corrupt
+        finally:
+            await dd.close()
+
+    run(reopen)
+    run(reopen)
+
+
+def test_a_pack_kept_for_its_damage_outlives_the_deletes_of_its_other_streams(
+    tmp_path: Path,
+) -> None:
+    """The other streams of the damaged pack deleted and checkpointed while serving: the pack is not
+    removed (nor compacted), so the next start-up still quarantines the damaged entry's stream
+    instead of finding it whole and shorter."""
+    ids = _three_streams(tmp_path)
+    [row] = [r for r in _rows(tmp_path, 2) if r.log_id == ids[1]]
+    _flip(tmp_path, 2, row)
+
+    async def delete_others() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        assert set(dd.logs) == {ids[0], ids[2]}
+        for log_id in (ids[0], ids[2]):
+            await dd.delete_stream(dd.logs[log_id])
+        await checkpoint(dd)
+        await checkpoint(dd)
+        await dd.close()
+
+    run(delete_others)
+    assert 2 in packs.pack_generations(tmp_path / packs.PACKS_DIR)
+
+    async def reopen() -> None:
+        dd = await _open_lazy(tmp_path)
+        try:
+            if ids[1] in dd.pending.hints:
+                await dd.recover([ids[1]])
+            assert ids[1] not in dd.logs and "/s1" in dd.corrupt
+        finally:
+            await dd.close()
+
+    run(reopen)
+    run(reopen)
+
+
+@pytest.mark.parametrize("path", ["/plain", '/with "quotes" and \\ slash', "/naïve/日本", "/path"])
+def test_the_path_of_a_packed_create_is_read_as_the_header_holds_it(path: str) -> None:
+    record = bytes(codec.encode_header(header(path, fork_source_path="/x/path")))
+    assert packindex._create_path(record) == packs.header_path(record) == path
