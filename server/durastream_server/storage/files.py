@@ -15,6 +15,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +255,27 @@ def write_file(path: str | os.PathLike[str], flags: int, data: bytes, *, sync: b
             os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def replace_file(
+    final: Path, buffers: Sequence[bytes | bytearray | memoryview], *, sync: bool
+) -> int:
+    """Put ``buffers`` at ``final`` whole or not at all: written to ``final`` + ``.tmp``, fdatasync'd,
+    renamed over ``final``, its directory fsync'd (with ``sync``). A crash leaves the old file or the
+    new one, never part of either, plus maybe a stray ``.tmp`` the owner removes at start-up. Returns
+    the bytes written."""
+    temporary = final.with_name(final.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
+    try:
+        size = pwrite_all(fd, buffers, 0)
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temporary, final)
+    if sync:
+        fsync_dir(final.parent)
+    return size
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from durastream_server.storage import codec
-from durastream_server.storage.files import fsync_dir
+from durastream_server.storage.files import fsync_dir, replace_file
 from durastream_server.storage.wal import FIXED_SIZE, HEAD_SIZE, Kind, Scan, WalEntry
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 MAGIC = "durastream-pack-index"
 VERSION = 1
 SUFFIX = ".idx"
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 def index_name(generation: int) -> str:
@@ -143,21 +142,7 @@ def decode(raw: bytes, generation: int, size: int) -> list[Row]:
 
 def write(directory: Path, generation: int, size: int, rows: list[Row], *, sync: bool) -> None:
     """``packs/<generation>.idx`` for the pack of ``size`` bytes that is there (renamed in, durable)."""
-    final = directory / index_name(generation)
-    temporary = directory / (index_name(generation) + ".tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
-    try:
-        data = encode(generation, size, rows)
-        written = 0
-        while written < len(data):
-            written += os.write(fd, data[written:])
-        if sync:
-            os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    os.rename(temporary, final)
-    if sync:
-        fsync_dir(directory)
+    replace_file(directory / index_name(generation), [encode(generation, size, rows)], sync=sync)
 
 
 def remove(directory: Path, generation: int, *, sync: bool) -> None:

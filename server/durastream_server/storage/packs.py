@@ -57,7 +57,7 @@ from durastream_server.storage.extents import (
     coalesce,
     records_offsets,
 )
-from durastream_server.storage.files import fsync_dir, pread_exact, pwrite_all
+from durastream_server.storage.files import fsync_dir, pread_exact, replace_file
 from durastream_server.storage.records import StreamHeader
 from durastream_server.storage.recovery import Quarantine, Recovered, recover_packed
 from durastream_server.storage.wal import (
@@ -157,27 +157,17 @@ def write_pack(directory: Path, generation: int, entries: list[WalEntry], *, syn
     """Make ``packs/<generation>.pack`` hold exactly ``entries`` (packed creates, encoded with
     ``generation`` as the WAL file that first held them wrote them: byte for byte the same entries, so
     the generation check of ``wal.scan`` passes), replacing any pack of that generation atomically:
-    a temporary file, ``fdatasync``, ``rename``, then ``fsync`` of ``packs/`` (with ``sync``). A crash
+    ``files.replace_file``: a temporary file (``TMP_SUFFIX``), ``fdatasync``, ``rename``, then ``fsync`` of
+    ``packs/`` (with ``sync``). A crash
     leaves the old pack or the new one, never a part of either (a stray temporary file is removed at
     start-up). Returns the new pack's size."""
-    final = directory / pack_name(generation)
-    temporary = directory / (pack_name(generation) + TMP_SUFFIX)
     buffers: list[bytes | bytearray | memoryview] = []
     for entry in entries:
         buffers += encode_entry(generation, entry)
     # The old pack's index goes (durably) before the new pack is renamed in; the new index is
     # written once the rename is durable (``packindex``): no index ever describes other bytes.
     packindex.remove(directory, generation, sync=sync)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o644)
-    try:
-        size = pwrite_all(fd, buffers, 0)
-        if sync:
-            os.fdatasync(fd)
-    finally:
-        os.close(fd)
-    os.rename(temporary, final)
-    if sync:
-        fsync_dir(directory)
+    size = replace_file(directory / pack_name(generation), buffers, sync=sync)
     packindex.write(directory, generation, size, packindex.rows_of_entries(entries), sync=sync)
     return size
 

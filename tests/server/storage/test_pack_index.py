@@ -76,6 +76,28 @@ async def _messages(dd: DataDir, log_id: str) -> int:
     return len(await read_all(dd.logs[log_id]))
 
 
+def _reopen_and_check(
+    root: Path, quarantined: str, path: str, whole: tuple[str, ...] = (), messages: int = 0
+) -> None:
+    """Open ``root`` as the server does: the streams ``whole`` read back ``messages`` each, and the
+    stream ``quarantined`` is never served, short or otherwise, its ``path`` reserved (listed by
+    /healthz)."""
+
+    async def check() -> None:
+        dd = await _open_lazy(root)
+        try:
+            for log_id in whole:
+                assert await _messages(dd, log_id) == messages
+            if quarantined in dd.pending.hints:
+                await dd.recover([quarantined])
+            assert quarantined not in dd.logs
+            assert path in dd.corrupt
+        finally:
+            await dd.close()
+
+    run(check)
+
+
 @pytest.mark.parametrize("which", sorted(_ENTRIES))
 def test_a_damaged_entry_of_a_packed_stream_quarantines_it_and_the_others_serve_whole(
     tmp_path: Path, which: str
@@ -91,20 +113,9 @@ def test_a_damaged_entry_of_a_packed_stream_quarantines_it_and_the_others_serve_
     assert s1.status == "damaged"
     assert all(s.status == "ok" for s in report.streams if s.path != "/s1")
 
-    async def reopen() -> None:
-        dd = await _open_lazy(tmp_path)
-        try:
-            for log_id in (ids[0], ids[2]):
-                assert await _messages(dd, log_id) == 3
-            if ids[1] in dd.pending.hints:
-                await dd.recover([ids[1]])
-            assert ids[1] not in dd.logs  # never served, short or otherwise
-            assert "/s1" in dd.corrupt  # its path reserved, listed by /healthz
-        finally:
-            await dd.close()
-
-    run(reopen)
-    run(reopen)  # the damage is kept: every start-up quarantines it again
+    _reopen_and_check(tmp_path, ids[1], "/s1", (ids[0], ids[2]), 3)
+    # The damage is kept: every start-up quarantines it again.
+    _reopen_and_check(tmp_path, ids[1], "/s1", (ids[0], ids[2]), 3)
     assert generation in packs.pack_generations(tmp_path / packs.PACKS_DIR)
 
 
@@ -162,16 +173,7 @@ def test_a_clean_pack_without_a_valid_index_is_read_whole_and_gets_one(
     [row] = [r for r in _rows(tmp_path, 1) if r.log_id == ids[2]]
     _flip(tmp_path, 1, row)
 
-    async def again() -> None:
-        dd = await _open_lazy(tmp_path)
-        try:
-            if ids[2] in dd.pending.hints:
-                await dd.recover([ids[2]])
-            assert ids[2] not in dd.logs and "/s2" in dd.corrupt
-        finally:
-            await dd.close()
-
-    run(again)
+    _reopen_and_check(tmp_path, ids[2], "/s2")
 
 
 def test_an_index_is_tied_to_its_packs_generation_and_size(tmp_path: Path) -> None:
@@ -235,19 +237,8 @@ def test_after_a_power_loss_with_the_wal_live_a_damaged_pack_entry_still_quarant
     [row] = [r for r in _rows(copy, 1) if r.log_id == ids[1]]
     _flip(copy, 1, row)
 
-    async def reopen() -> None:
-        dd = await _open_lazy(copy)
-        try:
-            for log_id in (ids[0], ids[2]):
-                assert await _messages(dd, log_id) == 4
-            if ids[1] in dd.pending.hints:
-                await dd.recover([ids[1]])
-            assert ids[1] not in dd.logs and "/s1" in dd.corrupt
-        finally:
-            await dd.close()
-
-    run(reopen)
-    run(reopen)
+    _reopen_and_check(copy, ids[1], "/s1", (ids[0], ids[2]), 4)
+    _reopen_and_check(copy, ids[1], "/s1", (ids[0], ids[2]), 4)
 
 
 def test_a_pack_kept_for_its_damage_outlives_the_deletes_of_its_other_streams(
@@ -272,17 +263,8 @@ def test_a_pack_kept_for_its_damage_outlives_the_deletes_of_its_other_streams(
     run(delete_others)
     assert 2 in packs.pack_generations(tmp_path / packs.PACKS_DIR)
 
-    async def reopen() -> None:
-        dd = await _open_lazy(tmp_path)
-        try:
-            if ids[1] in dd.pending.hints:
-                await dd.recover([ids[1]])
-            assert ids[1] not in dd.logs and "/s1" in dd.corrupt
-        finally:
-            await dd.close()
-
-    run(reopen)
-    run(reopen)
+    _reopen_and_check(tmp_path, ids[1], "/s1")
+    _reopen_and_check(tmp_path, ids[1], "/s1")
 
 
 @pytest.mark.parametrize("path", ["/plain", '/with "quotes" and \\ slash', "/naïve/日本", "/path"])
