@@ -220,9 +220,10 @@ def _text(item: dict[str, Any], name: str, index: int, *, required: bool = True)
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value or "\x00" in value or len(value) > 4096:
+        got = "it is missing" if name not in item else f"got {repr(value)[:100]}"
         raise BadRequest(
-            f"entry {index}: '{name}' must be a non-empty string (a stream path or an offset the "
-            f"server returned), got {str(value)[:100]!r}"
+            f"entry {index}: '{name}' must be a non-empty string of at most 4096 characters without "
+            f"NUL (a stream path or an offset the server returned); {got}"
         )
     return value
 

@@ -237,3 +237,24 @@ def test_hundreds_of_idle_streams_answer_like_their_single_reads(
         assert frames.timestamps[window] == alone.timestamps
         at += entry["messages"]
     assert at == len(frames.values) == sum(1 + i % 4 for i in range(300) if i != 9)
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"offset": "-1", "end": "x"}, "'path' must be"),
+        ({"path": "a\x00b", "offset": "-1", "end": "x"}, "without NUL"),
+        ({"path": "a" * 4097, "offset": "-1", "end": "x"}, "at most 4096 characters"),
+        ({"path": 7, "offset": "-1", "end": "x"}, "got 7"),
+        ({"path": "a", "offset": "-1"}, "'end' must be"),
+    ],
+)
+def test_a_bad_range_field_is_named_with_what_is_wrong(
+    durastream_server: ServerProcess, entry: dict[str, Any], says: str
+) -> None:
+    response = post(durastream_server, "reads", {"ranges": [entry]})
+    assert response.status_code == 400 and error_code(response) == "BAD_REQUEST", response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith("entry 0: ") and says in message, message
+    if set(entry) < {"path", "offset", "end"}:
+        assert "it is missing" in message
