@@ -14,10 +14,9 @@ Servers older than this module do not read it (they predate packed records; see 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from durastream_server.storage.files import fsync_dir, write_file
+from durastream_server.storage.files import replace_file
 
 FILE = "FEATURES"
 PACKED_RECORDS = "packed-records"
@@ -58,9 +57,5 @@ def mark(root: Path, feature: str, *, sync: bool) -> None:
     named = read(root)
     if feature in named:
         return
-    tmp = root / (FILE + ".tmp")
     data = "".join(f"{name}\n" for name in sorted(named | {feature})).encode()
-    write_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, data, sync=sync)
-    os.replace(tmp, root / FILE)
-    if sync:
-        fsync_dir(root)
+    replace_file(root / FILE, [data], sync=sync)

@@ -14,7 +14,6 @@ that has none and scans clean (packs written before this version, or a crash bet
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -187,8 +186,3 @@ def blamed(rows: list[Row], damaged: list[tuple[int, int]]) -> list[Row]:
         for r in rows
         if any(r.offset < end and start < r.offset + r.length for start, end in damaged)
     ]
-
-
-def unlink_quietly(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)

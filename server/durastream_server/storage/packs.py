@@ -523,9 +523,8 @@ def settle(
     scans = dict(found.pack_scans)
     for generation in found.unindexed:
         if counts.get(generation) and generation not in rewrite:
-            size = os.stat(packs / pack_name(generation)).st_size
             rows = packindex.rows_of_scan(scans[generation])
-            packindex.write(packs, generation, size, rows, sync=sync)
+            packindex.write(packs, generation, _size(packs, generation), rows, sync=sync)
     for generation in counts:
         out.kept[generation] = os.stat(packs / pack_name(generation)).st_size
         out.entries[generation] = held[generation]

@@ -38,11 +38,12 @@ import os
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 from durastream_server.storage import codec
 from durastream_server.storage.codec import FRAME_SIZE, MAGIC, CorruptRecord, Kind
-from durastream_server.storage.files import fsync_dir, pwrite_all, write_file
+from durastream_server.storage.files import fsync_dir, pwrite_all, replace_file, write_file
 from durastream_server.storage.records import StagedSource
 from durastream_server.storage.state import StreamState, apply_entry
 
@@ -507,10 +508,5 @@ def append_tombstones(txn_dir: str, entries: list[tuple[str, Tombstone]], *, syn
 
 def rewrite_tombstones(txn_dir: str, live: dict[str, Tombstone], *, sync: bool) -> None:
     """Replace the tombstone file with exactly ``live`` (tmp, fsync, rename): compaction."""
-    path = os.path.join(txn_dir, TOMBSTONES)
-    tmp = path + TMP_SUFFIX
     data = b"".join(_tombstone_line(name, tombstone) for name, tombstone in live.items())
-    write_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, data, sync=sync)
-    os.replace(tmp, path)
-    if sync:
-        fsync_dir(txn_dir)
+    replace_file(Path(txn_dir, TOMBSTONES), [data], sync=sync)
