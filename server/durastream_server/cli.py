@@ -549,6 +549,22 @@ def _quiet_signals() -> Callable[[], None]:
     return restore
 
 
+def _prepare_data_dir(path: Path) -> str | None:
+    """Create the data directory if missing; ``None`` when it is usable, else what is wrong in words an
+    operator acts on (``[Errno 17] File exists`` does not say that the path is a file)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        return (
+            f"{blocker} is a file, not a directory; give a directory (it is created if missing) or "
+            "move the file away"
+        )
+    except OSError as exc:
+        return f"cannot create it: {exc.strerror or exc}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments and arguments[0] in tools.COMMANDS:  # offline tools: check, inspect (tools.py)
@@ -571,10 +587,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported here so `--help` and argument errors stay fast and independent of the server stack.
     from durastream_server.server import bind_socket, exposure_warnings, run
 
-    try:
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"durastream-server: error: --data-dir {config.data_dir}: {exc}", file=sys.stderr)
+    data_dir_error = _prepare_data_dir(config.data_dir)
+    if data_dir_error is not None:
+        print(
+            f"durastream-server: error: --data-dir {config.data_dir}: {data_dir_error}",
+            file=sys.stderr,
+        )
         return EXIT_FAILURE
     try:
         sock = bind_socket(config.host, config.port)

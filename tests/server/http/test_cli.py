@@ -104,3 +104,19 @@ def test_busy_port_is_a_clear_error(server_factory, tmp_path) -> None:
     )
     assert completed.returncode == 1
     assert "--port" in completed.stderr and "cannot listen" in completed.stderr
+
+
+@pytest.mark.parametrize("under", [False, True], ids=["the-file", "under-a-file"])
+def test_a_data_dir_that_is_a_file_is_named_as_such(
+    tmp_path, under: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("not a directory")
+    data_dir = blocker / "data" if under else blocker
+    code = main(["--data-dir", str(data_dir), "--port", "0"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert f"--data-dir {data_dir}" in err
+    assert f"{blocker} is a file, not a directory" in err
+    assert "Errno" not in err
+    assert blocker.read_text() == "not a directory"  # untouched
