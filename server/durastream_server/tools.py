@@ -67,6 +67,14 @@ def build_parser(command: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _stream_as_dir_hint(args: argparse.Namespace) -> str:
+    """``inspect /srv/data`` reads the directory as a stream path: say what was meant."""
+    stream = getattr(args, "stream", None)
+    if stream and (Path(stream) / "streams").is_dir():
+        return f" ('{stream}' is a data directory: did you mean --data-dir {stream}?)"
+    return ""
+
+
 def main(argv: Sequence[str]) -> int:
     command, rest = argv[0], list(argv[1:])
     args = build_parser(command).parse_args(rest)
@@ -74,7 +82,7 @@ def main(argv: Sequence[str]) -> int:
     if not (root / "streams").is_dir():
         print(
             f"durastream-server {command}: error: {root} is not a durastream data directory "
-            "(no streams/ in it); give the server's --data-dir",
+            f"(no streams/ in it); give the server's --data-dir{_stream_as_dir_hint(args)}",
             file=sys.stderr,
         )
         return EXIT_USAGE

@@ -303,3 +303,15 @@ def test_force_reads_a_directory_whose_lock_is_held(server_factory) -> None:
     not_a_dir = run("check", server.data_dir / "streams")
     assert not_a_dir.returncode == 2 and "not a durastream data directory" in not_a_dir.stderr
     assert os.path.exists(server.data_dir / "LOCK")
+
+
+def test_inspect_given_the_data_directory_as_its_stream_says_what_was_meant(tmp_path) -> None:
+    data_dir = tmp_path / "data"
+    (data_dir / "streams").mkdir(parents=True)
+    elsewhere = tmp_path / "empty"
+    elsewhere.mkdir()
+    result = run("inspect", elsewhere, str(data_dir))
+    assert result.returncode == 2
+    assert f"did you mean --data-dir {data_dir}?" in result.stderr
+    plain = run("inspect", elsewhere, "tenant/orders")
+    assert plain.returncode == 2 and "did you mean" not in plain.stderr
