@@ -195,6 +195,8 @@ async def measure(src: str | None, args: argparse.Namespace, workdir: Path) -> d
     }
     if spy is not None and (workdir / "spy.raw").exists():
         figures["py_spy_layers"] = layers(workdir / "spy.raw")
+        if args.spy_out:  # the raw samples, for a look by function
+            shutil.copy(workdir / "spy.raw", f"{args.spy_out}.{time.strftime('%H%M%S')}.raw")
     return figures
 
 
@@ -220,6 +222,7 @@ def main() -> None:
         "--py-spy-bin",
         default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"),
     )
+    parser.add_argument("--spy-out", help="keep py-spy's raw samples as <this>.<time>.raw")
     asyncio.run(run(parser.parse_args()))
 
 

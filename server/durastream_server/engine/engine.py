@@ -364,11 +364,67 @@ class Engine:
                 raise BadRequest("Stream-Fork-Sub-Offset must be a non-negative integer")
         except Exception as exc:
             return _failed(loop, exc)
+        if self._plain_new(request):
+            return self._create_packed(loop, request, lifetime)
         task = loop.create_task(self._create_serialized(request, lifetime, sub_offset))
         # Referenced until it ends; the task forgets itself (a done callback would cost every create
         # one more turn of the loop).
         self._creating.add(task)
         return task
+
+    def _plain_new(self, request: CreateRequest) -> bool:
+        """A create that ``_create_packed`` can make without a task: the commonest one (a new path,
+        no data, not a fork, a packed create), with nobody creating the same path meanwhile."""
+        path = request.path
+        return (
+            request.forked_from is None
+            and not request.body
+            and not request.closed
+            and path not in self._registry.by_path
+            and path not in self._data.corrupt
+            and self._data.can_create_packed()
+            and self._create_locks.claim(path)
+        )
+
+    def _create_packed(
+        self, loop: asyncio.AbstractEventLoop, request: CreateRequest, lifetime: expiry.Lifetime
+    ) -> asyncio.Future[CreateResult]:
+        """``_create_serialized`` of a ``_plain_new`` create (its path's create lock claimed) as one
+        callback of its commit round instead of a task and six coroutine frames: the same header,
+        the same round, the same registration, then the lock released (issue 17: single-request
+        creates, ~15-20 us of the loop's CPU each)."""
+        path = request.path
+        result: asyncio.Future[CreateResult] = loop.create_future()
+        try:
+            now = self._clock()
+            header = self._new_header(request, None, lifetime, 0, now)
+            done, made = self._data.create_packed_soon(header)
+        except BaseException as exc:
+            self._create_locks.release(path)
+            if isinstance(exc, ProtocolError):
+                exc.__traceback__ = None  # as ``_failed``: no frames kept by the refusal
+            result.set_exception(exc)
+            return result
+
+        def on_made(done: asyncio.Future[None]) -> None:
+            try:
+                log = made(done)
+                inc = self._register(log, now)
+                info = self._info(inc)
+                self._emit("on_created", inc.path, info.next_offset)
+            except BaseException as exc:
+                if isinstance(exc, ProtocolError):
+                    exc.__traceback__ = None  # its frames hold ``result``: a cycle otherwise
+                if not result.done():
+                    result.set_exception(exc)
+            else:
+                if not result.done():
+                    result.set_result(CreateResult(created=True, info=info))
+            finally:
+                self._create_locks.release(path)
+
+        done.add_done_callback(on_made)
+        return result
 
     async def _create_serialized(
         self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
@@ -448,20 +504,7 @@ class Engine:
         else:
             messages = (request.body,)
         position = plan.position if plan else 0
-        final_lifetime = plan.lifetime if plan else lifetime
-        header = StreamHeader(
-            path=request.path,
-            content_type=content_type,
-            created_at_ms=int(now * 1000),
-            ttl_seconds=final_lifetime.ttl_seconds,
-            expires_at=final_lifetime.expires_at,
-            fork_source_id=plan.source.id if plan else None,
-            fork_source_path=plan.source.path if plan else None,
-            fork_position=position,
-            fork_offset_requested=request.fork_offset if plan else None,
-            fork_sub_offset=sub_offset if plan else 0,
-            append_time_floor_ms=plan.append_time_floor_ms if plan else 0,
-        )
+        header = self._new_header(request, plan, lifetime, sub_offset, now, content_type)
         initial = None
         if messages or request.closed:
             # A stream created closed is never visible open (hazard 20).
@@ -472,6 +515,35 @@ class Engine:
                 closes=request.closed,
             )
         return await self._data.create_stream(header, initial)
+
+    @staticmethod
+    def _new_header(
+        request: CreateRequest,
+        plan: _ForkPlan | None,
+        lifetime: expiry.Lifetime,
+        sub_offset: int,
+        now: float,
+        content_type: str | None = None,
+    ) -> StreamHeader:
+        """The header record of a new incarnation (``content_type``: the one already decided)."""
+        if content_type is None:
+            content_type = (
+                plan.content_type if plan else contenttype.for_create(request.content_type)
+            )
+        final_lifetime = plan.lifetime if plan else lifetime
+        return StreamHeader(
+            path=request.path,
+            content_type=content_type,
+            created_at_ms=int(now * 1000),
+            ttl_seconds=final_lifetime.ttl_seconds,
+            expires_at=final_lifetime.expires_at,
+            fork_source_id=plan.source.id if plan else None,
+            fork_source_path=plan.source.path if plan else None,
+            fork_position=plan.position if plan else 0,
+            fork_offset_requested=request.fork_offset if plan else None,
+            fork_sub_offset=sub_offset if plan else 0,
+            append_time_floor_ms=plan.append_time_floor_ms if plan else 0,
+        )
 
     async def _plan_fork(
         self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int

@@ -213,6 +213,33 @@ class KeyedLocks:
 
     def __init__(self) -> None:
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        # Keys taken by ``claim``: the future their ``hold``s wait for (made when the first one does).
+        self._claims: dict[str, asyncio.Future[None] | None] = {}
+
+    def claim(self, key: str) -> bool:
+        """Take ``key`` at once, without a coroutine, when nobody holds or waits for it (False
+        otherwise): for a holder that is a chain of callbacks rather than a task (the engine's
+        create without a task, ``Engine.create_nowait``). ``hold`` of a claimed key waits until
+        ``release`` of the claim; no new claim is made while a ``hold`` waits or holds."""
+        if key in self._locks or key in self._claims:
+            return False
+        self._claims[key] = None
+        return True
+
+    def release(self, key: str) -> None:
+        """End ``claim`` of ``key``: the ``hold``s that waited for it go on."""
+        waited = self._claims.pop(key)
+        if waited is not None and not waited.done():
+            waited.set_result(None)
+
+    async def _claimed(self, key: str) -> None:
+        """Wait until ``key`` is not claimed (a ``hold`` that found it so)."""
+        while key in self._claims:
+            waited = self._claims[key]
+            if waited is None:
+                waited = self._claims[key] = asyncio.get_running_loop().create_future()
+            # Shielded: a cancelled waiter must not cancel the future the others wait for.
+            await asyncio.shield(waited)
 
     def hold(self, key: str) -> _Held:
         """``async with locks.hold(key)``: the key's lock, held for the block. A plain context object,
@@ -232,6 +259,8 @@ class KeyedLocks:
             for count, key in enumerate(sorted(set(keys)), 1):
                 lock = self._enter(key)
                 entered.append(key)
+                if key in self._claims:
+                    await self._claimed(key)
                 await lock.acquire()
                 acquired.append(lock)
                 if yield_every and count % yield_every == 0:
@@ -271,6 +300,8 @@ class _Held:
     async def __aenter__(self) -> None:
         lock = self._locks._enter(self._key)
         try:
+            if self._key in self._locks._claims:
+                await self._locks._claimed(self._key)
             await lock.acquire()
         except BaseException:
             self._locks._leave(self._key)

@@ -274,11 +274,17 @@ class Committer:
         docstring). Raises the OSError that failed it; then nothing of it is left, now or after a
         restart (unless even the drop entry that says so could not be written: then a restart may
         bring the whole stream back, never half of it)."""
+        await self.create_soon(creation)
+
+    def create_soon(self, creation: Creation) -> asyncio.Future[None]:
+        """``create`` as the future of its round, without a coroutine (the engine's packed create,
+        ``DataDir.create_packed_soon``): resolved once ``creation`` is durable, failed with the
+        OSError that failed it."""
         assert self._wal_dir is not None, "creates ride rounds only with a WAL"
-        done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         (self._packed if creation.packed else self._creates).append((creation, done))
         self._start()
-        await done
+        return done
 
     def is_fresh(self, log_id: str) -> bool:
         """True while ``log_id``'s create entry is in a WAL file (a delete must ``drop`` it first)."""

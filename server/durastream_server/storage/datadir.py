@@ -40,12 +40,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import functools
 import logging
 import os
 import random
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
@@ -563,10 +565,7 @@ class DataDir:
                     self._build_stream, log_id, entry, header_frame, initial_frame
                 )
         except OSError as exc:
-            log.error("create of %r failed: %r", header.path, exc)
-            if is_out_of_space(exc):
-                raise errors.InsufficientStorage(f"no space to create {header.path!r}") from exc
-            raise errors.StorageFailure(f"could not create {header.path!r}: {exc}") from exc
+            raise _create_failed(header.path, exc) from exc
         stream = self._new_log(
             log_id,
             header,
@@ -577,6 +576,51 @@ class DataDir:
             len(initial_frame) if initial_frame is not None else 0,
         )
         stream.packed = packed
+        return stream
+
+    def can_create_packed(self) -> bool:
+        """Whether a create with no data that is not a fork is a packed create (``create_stream``),
+        which ``create_packed_soon`` can start without a coroutine: with a WAL (fsync durability)."""
+        return self._ctx.sync and not self._closed
+
+    def create_packed_soon(
+        self, header: StreamHeader
+    ) -> tuple[asyncio.Future[None], Callable[[asyncio.Future[None]], StreamLog]]:
+        """``create_stream(header, None)`` of a packed create (``can_create_packed``; ``header`` not a
+        fork) without a coroutine: the round's future, and what makes the log once it resolved
+        (raising what ``create_stream`` would have raised). The engine's single-request create
+        (``Engine.create_nowait``) chains both in one callback of the round's future: no task, no
+        coroutine frames per create (issue 17)."""
+        self._check_open()
+        assert header.fork_source_id is None and self._ctx.sync
+        log_id = new_storage_id()
+        header_frame = codec.encode_header(header)
+        creation = _NewStream(
+            self, log_id, catalog.Entry(header.path, None), header_frame, None, True
+        )
+        done = self._committer.create_soon(creation)
+        return done, functools.partial(self._packed_made, header, creation, len(header_frame))
+
+    def _packed_made(
+        self,
+        header: StreamHeader,
+        creation: _NewStream,
+        header_end: int,
+        done: asyncio.Future[None],
+    ) -> StreamLog:
+        """The end of ``create_packed_soon``: the log of a packed create whose round resolved."""
+        failure = done.exception()
+        if isinstance(failure, OSError):
+            raise _create_failed(header.path, failure) from failure
+        if failure is not None:
+            raise failure
+        state = StreamState(
+            tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
+        )
+        stream = self._new_log(
+            creation.log_id, header, state, creation.directory, header_end, None, 0
+        )
+        stream.packed = True
         return stream
 
     def _packed_log(self, log_id: str, header: StreamHeader, header_end: int) -> StreamLog:
@@ -801,6 +845,14 @@ class _NewStream:
         fd = make_first_segment(self.directory, self.data)
         handle = self._owner._ctx.cache.adopt((self.log_id, 0), fd)
         return handle, self.directory
+
+
+def _create_failed(path: str, exc: OSError) -> errors.ProtocolError:
+    """What a create that failed with ``exc`` answers (logged here, once)."""
+    log.error("create of %r failed: %r", path, exc)
+    if is_out_of_space(exc):
+        return errors.InsufficientStorage(f"no space to create {path!r}")
+    return errors.StorageFailure(f"could not create {path!r}: {exc}")
 
 
 def _sorted_listing(directory: str) -> list[str]:

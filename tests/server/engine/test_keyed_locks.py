@@ -72,3 +72,40 @@ def test_a_failing_holder_and_a_cancelled_waiter_leave_nothing_behind() -> None:
             pass
 
     asyncio.run(scenario())
+
+
+def test_a_claim_holds_off_holders_until_released_and_is_refused_while_held() -> None:
+    """``claim`` (a holder that is not a task): taken at once on a free key, refused on a key that is
+    held, waited for or claimed; a ``hold`` of a claimed key waits for ``release``, and a cancelled
+    waiter does not disturb the others."""
+
+    async def scenario() -> None:
+        locks = KeyedLocks()
+        assert locks.claim("k")
+        assert not locks.claim("k")
+        order: list[str] = []
+
+        async def holder(name: str) -> None:
+            async with locks.hold("k"):
+                order.append(name)
+
+        first = asyncio.create_task(holder("h1"))
+        cancelled = asyncio.create_task(holder("cancelled"))
+        second = asyncio.create_task(holder("h2"))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert order == []  # all wait for the claim
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        locks.release("k")
+        assert not locks.claim("k")  # the waiters come first
+        await asyncio.gather(first, second)
+        assert order == ["h1", "h2"]
+        assert locks._locks == {} and locks._claims == {}
+        assert locks.claim("k")  # free again
+        locks.release("k")
+        async with locks.hold("k"):
+            assert not locks.claim("k")  # held
+
+    asyncio.run(scenario())
