@@ -26,7 +26,7 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-from create_bench import COMMITS, ENSURE, first_commits, run_one  # noqa: E402
+from create_bench import COMMITS, ENSURE, inline_commits, run_one  # noqa: E402
 from scale_bench import ScaleServer, raw_request, run_clients  # noqa: E402
 
 
@@ -56,7 +56,7 @@ async def drive(server: ScaleServer, args: argparse.Namespace) -> float:
         )
         assert status == 200, (status, text[:200])
         if args.workload == "sink":  # then each new stream's first data, as create_bench does
-            body = first_commits([f"e/s{i:06d}" for i in range(args.count)])
+            body = inline_commits([f"e/s{i:06d}" for i in range(args.count)], "profile", 0)
             status, _ = await run_one(
                 server.port, raw_request("POST", COMMITS, body, "application/json")
             )
