@@ -184,6 +184,8 @@ class Engine:
         self._registry.on_path = self.changes.touch
         self.selections = Selections()  # explicit path sets change queries name by id
         self._create_locks = KeyedLocks()
+        # Paths a bulk create is making (``create_batch_nowait``) -> the batch's done future.
+        self._bulk_creating: dict[str, asyncio.Future[None]] = {}
         # Creates in flight: the loop keeps only weak references to tasks, and a direct create's task
         # has no awaiting caller to hold it (``create_nowait``).
         self._creating: set[asyncio.Task[CreateResult]] = set()
@@ -370,6 +372,84 @@ class Engine:
         self._creating.add(task)
         return task
 
+    def create_batch_nowait(
+        self, paths: list[str], content_type: str
+    ) -> asyncio.Future[list[CreateResult | BaseException]]:
+        """Create many new plain streams (a bulk ``ensure``'s missing paths) as one batch: one task,
+        one commit-round wait and one future for the whole batch, not a task, a lock and a future per
+        stream (issue 16; docs/decisions/0008-bulk-writes.md, "Batched creates"). Each entry's result
+        (or protocol error) is in the list, in order; one failing does not fail the others.
+
+        A path with a create already in flight (a ``PUT``, another batch, or the same path listed
+        twice) or with an incarnation (expired, soft-deleted) takes ``create_nowait``'s serialized
+        path instead, and a serialized create of a path in a batch waits for the batch first, so of
+        concurrent creates of one path exactly one makes it, as before (hazard 37). Like
+        ``create_nowait``, the batch runs in a task nobody cancels: a stream is never made durable
+        without being registered."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        batched: list[int] = []
+        others: list[tuple[int, asyncio.Future[CreateResult]]] = []
+        headers: list[StreamHeader] = []
+        kind = contenttype.for_create(content_type)
+        now = self._clock()
+        created_ms = int(now * 1000)
+        by_path = self._registry.by_path
+        in_flight = self._bulk_creating
+        locked = self._create_locks
+        corrupt = self._data.corrupt  # refused by the serialized path, with its reason
+        for index, path in enumerate(paths):
+            if path in by_path or path in in_flight or locked.held(path) or path in corrupt:
+                others.append(
+                    (index, self.create_nowait(CreateRequest(path=path, content_type=content_type)))
+                )
+                continue
+            in_flight[path] = done
+            batched.append(index)
+            headers.append(StreamHeader(path=path, content_type=kind, created_at_ms=created_ms))
+        task = loop.create_task(self._create_batch(paths, batched, headers, others, done, now))
+        self._creating.add(task)  # type: ignore[arg-type]
+        return task
+
+    async def _create_batch(
+        self,
+        paths: list[str],
+        batched: list[int],
+        headers: list[StreamHeader],
+        others: list[tuple[int, asyncio.Future[CreateResult]]],
+        done: asyncio.Future[None],
+        now: float,
+    ) -> list[CreateResult | BaseException]:
+        results: list[CreateResult | BaseException] = [None] * len(paths)  # type: ignore[list-item]
+        try:
+            made: list[StreamLog | BaseException] = []
+            if headers:
+                try:
+                    made = await self._data.create_streams(headers)
+                except Exception as exc:  # the data directory refused the batch (closed)
+                    made = [exc] * len(headers)
+            for index, outcome in zip(batched, made, strict=True):
+                path = paths[index]
+                if isinstance(outcome, BaseException):
+                    results[index] = outcome
+                else:
+                    inc = self._register(outcome, now)
+                    info = self._info(inc)
+                    self._emit("on_created", path, info.next_offset)
+                    results[index] = CreateResult(created=True, info=info)
+        finally:
+            for index in batched:
+                self._bulk_creating.pop(paths[index], None)
+            if not done.done():
+                done.set_result(None)
+            self._creating.discard(asyncio.current_task())  # type: ignore[arg-type]
+        for index, future in others:
+            try:
+                results[index] = await future
+            except Exception as exc:
+                results[index] = exc
+        return results
+
     async def _create_serialized(
         self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
     ) -> CreateResult:
@@ -377,6 +457,9 @@ class Engine:
         # stream and creates it (201); the others find it and compare (hazard 37).
         try:
             async with self._create_locks.hold(request.path):
+                # A batch creating this path (``create_batch_nowait``) goes first.
+                while (batch := self._bulk_creating.get(request.path)) is not None:
+                    await asyncio.shield(batch)
                 return await self._create_locked(request, lifetime, sub_offset)
         finally:
             self._creating.discard(asyncio.current_task())  # type: ignore[arg-type]

@@ -243,6 +243,10 @@ class KeyedLocks:
             for key in entered:
                 self._leave(key)
 
+    def held(self, key: str) -> bool:
+        """True while someone holds or waits for ``key``'s lock."""
+        return key in self._locks
+
     def _enter(self, key: str) -> asyncio.Lock:
         lock, users = self._locks.get(key, (None, 0))
         if lock is None:

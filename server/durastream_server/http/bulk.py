@@ -45,7 +45,6 @@ from durastream_server.engine import contenttype
 from durastream_server.engine.api import (
     AppendRequest,
     AppendResult,
-    CreateRequest,
     CreateResult,
     StreamInfo,
 )
@@ -114,11 +113,12 @@ async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -
     if not isinstance(create, bool):
         raise BadRequest(f"'create' must be true or false, got {create!r}")
 
-    # One pass: an existing stream is answered at once (a look-up, nothing awaited); a new one is
-    # handed to the engine's create, which runs in a task of its own anyway (``create_nowait``), and
-    # all the creates are awaited together below: no coroutine, worker turn or shield per entry.
+    # One pass: an existing stream is answered at once (a look-up, nothing awaited); the new ones
+    # are created as one batch (``create_batch_nowait``: one task, one commit-round wait and one
+    # future for all of them; no task, lock or future per stream), awaited below.
     results: list[dict[str, Any]] = [{}] * len(listed)
-    creating: list[tuple[int, asyncio.Future[CreateResult]]] = []
+    creating: list[int] = []
+    new_paths: list[str] = []
     for index, raw in enumerate(listed):
         try:
             path = _path(raw, f"streams[{index}]")
@@ -134,22 +134,21 @@ async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -
             results[index] = _error(exc)
             continue
         if info is None:
-            creating.append(
-                (index, engine.create_nowait(CreateRequest(path=path, content_type=content_type)))
-            )
+            creating.append(index)
+            new_paths.append(path)
         else:
             results[index] = _ensured(info, created=False)
     if creating:
-        await _settled([future for _, future in creating])
-        for index, future in creating:
-            failure = future.exception()
-            if failure is None:
-                created = future.result()
-                results[index] = _ensured(created.info, created=created.created)
-            elif isinstance(failure, ProtocolError):
-                results[index] = _error(failure)
+        # Shielded: a client going away must not cancel the batch half-way (its streams would be
+        # durable but unregistered); it finishes and nobody reads the answers.
+        outcomes = await asyncio.shield(engine.create_batch_nowait(new_paths, content_type))
+        for index, outcome in zip(creating, outcomes, strict=True):
+            if isinstance(outcome, CreateResult):
+                results[index] = _ensured(outcome.info, created=outcome.created)
+            elif isinstance(outcome, ProtocolError):
+                results[index] = _error(outcome)
             else:
-                raise failure  # the request's 500, as before
+                raise outcome  # the request's 500, as before
     return {"results": results}
 
 
