@@ -108,6 +108,7 @@ from durastream_server.errors import (
 )
 from durastream_server.offsets import BEGINNING, NOW, InvalidOffset, format_offset, parse_position
 from durastream_server.storage import DataDir
+from durastream_server.storage.batch import Batch, Slot
 from durastream_server.storage.log import InvalidPosition, StreamLog
 from durastream_server.storage.quarantine import QuarantinedStream
 from durastream_server.storage.records import (
@@ -672,19 +673,38 @@ class Engine:
             body = request.body
             if len(body) >= INLINE_BODY_BYTES:
                 return loop.create_task(self._append_offloaded(request, inc, request_type))
-            producer = request.producer
-            digest = b""
-            if request.key is not None:
-                producers.check_tuple_syntax(producer)
-                digest = txnspace.commit_digest((), request.close, request.key)
-            elif producer is not None:
-                producers.check_tuple_syntax(producer)
-                digest = producers.request_digest(
-                    request_type.essence if request_type else None, body, request.close
-                )
+            digest = _small_digest(request, request_type)
             return self._append_staged(inc, request, request_type, None, digest)
         except Exception as exc:
             return _failed(loop, exc)
+
+    def append_batch(self, requests: list[AppendRequest]) -> Batch:
+        """``append_nowait`` of many appends (a bulk ``commits`` request's inline commits), settled
+        together: each entry is checked and staged exactly as ``append_nowait`` stages it, but its
+        completion is a ``Slot`` of one ``Batch`` (storage/batch.py), recorded when the round
+        settles its log, not a future and a done callback per entry (issue 16). The batch's
+        outcomes are each entry's ``AppendResult`` or the error that failed it alone; entries that
+        take a path of their own (a large body, a closed stream, a duplicate) are followed there."""
+        loop = asyncio.get_running_loop()
+        batch = Batch(len(requests))
+        for index, request in enumerate(requests):
+            try:
+                inc, request_type = self._append_target(request)
+                if len(request.body) >= INLINE_BODY_BYTES:
+                    task = loop.create_task(self._append_offloaded(request, inc, request_type))
+                    batch.follow(index, task)
+                    continue
+                digest = _small_digest(request, request_type)
+                checked = self._checked_append(inc, request, request_type, None, digest)
+                if not isinstance(checked, tuple):
+                    batch.follow(index, checked)
+                    continue
+                entry, answer = checked
+                path = inc.path if entry.size else None
+                inc.log.stage_to(entry, _AppendSlot(batch, index, answer, path, self._emit))
+            except Exception as exc:
+                batch.settle(index, exc)
+        return batch
 
     def _append_target(
         self, request: AppendRequest
@@ -751,46 +771,12 @@ class Engine:
         Returns the future of the result: resolved when the entry is durable, or the task answering a
         closed stream or a duplicate once what it answers is durable."""
         loop = asyncio.get_running_loop()
-        log = inc.log
-        state = log.state
-        if state.closed:
-            return loop.create_task(self._append_to_closed(inc, request, digest))
-        messages = request_messages(inc, request_type, parsed, request.body, self.max_messages)
-        producer = request.producer
-        if producer is not None:
-            decision = producers.validate(
-                state, producer, digest, refuse_forgotten=request.refuse_forgotten
-            )
-            if isinstance(decision, producers.Duplicate):
-                return loop.create_task(self._duplicate(inc, decision))
-        if (
-            request.stream_seq is not None
-            and state.last_stream_seq is not None
-            and request.stream_seq <= state.last_stream_seq
-        ):
-            # str order is code point order, which is UTF-8 byte order.
-            raise StreamSeqRegression(
-                f"Stream-Seq {request.stream_seq!r} is not greater than the last "
-                f"({state.last_stream_seq!r})"
-            )
-        entry = AppendEntry(
-            position=state.tail,
-            messages=messages,
-            timestamp_ms=max(int(self._clock() * 1000), state.last_timestamp_ms),
-            closes=request.close,
-            producer=producer,
-            stream_seq=request.stream_seq,
-            digest=digest,
-        )
-        durable = log.stage(entry)
-        next_offset = format_offset(entry.end)
-        answer = AppendResult(
-            next_offset=next_offset,
-            closed=request.close,
-            duplicate=False,
-            producer_epoch=producer.epoch if producer else None,
-            producer_seq=producer.seq if producer else None,
-        )
+        checked = self._checked_append(inc, request, request_type, parsed, digest)
+        if not isinstance(checked, tuple):
+            return checked
+        entry, answer = checked
+        durable = inc.log.stage(entry)
+        next_offset = answer.next_offset
         result: asyncio.Future[AppendResult] = loop.create_future()
         path = inc.path if entry.size else None
 
@@ -811,6 +797,57 @@ class Engine:
 
         durable.add_done_callback(durable_done)
         return result
+
+    def _checked_append(
+        self,
+        inc: Incarnation,
+        request: AppendRequest,
+        request_type: contenttype.ContentType | None,
+        parsed: tuple[bytes, ...] | BadRequest | None,
+        digest: bytes,
+    ) -> tuple[AppendEntry, AppendResult] | asyncio.Future[AppendResult]:
+        """Precedence steps 3 to 7 (raising their errors): the entry to stage and its answer, or the
+        task answering a closed stream or a duplicate. Nothing awaited, nothing staged."""
+        state = inc.log.state
+        if state.closed:
+            return asyncio.get_running_loop().create_task(
+                self._append_to_closed(inc, request, digest)
+            )
+        messages = request_messages(inc, request_type, parsed, request.body, self.max_messages)
+        producer = request.producer
+        if producer is not None:
+            decision = producers.validate(
+                state, producer, digest, refuse_forgotten=request.refuse_forgotten
+            )
+            if isinstance(decision, producers.Duplicate):
+                return asyncio.get_running_loop().create_task(self._duplicate(inc, decision))
+        if (
+            request.stream_seq is not None
+            and state.last_stream_seq is not None
+            and request.stream_seq <= state.last_stream_seq
+        ):
+            # str order is code point order, which is UTF-8 byte order.
+            raise StreamSeqRegression(
+                f"Stream-Seq {request.stream_seq!r} is not greater than the last "
+                f"({state.last_stream_seq!r})"
+            )
+        entry = AppendEntry(
+            position=state.tail,
+            messages=messages,
+            timestamp_ms=max(int(self._clock() * 1000), state.last_timestamp_ms),
+            closes=request.close,
+            producer=producer,
+            stream_seq=request.stream_seq,
+            digest=digest,
+        )
+        answer = AppendResult(
+            next_offset=format_offset(entry.end),
+            closed=request.close,
+            duplicate=False,
+            producer_epoch=producer.epoch if producer else None,
+            producer_seq=producer.seq if producer else None,
+        )
+        return entry, answer
 
     async def _append_to_closed(
         self, inc: Incarnation, request: AppendRequest, digest: bytes
@@ -1521,6 +1558,45 @@ class Engine:
                 getattr(observer, hook)(*args)
             except Exception:
                 logger.exception("stream observer %r failed in %s", observer, hook)
+
+
+def _small_digest(request: AppendRequest, request_type: contenttype.ContentType | None) -> bytes:
+    """The payload digest of a small append (computed on the loop; a large body's is offloaded)."""
+    producer = request.producer
+    if request.key is not None:
+        producers.check_tuple_syntax(producer)
+        return txnspace.commit_digest((), request.close, request.key)
+    if producer is not None:
+        producers.check_tuple_syntax(producer)
+        return producers.request_digest(
+            request_type.essence if request_type else None, request.body, request.close
+        )
+    return b""
+
+
+class _AppendSlot(Slot):
+    """An ``append_batch`` entry's completion: when its round settles it, observers hear of the
+    append (as ``_append_staged``'s done callback tells them) and the batch records its answer."""
+
+    __slots__ = ("_answer", "_emit", "_path")
+
+    def __init__(
+        self,
+        batch: Batch,
+        index: int,
+        answer: AppendResult,
+        path: str | None,
+        emit: Callable[..., None],
+    ) -> None:
+        super().__init__(batch, index)
+        self._answer = answer
+        self._path = path  # None: nothing appended (a close alone), nothing to tell
+        self._emit = emit
+
+    def set_result(self, result: None) -> None:
+        if not self._done and self._path is not None:
+            self._emit("on_appended", self._path, self._answer.next_offset)
+        super().set_result(self._answer)
 
 
 def _failed(loop: asyncio.AbstractEventLoop, exc: BaseException) -> asyncio.Future[_T]:

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from durastream_server.engine.api import CreateResult
+from durastream_server.engine.api import AppendRequest, AppendResult, CreateResult
 from durastream_server.engine.engine import Engine
-from durastream_server.errors import StorageFailure
+from durastream_server.errors import NotFound, StorageFailure, StreamClosed
 from durastream_server.storage import DataDir, catalog
 from durastream_server.storage.datadir import Durability, _NewStream
-from durastream_server.storage.records import StreamHeader
+from durastream_server.storage.records import ProducerTuple, StreamHeader
 from tests.server.engine.support import (
     ZERO,
     FakeClock,
@@ -170,3 +170,48 @@ def test_a_create_that_fails_in_a_batch_answers_alone(tmp_path: Path) -> None:
             await close_engine(data, engine)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+def test_a_batch_of_appends_settles_each_entry_as_its_own_append(
+    tmp_path: Path, durability: Durability
+) -> None:
+    """``append_batch`` (a bulk ``commits`` request's inline commits): per entry the answer a single
+    append gets: appended in order (two entries of one stream), a duplicate (answered by its own
+    task), a closed stream and a missing one refused alone; observers hear each append once."""
+    paths = [f"a/{i}" for i in range(200)]
+
+    async def scenario(engine: Engine) -> None:
+        recorder = Recorder()
+        engine.add_observer(recorder)
+        await engine.create_batch_nowait([*paths, "a/closed"], "text/plain")
+        await append(engine, "a/closed", b"", close=True)
+        await append(engine, "a/0", b"seen", producer=("p", 0, 0))
+        requests = [
+            AppendRequest(path=p, content_type="text/plain", body=p.encode(), producer=_tuple(0))
+            for p in paths[1:]
+        ]
+        requests += [
+            AppendRequest(path="a/1", content_type="text/plain", body=b"+", producer=_tuple(1)),
+            AppendRequest(path="a/0", content_type="text/plain", body=b"seen", producer=_tuple(0)),
+            AppendRequest(path="a/closed", content_type="text/plain", body=b"late"),
+            AppendRequest(path="a/none", content_type="text/plain", body=b"lost"),
+        ]
+        batch = engine.append_batch(requests)
+        await batch.all_done
+        *fresh, second, duplicate, closed, missing = batch.outcomes
+        assert all(isinstance(r, AppendResult) and not r.duplicate for r in fresh)
+        assert isinstance(second, AppendResult) and second.producer_seq == 1
+        assert isinstance(duplicate, AppendResult) and duplicate.duplicate
+        assert isinstance(closed, StreamClosed)
+        assert isinstance(missing, NotFound)
+        assert await text(engine, "a/1") == b"a/1+"
+        assert await text(engine, "a/0") == b"seen"
+        appended = [e[1] for e in recorder.events if e[0] == "appended"]
+        assert sorted(appended) == sorted([*paths[1:], "a/1", "a/0"])  # a/0: its first append
+
+    _run(tmp_path, durability, scenario)
+
+
+def _tuple(seq: int) -> ProducerTuple:
+    return ProducerTuple("p", 0, seq)
