@@ -108,6 +108,7 @@ from durastream_server.errors import (
 )
 from durastream_server.offsets import BEGINNING, NOW, InvalidOffset, format_offset, parse_position
 from durastream_server.storage import DataDir
+from durastream_server.storage.batch import Batch, Slot
 from durastream_server.storage.log import InvalidPosition, StreamLog
 from durastream_server.storage.quarantine import QuarantinedStream
 from durastream_server.storage.records import (
@@ -184,6 +185,8 @@ class Engine:
         self._registry.on_path = self.changes.touch
         self.selections = Selections()  # explicit path sets change queries name by id
         self._create_locks = KeyedLocks()
+        # Paths a bulk create is making (``create_batch_nowait``) -> the batch's done future.
+        self._bulk_creating: dict[str, asyncio.Future[None]] = {}
         # Creates in flight: the loop keeps only weak references to tasks, and a direct create's task
         # has no awaiting caller to hold it (``create_nowait``).
         self._creating: set[asyncio.Task[CreateResult]] = set()
@@ -374,13 +377,15 @@ class Engine:
 
     def _plain_new(self, request: CreateRequest) -> bool:
         """A create that ``_create_packed`` can make without a task: the commonest one (a new path,
-        no data, not a fork, a packed create), with nobody creating the same path meanwhile."""
+        no data, not a fork, a packed create), with nobody creating the same path meanwhile (a
+        ``PUT`` or fork holding its lock, or a bulk batch: ``create_batch_nowait``; hazard 37)."""
         path = request.path
         return (
             request.forked_from is None
             and not request.body
             and not request.closed
             and path not in self._registry.by_path
+            and path not in self._bulk_creating
             and path not in self._data.corrupt
             and self._data.can_create_packed()
             and self._create_locks.claim(path)
@@ -426,6 +431,84 @@ class Engine:
         done.add_done_callback(on_made)
         return result
 
+    def create_batch_nowait(
+        self, paths: list[str], content_type: str
+    ) -> asyncio.Future[list[CreateResult | BaseException]]:
+        """Create many new plain streams (a bulk ``ensure``'s missing paths) as one batch: one task,
+        one commit-round wait and one future for the whole batch, not a task, a lock and a future per
+        stream (issue 16; docs/decisions/0008-bulk-writes.md, "Batched creates"). Each entry's result
+        (or protocol error) is in the list, in order; one failing does not fail the others.
+
+        A path with a create already in flight (a ``PUT``, another batch, or the same path listed
+        twice) or with an incarnation (expired, soft-deleted) takes ``create_nowait``'s serialized
+        path instead, and a serialized create of a path in a batch waits for the batch first, so of
+        concurrent creates of one path exactly one makes it, as before (hazard 37). Like
+        ``create_nowait``, the batch runs in a task nobody cancels: a stream is never made durable
+        without being registered."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        batched: list[int] = []
+        others: list[tuple[int, asyncio.Future[CreateResult]]] = []
+        headers: list[StreamHeader] = []
+        kind = contenttype.for_create(content_type)
+        now = self._clock()
+        created_ms = int(now * 1000)
+        by_path = self._registry.by_path
+        in_flight = self._bulk_creating
+        locked = self._create_locks
+        corrupt = self._data.corrupt  # refused by the serialized path, with its reason
+        for index, path in enumerate(paths):
+            if path in by_path or path in in_flight or locked.held(path) or path in corrupt:
+                others.append(
+                    (index, self.create_nowait(CreateRequest(path=path, content_type=content_type)))
+                )
+                continue
+            in_flight[path] = done
+            batched.append(index)
+            headers.append(StreamHeader(path=path, content_type=kind, created_at_ms=created_ms))
+        task = loop.create_task(self._create_batch(paths, batched, headers, others, done, now))
+        self._creating.add(task)  # type: ignore[arg-type]
+        return task
+
+    async def _create_batch(
+        self,
+        paths: list[str],
+        batched: list[int],
+        headers: list[StreamHeader],
+        others: list[tuple[int, asyncio.Future[CreateResult]]],
+        done: asyncio.Future[None],
+        now: float,
+    ) -> list[CreateResult | BaseException]:
+        results: list[CreateResult | BaseException] = [None] * len(paths)  # type: ignore[list-item]
+        try:
+            made: list[StreamLog | BaseException] = []
+            if headers:
+                try:
+                    made = await self._data.create_streams(headers)
+                except Exception as exc:  # the data directory refused the batch (closed)
+                    made = [exc] * len(headers)
+            for index, outcome in zip(batched, made, strict=True):
+                path = paths[index]
+                if isinstance(outcome, BaseException):
+                    results[index] = outcome
+                else:
+                    inc = self._register(outcome, now)
+                    info = self._info(inc)
+                    self._emit("on_created", path, info.next_offset)
+                    results[index] = CreateResult(created=True, info=info)
+        finally:
+            for index in batched:
+                self._bulk_creating.pop(paths[index], None)
+            if not done.done():
+                done.set_result(None)
+            self._creating.discard(asyncio.current_task())  # type: ignore[arg-type]
+        for index, future in others:
+            try:
+                results[index] = await future
+            except Exception as exc:
+                results[index] = exc
+        return results
+
     async def _create_serialized(
         self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
     ) -> CreateResult:
@@ -433,6 +516,9 @@ class Engine:
         # stream and creates it (201); the others find it and compare (hazard 37).
         try:
             async with self._create_locks.hold(request.path):
+                # A batch creating this path (``create_batch_nowait``) goes first.
+                while (batch := self._bulk_creating.get(request.path)) is not None:
+                    await asyncio.shield(batch)
                 return await self._create_locked(request, lifetime, sub_offset)
         finally:
             self._creating.discard(asyncio.current_task())  # type: ignore[arg-type]
@@ -661,19 +747,38 @@ class Engine:
             body = request.body
             if len(body) >= INLINE_BODY_BYTES:
                 return loop.create_task(self._append_offloaded(request, inc, request_type))
-            producer = request.producer
-            digest = b""
-            if request.key is not None:
-                producers.check_tuple_syntax(producer)
-                digest = txnspace.commit_digest((), request.close, request.key)
-            elif producer is not None:
-                producers.check_tuple_syntax(producer)
-                digest = producers.request_digest(
-                    request_type.essence if request_type else None, body, request.close
-                )
+            digest = _small_digest(request, request_type)
             return self._append_staged(inc, request, request_type, None, digest)
         except Exception as exc:
             return _failed(loop, exc)
+
+    def append_batch(self, requests: list[AppendRequest]) -> Batch:
+        """``append_nowait`` of many appends (a bulk ``commits`` request's inline commits), settled
+        together: each entry is checked and staged exactly as ``append_nowait`` stages it, but its
+        completion is a ``Slot`` of one ``Batch`` (storage/batch.py), recorded when the round
+        settles its log, not a future and a done callback per entry (issue 16). The batch's
+        outcomes are each entry's ``AppendResult`` or the error that failed it alone; entries that
+        take a path of their own (a large body, a closed stream, a duplicate) are followed there."""
+        loop = asyncio.get_running_loop()
+        batch = Batch(len(requests))
+        for index, request in enumerate(requests):
+            try:
+                inc, request_type = self._append_target(request)
+                if len(request.body) >= INLINE_BODY_BYTES:
+                    task = loop.create_task(self._append_offloaded(request, inc, request_type))
+                    batch.follow(index, task)
+                    continue
+                digest = _small_digest(request, request_type)
+                checked = self._checked_append(inc, request, request_type, None, digest)
+                if not isinstance(checked, tuple):
+                    batch.follow(index, checked)
+                    continue
+                entry, answer = checked
+                path = inc.path if entry.size else None
+                inc.log.stage_to(entry, _AppendSlot(batch, index, answer, path, self._emit))
+            except Exception as exc:
+                batch.settle(index, exc)
+        return batch
 
     def _append_target(
         self, request: AppendRequest
@@ -740,46 +845,12 @@ class Engine:
         Returns the future of the result: resolved when the entry is durable, or the task answering a
         closed stream or a duplicate once what it answers is durable."""
         loop = asyncio.get_running_loop()
-        log = inc.log
-        state = log.state
-        if state.closed:
-            return loop.create_task(self._append_to_closed(inc, request, digest))
-        messages = request_messages(inc, request_type, parsed, request.body, self.max_messages)
-        producer = request.producer
-        if producer is not None:
-            decision = producers.validate(
-                state, producer, digest, refuse_forgotten=request.refuse_forgotten
-            )
-            if isinstance(decision, producers.Duplicate):
-                return loop.create_task(self._duplicate(inc, decision))
-        if (
-            request.stream_seq is not None
-            and state.last_stream_seq is not None
-            and request.stream_seq <= state.last_stream_seq
-        ):
-            # str order is code point order, which is UTF-8 byte order.
-            raise StreamSeqRegression(
-                f"Stream-Seq {request.stream_seq!r} is not greater than the last "
-                f"({state.last_stream_seq!r})"
-            )
-        entry = AppendEntry(
-            position=state.tail,
-            messages=messages,
-            timestamp_ms=max(int(self._clock() * 1000), state.last_timestamp_ms),
-            closes=request.close,
-            producer=producer,
-            stream_seq=request.stream_seq,
-            digest=digest,
-        )
-        durable = log.stage(entry)
-        next_offset = format_offset(entry.end)
-        answer = AppendResult(
-            next_offset=next_offset,
-            closed=request.close,
-            duplicate=False,
-            producer_epoch=producer.epoch if producer else None,
-            producer_seq=producer.seq if producer else None,
-        )
+        checked = self._checked_append(inc, request, request_type, parsed, digest)
+        if not isinstance(checked, tuple):
+            return checked
+        entry, answer = checked
+        durable = inc.log.stage(entry)
+        next_offset = answer.next_offset
         result: asyncio.Future[AppendResult] = loop.create_future()
         path = inc.path if entry.size else None
 
@@ -800,6 +871,57 @@ class Engine:
 
         durable.add_done_callback(durable_done)
         return result
+
+    def _checked_append(
+        self,
+        inc: Incarnation,
+        request: AppendRequest,
+        request_type: contenttype.ContentType | None,
+        parsed: tuple[bytes, ...] | BadRequest | None,
+        digest: bytes,
+    ) -> tuple[AppendEntry, AppendResult] | asyncio.Future[AppendResult]:
+        """Precedence steps 3 to 7 (raising their errors): the entry to stage and its answer, or the
+        task answering a closed stream or a duplicate. Nothing awaited, nothing staged."""
+        state = inc.log.state
+        if state.closed:
+            return asyncio.get_running_loop().create_task(
+                self._append_to_closed(inc, request, digest)
+            )
+        messages = request_messages(inc, request_type, parsed, request.body, self.max_messages)
+        producer = request.producer
+        if producer is not None:
+            decision = producers.validate(
+                state, producer, digest, refuse_forgotten=request.refuse_forgotten
+            )
+            if isinstance(decision, producers.Duplicate):
+                return asyncio.get_running_loop().create_task(self._duplicate(inc, decision))
+        if (
+            request.stream_seq is not None
+            and state.last_stream_seq is not None
+            and request.stream_seq <= state.last_stream_seq
+        ):
+            # str order is code point order, which is UTF-8 byte order.
+            raise StreamSeqRegression(
+                f"Stream-Seq {request.stream_seq!r} is not greater than the last "
+                f"({state.last_stream_seq!r})"
+            )
+        entry = AppendEntry(
+            position=state.tail,
+            messages=messages,
+            timestamp_ms=max(int(self._clock() * 1000), state.last_timestamp_ms),
+            closes=request.close,
+            producer=producer,
+            stream_seq=request.stream_seq,
+            digest=digest,
+        )
+        answer = AppendResult(
+            next_offset=format_offset(entry.end),
+            closed=request.close,
+            duplicate=False,
+            producer_epoch=producer.epoch if producer else None,
+            producer_seq=producer.seq if producer else None,
+        )
+        return entry, answer
 
     async def _append_to_closed(
         self, inc: Incarnation, request: AppendRequest, digest: bytes
@@ -1510,6 +1632,45 @@ class Engine:
                 getattr(observer, hook)(*args)
             except Exception:
                 logger.exception("stream observer %r failed in %s", observer, hook)
+
+
+def _small_digest(request: AppendRequest, request_type: contenttype.ContentType | None) -> bytes:
+    """The payload digest of a small append (computed on the loop; a large body's is offloaded)."""
+    producer = request.producer
+    if request.key is not None:
+        producers.check_tuple_syntax(producer)
+        return txnspace.commit_digest((), request.close, request.key)
+    if producer is not None:
+        producers.check_tuple_syntax(producer)
+        return producers.request_digest(
+            request_type.essence if request_type else None, request.body, request.close
+        )
+    return b""
+
+
+class _AppendSlot(Slot):
+    """An ``append_batch`` entry's completion: when its round settles it, observers hear of the
+    append (as ``_append_staged``'s done callback tells them) and the batch records its answer."""
+
+    __slots__ = ("_answer", "_emit", "_path")
+
+    def __init__(
+        self,
+        batch: Batch,
+        index: int,
+        answer: AppendResult,
+        path: str | None,
+        emit: Callable[..., None],
+    ) -> None:
+        super().__init__(batch, index)
+        self._answer = answer
+        self._path = path  # None: nothing appended (a close alone), nothing to tell
+        self._emit = emit
+
+    def set_result(self, result: None) -> None:
+        if not self._done and self._path is not None:
+            self._emit("on_appended", self._path, self._answer.next_offset)
+        super().set_result(self._answer)
 
 
 def _failed(loop: asyncio.AbstractEventLoop, exc: BaseException) -> asyncio.Future[_T]:

@@ -272,6 +272,10 @@ class KeyedLocks:
             for key in entered:
                 self._leave(key)
 
+    def held(self, key: str) -> bool:
+        """True while someone holds, waits for or has claimed (``claim``) ``key``."""
+        return key in self._locks or key in self._claims
+
     def _enter(self, key: str) -> asyncio.Lock:
         lock, users = self._locks.get(key, (None, 0))
         if lock is None:

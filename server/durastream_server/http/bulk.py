@@ -45,7 +45,6 @@ from durastream_server.engine import contenttype
 from durastream_server.engine.api import (
     AppendRequest,
     AppendResult,
-    CreateRequest,
     CreateResult,
     StreamInfo,
 )
@@ -114,11 +113,12 @@ async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -
     if not isinstance(create, bool):
         raise BadRequest(f"'create' must be true or false, got {create!r}")
 
-    # One pass: an existing stream is answered at once (a look-up, nothing awaited); a new one is
-    # handed to the engine's create, which runs in a task of its own anyway (``create_nowait``), and
-    # all the creates are awaited together below: no coroutine, worker turn or shield per entry.
+    # One pass: an existing stream is answered at once (a look-up, nothing awaited); the new ones
+    # are created as one batch (``create_batch_nowait``: one task, one commit-round wait and one
+    # future for all of them; no task, lock or future per stream), awaited below.
     results: list[dict[str, Any]] = [{}] * len(listed)
-    creating: list[tuple[int, asyncio.Future[CreateResult]]] = []
+    creating: list[int] = []
+    new_paths: list[str] = []
     for index, raw in enumerate(listed):
         try:
             path = _path(raw, f"streams[{index}]")
@@ -134,22 +134,21 @@ async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -
             results[index] = _error(exc)
             continue
         if info is None:
-            creating.append(
-                (index, engine.create_nowait(CreateRequest(path=path, content_type=content_type)))
-            )
+            creating.append(index)
+            new_paths.append(path)
         else:
             results[index] = _ensured(info, created=False)
     if creating:
-        await _settled([future for _, future in creating])
-        for index, future in creating:
-            failure = future.exception()
-            if failure is None:
-                created = future.result()
-                results[index] = _ensured(created.info, created=created.created)
-            elif isinstance(failure, ProtocolError):
-                results[index] = _error(failure)
+        # Shielded: a client going away must not cancel the batch half-way (its streams would be
+        # durable but unregistered); it finishes and nobody reads the answers.
+        outcomes = await asyncio.shield(engine.create_batch_nowait(new_paths, content_type))
+        for index, outcome in zip(creating, outcomes, strict=True):
+            if isinstance(outcome, CreateResult):
+                results[index] = _ensured(outcome.info, created=outcome.created)
+            elif isinstance(outcome, ProtocolError):
+                results[index] = _error(outcome)
             else:
-                raise failure  # the request's 500, as before
+                raise outcome  # the request's 500, as before
     return {"results": results}
 
 
@@ -191,14 +190,13 @@ async def _serve_txn_held(
     entries = await _requests(body)
     results: list[dict[str, Any]] = [{}] * len(entries)
     others: list[tuple[int, tuple[str, dict[str, str], bytes]]] = []
-    inline: list[tuple[int, AppendRequest, asyncio.Future[AppendResult]]] = []
+    inline: list[tuple[int, AppendRequest]] = []
     takes_inline = CommitRequest in kinds
-    # One pass: an inline commit (the routed sink's entry, one per part) is handed to the engine at
-    # once, as a future (``append_nowait``: staged now, resolved when durable, no task or coroutine
-    # of its own), and all of them are awaited together below. Per entry that saves a worker turn,
-    # a coroutine and an await, and the whole request's appends are staged before the commit
-    # thread's next round, which takes them together (docs/benchmarks.md, "Run 5": a commit to a
-    # stream with data took under half the server CPU over HTTP).
+    # One pass: the inline commits (the routed sink's entries, one per part) are parsed here and
+    # handed to the engine together (``append_batch``: each checked and staged as
+    # ``append_nowait`` would, the whole request's appends staged before the commit thread's next
+    # round, which takes them together), and the request waits on one future for all of them: no
+    # task, coroutine, future or done callback per entry (docs/benchmarks.md, "Run 5" and "Run 9").
     for index, entry in enumerate(entries):
         raw_path, headers, entry_body = entry
         if not (takes_inline and _is_inline_commit(headers)):
@@ -211,7 +209,7 @@ async def _serve_txn_held(
         except ProtocolError as exc:
             results[index] = _error(exc)
             continue
-        inline.append((index, append, engine.append_nowait(append)))
+        inline.append((index, append))
 
     async def run(item: tuple[int, tuple[str, dict[str, str], bytes]]) -> dict[str, Any]:
         index, (raw_path, headers, entry_body) = item
@@ -227,39 +225,19 @@ async def _serve_txn_held(
         for (index, _), result in zip(others, await _each(others, run), strict=True):
             results[index] = result
     if inline:
-        await _settled([future for _, _, future in inline])
-        for index, append, future in inline:
-            failure = future.exception()
-            if failure is None:
-                status, answer = StreamHandlers.append_answer(append, future.result())
+        # Staged before the first await: a client going away cancels only this wait; the appends
+        # become durable either way.
+        batch = engine.append_batch([append for _, append in inline])
+        await batch.all_done
+        for (index, append), outcome in zip(inline, batch.outcomes, strict=True):
+            if isinstance(outcome, AppendResult):
+                status, answer = StreamHandlers.append_answer(append, outcome)
                 results[index] = {"status": status, "headers": dict(answer)}
-            elif isinstance(failure, ProtocolError):
-                results[index] = _error(failure)
+            elif isinstance(outcome, ProtocolError):
+                results[index] = _error(outcome)
             else:
-                raise failure  # as ``_each`` lets it through: the request's 500
+                raise outcome  # as ``_each`` lets it through: the request's 500
     return {"results": results}
-
-
-async def _settled(futures: list[asyncio.Future[Any]]) -> None:
-    """Wait until every future is done (without collecting results or wrapping each in a task, as
-    ``asyncio.gather`` would). Going away meanwhile cancels only this wait: the appends are staged
-    and become durable either way."""
-    left = len(futures)
-    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def done(future: asyncio.Future[Any]) -> None:
-        nonlocal left
-        if not future.cancelled():
-            # Marks the outcome as seen: when the client has gone, nobody reads it, and asyncio
-            # would log each failure as "never retrieved" (the caller reads it when it is there).
-            future.exception()
-        left -= 1
-        if not left and not waiter.done():
-            waiter.set_result(None)
-
-    for future in futures:
-        future.add_done_callback(done)
-    await waiter
 
 
 async def _each(

@@ -17,7 +17,11 @@ bulk requests nothing changes: decision 0004 kept the default threshold for the 
 requests (fewer but longer pauses did not help there), and a bulk request's own answer takes far longer
 than such a pause.
 
-**Off for now** (``BULK``, below): without packed appends a routed write cost more server CPU with it.
+On since 2026-11-28 (session h35): re-measured in alternating pairs, it cut the routed save of 100,000
+rows to 10,000 new streams to 0.83x the server CPU (packed appends, the default), and the regression
+seen once without packed appends (h29) did not reproduce: that layout's routed save varies by 1.7x
+between runs of the same code, and the pairs with and without the hold were within it
+(docs/benchmarks.md, sink section, Run 9).
 """
 
 from __future__ import annotations
@@ -63,8 +67,5 @@ class BulkCollections:
                 self._saved = None
 
 
-# One per process: the thresholds are the interpreter's. Off for now (2026-11-28): with packed appends
-# on it cut the routed save's server CPU at 10,000 streams (0.84x), but with them off, at 2,000 streams,
-# the routed save took 3.2-3.6 s of server CPU against main's 1.9-2.3 s in two alternating pairs, not
-# explained yet (docs/benchmarks.md, sink section, Run 8). Switch it on only once that is understood.
-BULK = BulkCollections(enabled=False)
+# One per process: the thresholds are the interpreter's.
+BULK = BulkCollections()

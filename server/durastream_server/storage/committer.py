@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from durastream_server.storage.batch import Batch, Slot
 from durastream_server.storage.extents import Extents, records_offsets
 from durastream_server.storage.files import FdCache, Handle, fsync_dir, is_out_of_space
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
@@ -285,6 +286,21 @@ class Committer:
         (self._packed if creation.packed else self._creates).append((creation, done))
         self._start()
         return done
+
+    async def create_many(self, creations: list[Creation]) -> list[BaseException | None]:
+        """``create`` for a bulk request's new streams: each rides a round as ``create`` does (the
+        same WAL entry, the same outcome), but the whole batch has one loop future, settled once
+        every creation is settled: no future, callback or wake-up per stream (issue 16). Returns
+        each creation's outcome (None: made durable) in order; never raises an OSError."""
+        assert self._wal_dir is not None, "creates ride rounds only with a WAL"
+        batch = Batch(len(creations))
+        for index, creation in enumerate(creations):
+            slot: Any = Slot(batch, index)  # where ``create`` puts a future (storage/batch.py)
+            (self._packed if creation.packed else self._creates).append((creation, slot))
+        if creations:
+            self._start()
+            await batch.all_done
+        return batch.outcomes
 
     def is_fresh(self, log_id: str) -> bool:
         """True while ``log_id``'s create entry is in a WAL file (a delete must ``drop`` it first)."""

@@ -623,6 +623,44 @@ class DataDir:
         stream.packed = True
         return stream
 
+    async def create_streams(self, headers: list[StreamHeader]) -> list[StreamLog | BaseException]:
+        """``create_stream`` of many new streams without data, forks or closure (a bulk ``ensure``'s
+        creates), in order: each the same create entry in a commit round as ``create_stream``
+        writes, but awaited together (``Committer.create_many``: one future for the batch, not one
+        per stream). A create that fails is returned as its ``StorageFailure``/
+        ``InsufficientStorage`` (nothing of it is left behind); the others are made."""
+        self._check_open()
+        if not self._ctx.sync:  # --durability none: no rounds for creates; each as before
+            return list(
+                await asyncio.gather(
+                    *(self.create_stream(header, None) for header in headers),
+                    return_exceptions=True,
+                )
+            )
+        creations = []
+        for header in headers:
+            assert header.fork_source_id is None, "create_streams makes plain streams only"
+            entry = catalog.Entry(header.path, None)
+            # Packed (decision 0010) whenever the server packs: no data, no fork.
+            creations.append(
+                _NewStream(self, new_storage_id(), entry, codec.encode_header(header), None, True)
+            )
+        outcomes = await self._committer.create_many(creations)
+        made: list[StreamLog | BaseException] = []
+        for header, creation, outcome in zip(headers, creations, outcomes, strict=True):
+            if outcome is None:
+                state = StreamState(
+                    tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
+                )
+                stream = self._new_log(
+                    creation.log_id, header, state, creation.directory, len(creation.data), None, 0
+                )
+                stream.packed = True
+                made.append(stream)
+            else:
+                made.append(_create_failed(header.path, outcome))
+        return made
+
     def _packed_log(self, log_id: str, header: StreamHeader, header_end: int) -> StreamLog:
         """A packed stream found at start-up (``packs.py``): what ``create_stream`` made of it."""
         state = StreamState(
@@ -847,12 +885,17 @@ class _NewStream:
         return handle, self.directory
 
 
-def _create_failed(path: str, exc: OSError) -> errors.ProtocolError:
-    """What a create that failed with ``exc`` answers (logged here, once)."""
+def _create_failed(path: str, exc: BaseException) -> errors.ProtocolError:
+    """What a create that failed with ``exc`` answers (logged here, once; ``exc`` is its cause, also
+    for the callers that return it in a batch's outcomes instead of raising it)."""
     log.error("create of %r failed: %r", path, exc)
-    if is_out_of_space(exc):
-        return errors.InsufficientStorage(f"no space to create {path!r}")
-    return errors.StorageFailure(f"could not create {path!r}: {exc}")
+    failure: errors.ProtocolError
+    if isinstance(exc, OSError) and is_out_of_space(exc):
+        failure = errors.InsufficientStorage(f"no space to create {path!r}")
+    else:
+        failure = errors.StorageFailure(f"could not create {path!r}: {exc}")
+    failure.__cause__ = exc
+    return failure
 
 
 def _sorted_listing(directory: str) -> list[str]:

@@ -44,6 +44,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from durastream_server import errors
 from durastream_server.storage import catalog, codec
+from durastream_server.storage.batch import Slot
 from durastream_server.storage.committer import (
     ROUND_BATCH_BYTES,
     Committer,
@@ -450,6 +451,16 @@ class StreamLog:
         apply_entry(self.state, entry)
         self._enqueue(entry, fut)
         return fut
+
+    def stage_to(self, entry: AppendEntry, slot: Slot) -> None:
+        """``stage()`` whose completion is ``slot`` (one entry of a bulk request's ``Batch``,
+        storage/batch.py) instead of a new future: settled by the same round, with the same outcome
+        (``set_result(None)`` once durable, ``set_exception`` with the storage failure)."""
+        if not self._writable():
+            slot.set_exception(self._error())
+            return
+        apply_entry(self.state, entry)
+        self._enqueue(entry, slot)  # type: ignore[arg-type]
 
     def stage_group(self, group: GroupCommit) -> asyncio.Future[None]:
         """``stage()`` for a staged-append commit: the group is folded into ``state`` now (as one

@@ -141,11 +141,11 @@ class _Probe(Recorder):
 
 
 def test_bulk_ensure_and_commits_run_their_entries_under_the_hold(
-    tmp_path: Path, thresholds: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, thresholds: tuple[int, int, int]
 ) -> None:
     """The real handlers on a real engine: every entry's create and append happens with the raised
     threshold, and once answered the thresholds are the ones before."""
-    monkeypatch.setattr(BULK, "enabled", True)  # off by default for now (collections_hold.py)
+    assert BULK.enabled  # on by default (collections_hold.py)
     probe = _Probe()
     paths = [f"held/s{i}" for i in range(50)]
 

@@ -21,10 +21,12 @@ depend on where it lands: the invariants above hold for every point.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import threading
 from typing import Any
 
+import pytest
 import requests
 
 from durastream_server.http.bulk import encode_requests
@@ -169,3 +171,87 @@ def test_sigkill_before_within_and_after_a_bulk_commit(server_factory) -> None:
             assert committed == expected, (point, committed)
         else:
             assert committed >= 1, "the kill landed before the first commit was durable"
+
+
+ROUTED = 200  # new streams per bulk ensure + bulk commits round of the routed writer below
+
+
+@pytest.mark.parametrize("layout", [(), ("--no-packed-appends",)], ids=["packed", "directories"])
+def test_sigkill_under_bulk_creates_and_inline_commits_of_many_new_streams(
+    server_factory, layout: tuple[str, ...]
+) -> None:
+    """The routed sink's requests, batched on the server (one create batch per ``ensure``, one
+    settling batch per ``commits``): a writer thread sends rounds of a bulk ``ensure`` of ``ROUTED``
+    new streams and their inline commits (two partitions' parts side by side, as the connector lists
+    them) until the server is SIGKILLed under it. After the restart: every stream an ``ensure``
+    answered as created exists, every acknowledged part is present exactly once, and the writer's
+    retry of everything (ensures and commits, same tuples and keys) answers 200 or 204 and leaves
+    every stream of every round with both its parts, once, in order."""
+    server = server_factory(extra_args=layout)
+    created: list[str] = []
+    acked: dict[str, list[int]] = {}  # path -> the parts acknowledged (0, 1)
+    sent: list[tuple[list[str], list]] = []
+    stop = threading.Event()
+
+    def routed_round(r: int) -> tuple[list[str], list]:
+        paths = [f"routed/r{r:03d}/s{n:04d}" for n in range(ROUTED)]
+        entries = []
+        for n, path in enumerate(paths):
+            for part in (0, 1):
+                headers = {
+                    "Durastream-Commit-Key": "batch",
+                    "Producer-Id": f"w{part}-{n}",
+                    "Producer-Epoch": "0",
+                    "Producer-Seq": "0",
+                    "Content-Type": JSON,
+                }
+                entries.append((path, headers, json.dumps([{"s": n, "p": part}]).encode()))
+        return paths, entries
+
+    def writer() -> None:
+        with contextlib.suppress(requests.RequestException):
+            for r in itertools.count():
+                if stop.is_set():
+                    return
+                paths, entries = routed_round(r)
+                sent.append((paths, entries))
+                ensured = requests.post(
+                    server.stream_url(f"{NS}/ensure"),
+                    json={"streams": paths, "content_type": JSON},
+                    timeout=TIMEOUT,
+                )
+                assert ensured.status_code == 200, ensured.text
+                results = ensured.json()["results"]
+                assert all(r.get("created") for r in results), results[:3]
+                created.extend(paths)
+                for (path, headers, _), result in zip(
+                    entries, _bulk(server, "commits", entries), strict=True
+                ):
+                    assert result["status"] == 200, result
+                    acked.setdefault(path, []).append(int(headers["Producer-Id"][1]))
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    poll_until(lambda: len(acked) >= 3 * ROUTED or not thread.is_alive(), "three rounds", 120)
+    assert thread.is_alive(), "the writer stopped before the kill"
+    server.kill()
+    stop.set()
+    thread.join(timeout=TIMEOUT)
+    server.restart()
+
+    for path in created:
+        assert requests.head(server.stream_url(path), timeout=TIMEOUT).status_code == 200, path
+    for path, parts in acked.items():
+        rows = _rows_in(server, path)
+        assert set(parts) <= {row["p"] for row in rows}, (path, rows)  # acknowledged: there
+        assert len(rows) == len({row["p"] for row in rows}), (path, rows)  # none twice
+    for paths, entries in sent:  # the writer's retry of everything it sent
+        ensured = requests.post(
+            server.stream_url(f"{NS}/ensure"),
+            json={"streams": paths, "content_type": JSON},
+            timeout=TIMEOUT,
+        )
+        assert ensured.status_code == 200
+        assert {r["status"] for r in _bulk(server, "commits", entries)} <= {200, 204}
+        for n, path in enumerate(paths):
+            assert _rows_in(server, path) == [{"s": n, "p": 0}, {"s": n, "p": 1}], path

@@ -1,0 +1,217 @@
+"""Bulk creates (``Engine.create_batch_nowait``, a bulk ``ensure``'s new streams): one task and one
+commit-round wait for the batch, with the same outcome per stream as ``create`` (issue 16)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from durastream_server.engine.api import AppendRequest, AppendResult, CreateResult
+from durastream_server.engine.engine import Engine
+from durastream_server.errors import NotFound, StorageFailure, StreamClosed
+from durastream_server.storage import catalog
+from durastream_server.storage.datadir import Durability, _create_failed, _NewStream
+from durastream_server.storage.records import ProducerTuple, StreamHeader
+from tests.server.engine.support import (
+    ZERO,
+    FakeClock,
+    Recorder,
+    append,
+    close_engine,
+    create,
+    open_engine,
+    text,
+)
+
+DURABILITIES = [Durability.NONE, Durability.FSYNC]
+
+
+def _run(root: Path, durability: Durability, scenario, clock=None) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        data, engine = await open_engine(root, clock, durability=durability)
+        try:
+            await scenario(engine)
+        finally:
+            await close_engine(data, engine)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+def test_a_batch_creates_new_streams_finds_existing_ones_and_survives_a_restart(
+    tmp_path: Path, durability: Durability
+) -> None:
+    paths = [f"b/{i}" for i in range(300)]
+
+    async def scenario(engine: Engine) -> None:
+        recorder = Recorder()
+        engine.add_observer(recorder)
+        await create(engine, "b/7", b'"there"', content_type="application/json")
+        # b/3 listed twice: the second waits for the batch and finds the stream.
+        listed = [*paths, "b/3"]
+        future = engine.create_batch_nowait(listed, "application/json")
+        assert future in engine._creating
+        results = await future
+        assert all(isinstance(r, CreateResult) for r in results)
+        created = [r.created for r in results]  # type: ignore[union-attr]
+        assert created == [p != "b/7" for p in paths] + [False]
+        assert results[3].info.storage_id == results[-1].info.storage_id  # type: ignore[union-attr]
+        assert not engine._creating and not engine._bulk_creating
+        assert sorted(e[1] for e in recorder.events if e[0] == "created") == sorted(
+            ["b/7", *(p for p in paths if p != "b/7")]
+        )
+        assert results[0].info.next_offset == ZERO  # type: ignore[union-attr]
+        assert results[0].info.content_type == "application/json"  # type: ignore[union-attr]
+        await append(engine, "b/0", b'{"a":1}', content_type="application/json")
+
+    _run(tmp_path, durability, scenario)
+
+    async def after(engine: Engine) -> None:
+        assert await text(engine, "b/0") == b'{"a":1}'
+        for path in paths:
+            assert engine.head(path).content_type == "application/json"
+
+    _run(tmp_path, durability, after)
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+def test_a_put_racing_a_batch_for_the_same_path_makes_one_stream(
+    tmp_path: Path, durability: Durability
+) -> None:
+    """Hazard 37 across the two create paths: PUTs started before and after a batch naming the same
+    paths, all concurrent: exactly one incarnation per path, every answer names it."""
+    paths = [f"r/{i}" for i in range(50)]
+
+    async def scenario(engine: Engine) -> None:
+        before = [asyncio.ensure_future(create(engine, p)) for p in paths[:10]]
+        await asyncio.sleep(0)  # those hold their paths' locks now
+        batch = engine.create_batch_nowait(paths, "text/plain")
+        after = [asyncio.ensure_future(create(engine, p)) for p in paths]
+        results = await batch
+        singles = await asyncio.gather(*before, *after)
+        by_path: dict[str, set[str]] = {p: set() for p in paths}
+        made: dict[str, int] = dict.fromkeys(paths, 0)
+        answered = [*zip(paths[:10], singles[:10], strict=True)]
+        answered += zip(paths, singles[10:], strict=True)
+        for path, result in answered:
+            by_path[path].add(result.info.storage_id)
+            made[path] += result.created
+        for path, result in zip(paths, results, strict=True):
+            assert isinstance(result, CreateResult)
+            by_path[path].add(result.info.storage_id)
+            made[path] += result.created
+        assert all(len(ids) == 1 for ids in by_path.values()), by_path
+        assert all(count == 1 for count in made.values()), made
+
+    _run(tmp_path, durability, scenario)
+
+
+def test_an_expired_stream_in_a_batch_is_replaced_by_a_new_one(tmp_path: Path) -> None:
+    clock = FakeClock()
+
+    async def scenario(engine: Engine) -> None:
+        old = await create(engine, "x/old", b"gone", ttl_seconds=1)
+        clock.advance(5)
+        results = await engine.create_batch_nowait(["x/old", "x/new"], "text/plain")
+        assert [r.created for r in results] == [True, True]  # type: ignore[union-attr]
+        assert results[0].info.storage_id != old.info.storage_id  # type: ignore[union-attr]
+        assert await text(engine, "x/old") == b""
+
+    _run(tmp_path, Durability.FSYNC, scenario, clock)
+
+
+def test_a_caller_going_away_does_not_leave_a_stream_made_but_unregistered(tmp_path: Path) -> None:
+    """The batch runs in its own task: cancelling the caller's wait (a client gone) leaves it to
+    finish, so every stream it makes durable is registered."""
+    paths = [f"c/{i}" for i in range(100)]
+
+    async def scenario(engine: Engine) -> None:
+        batch = engine.create_batch_nowait(paths, "text/plain")
+        waiter = asyncio.ensure_future(asyncio.shield(batch))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        results = await batch
+        assert all(r.created for r in results)  # type: ignore[union-attr]
+        for path in paths:
+            assert engine.head(path).next_offset == ZERO
+
+    _run(tmp_path, Durability.FSYNC, scenario)
+
+
+def test_a_create_that_fails_in_a_batch_answers_alone(tmp_path: Path) -> None:
+    """``DataDir.create_streams``'s round outcomes are per stream: a create whose directory cannot
+    be made (a file is in its place) fails with ``StorageFailure``; the others of the batch are
+    made. (A directory create, ``packed=False``, stands in for a round's own failure per stream.)"""
+
+    async def main() -> None:
+        data, engine = await open_engine(tmp_path, durability=Durability.FSYNC)
+        try:
+            committer = data._committer
+            headers = [
+                StreamHeader(path=f"f/{i}", content_type="text/plain", created_at_ms=1)
+                for i in range(3)
+            ]
+            creations = [
+                _NewStream(data, f"id{i}", catalog.Entry(h.path, None), b"x", None, packed=False)
+                for i, h in enumerate(headers)
+            ]
+            os.makedirs(data._streams, exist_ok=True)
+            Path(creations[1].directory).write_bytes(b"in the way")
+            outcomes = await committer.create_many(creations)
+            assert outcomes[0] is None and outcomes[2] is None
+            assert isinstance(outcomes[1], OSError)
+            failure = _create_failed(headers[1].path, outcomes[1])
+            assert isinstance(failure, StorageFailure) and "f/1" in str(failure)
+            assert os.path.isdir(creations[0].directory) and os.path.isdir(creations[2].directory)
+        finally:
+            await close_engine(data, engine)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+def test_a_batch_of_appends_settles_each_entry_as_its_own_append(
+    tmp_path: Path, durability: Durability
+) -> None:
+    """``append_batch`` (a bulk ``commits`` request's inline commits): per entry the answer a single
+    append gets: appended in order (two entries of one stream), a duplicate (answered by its own
+    task), a closed stream and a missing one refused alone; observers hear each append once."""
+    paths = [f"a/{i}" for i in range(200)]
+
+    async def scenario(engine: Engine) -> None:
+        recorder = Recorder()
+        engine.add_observer(recorder)
+        await engine.create_batch_nowait([*paths, "a/closed"], "text/plain")
+        await append(engine, "a/closed", b"", close=True)
+        await append(engine, "a/0", b"seen", producer=("p", 0, 0))
+        requests = [
+            AppendRequest(path=p, content_type="text/plain", body=p.encode(), producer=_tuple(0))
+            for p in paths[1:]
+        ]
+        requests += [
+            AppendRequest(path="a/1", content_type="text/plain", body=b"+", producer=_tuple(1)),
+            AppendRequest(path="a/0", content_type="text/plain", body=b"seen", producer=_tuple(0)),
+            AppendRequest(path="a/closed", content_type="text/plain", body=b"late"),
+            AppendRequest(path="a/none", content_type="text/plain", body=b"lost"),
+        ]
+        batch = engine.append_batch(requests)
+        await batch.all_done
+        *fresh, second, duplicate, closed, missing = batch.outcomes
+        assert all(isinstance(r, AppendResult) and not r.duplicate for r in fresh)
+        assert isinstance(second, AppendResult) and second.producer_seq == 1
+        assert isinstance(duplicate, AppendResult) and duplicate.duplicate
+        assert isinstance(closed, StreamClosed)
+        assert isinstance(missing, NotFound)
+        assert await text(engine, "a/1") == b"a/1+"
+        assert await text(engine, "a/0") == b"seen"
+        appended = [e[1] for e in recorder.events if e[0] == "appended"]
+        assert sorted(appended) == sorted([*paths[1:], "a/1", "a/0"])  # a/0: its first append
+
+    _run(tmp_path, durability, scenario)
+
+
+def _tuple(seq: int) -> ProducerTuple:
+    return ProducerTuple("p", 0, seq)
