@@ -22,6 +22,8 @@ from pathlib import Path
 
 import fanout_bench as fb
 
+SPY_RATE = 100  # py-spy samples a second (``--spy-rate``)
+
 
 def read_rounds(
     data_dir: Path, src: str, rounds: int, packed: bool = False, spy: Path | None = None
@@ -54,6 +56,8 @@ def read_rounds(
                     "--format",
                     "raw",
                     "--gil",
+                    "--rate",
+                    str(SPY_RATE),
                     "-o",
                     str(out),
                 ],
@@ -85,7 +89,10 @@ def main() -> None:
     parser.add_argument("--data", default="data", help="the data directory under --dir")
     parser.add_argument("--packed", action="store_true", help="serve with --packed-appends")
     parser.add_argument("--spy", type=Path, help="py-spy each server's reads into this directory")
+    parser.add_argument("--spy-rate", type=int, default=100, help="py-spy samples a second")
     args = parser.parse_args()
+    global SPY_RATE
+    SPY_RATE = args.spy_rate
     fb.server_process.STARTUP_TIMEOUT_SECONDS = 900.0
     print("| server | read s | server CPU s | server CPU per range (us) | load |")
     print("| --- | ---: | ---: | ---: | --- |")

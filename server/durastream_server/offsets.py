@@ -20,6 +20,8 @@ MAX_POSITION: Final = 10**16 - 1
 _OFFSET_RE: Final = re.compile(r"\A0{16}_(\d{16})\Z")
 
 _ZERO_GENERATION: Final = "0" * 16 + "_"
+# What a canonical token starts with; the 16 digits after it are its position (``parse_position``).
+CANONICAL_PREFIX: Final = _ZERO_GENERATION
 
 Sentinel = Literal["-1", "now"]
 

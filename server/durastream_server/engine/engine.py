@@ -38,7 +38,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -106,7 +106,14 @@ from durastream_server.errors import (
     StreamClosed,
     StreamSeqRegression,
 )
-from durastream_server.offsets import BEGINNING, NOW, InvalidOffset, format_offset, parse_position
+from durastream_server.offsets import (
+    BEGINNING,
+    CANONICAL_PREFIX,
+    NOW,
+    InvalidOffset,
+    format_offset,
+    parse_position,
+)
 from durastream_server.storage import DataDir
 from durastream_server.storage.batch import Batch, Slot
 from durastream_server.storage.log import InvalidPosition, StreamLog
@@ -1156,6 +1163,79 @@ class Engine:
         except InvalidPosition:
             return None
         return None if read is None else multiread.Planned(inc, start, end_offset, read)
+
+    def plan_group(
+        self, items: Iterator[multiread.Range | ProtocolError], limit: int
+    ) -> tuple[list[multiread.Entry], multiread.Range | None, bool]:
+        """``plan_messages`` of the next ranges of ``items``, at most ``limit``, in one pass (one
+        loop turn, one clock read): the planned entries (a ProtocolError for a range that fails),
+        the range after them that ``read_messages`` must read alone (or None), and whether
+        ``items`` may hold more.
+
+        The common range of a multi-range read (an unforked, idle stream read from a canonical
+        token, or its start, to its durable tail) is planned inline: the same decisions as
+        ``plan_messages`` with the registry, the clock and the token parse bound once for the
+        group rather than a call chain a range. Anything else (a missing, deleted or expiring
+        stream, a fork, ``now``, a non-canonical token, an end before the tail, an error) goes
+        through ``plan_messages`` itself, which answers it and raises its errors."""
+        now = self._clock()
+        by_path = self._registry.by_path
+        plan = self.plan_messages
+        group: list[multiread.Entry] = []
+        append = group.append
+        zero = CANONICAL_PREFIX
+        for item in items:
+            if isinstance(item, ProtocolError):  # the caller found it
+                append((("", "", ""), item))
+            else:
+                path, offset, end_offset = item
+                inc = by_path.get(path)
+                planned: multiread.Planned | ProtocolError | None = None
+                fast = False
+                if (
+                    inc is not None
+                    and not inc.soft_deleted
+                    and inc.hard_deadline is None
+                    and inc.lifetime.ttl_seconds is None
+                    and len(end_offset) == 33
+                    and end_offset.startswith(zero)
+                    and end_offset[17:].isdecimal()
+                ):
+                    log = inc.log
+                    end = int(end_offset[17:])
+                    if offset == BEGINNING:
+                        start = 0
+                    elif len(offset) == 33 and offset.startswith(zero) and offset[17:].isdecimal():
+                        start = int(offset[17:])
+                    else:
+                        start = -1
+                    fast = (
+                        log.header.fork_source_id is None
+                        and 0 <= start <= end
+                        and end == log.durable_tail
+                    )
+                if fast:
+                    if now > inc.last_access:  # type: ignore[union-attr]
+                        inc.last_access = now  # type: ignore[union-attr]
+                    try:
+                        read = log.plan_read(start, end)
+                    except Exception:  # noqa: BLE001 - plan_messages raises it as it should
+                        fast = False
+                    else:
+                        if read is None:
+                            return group, item, True
+                        planned = multiread.new_planned(inc, start, end_offset, read)
+                if not fast:
+                    try:
+                        planned = plan(path, offset, end_offset, now)
+                    except ProtocolError as exc:
+                        planned = exc
+                    if planned is None:
+                        return group, item, True
+                append((item, planned))  # type: ignore[arg-type]
+            if len(group) >= limit:
+                return group, None, True
+        return group, None, False
 
     def clock(self) -> float:
         """The engine's clock (expiry and access times), for callers that plan many reads at once."""

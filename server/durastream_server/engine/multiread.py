@@ -72,9 +72,19 @@ class Answer(NamedTuple):
     next_position: int
 
 
+_new_tuple = tuple.__new__  # a NamedTuple's own ``__new__`` is Python: ~0.3 us more a range
+
+
+def new_planned(inc: Incarnation, start: int, end: str, read: DiskRead | ReadChunk) -> Planned:
+    """``Planned(inc, start, end, read)``, built without the NamedTuple's Python ``__new__``
+    (``Engine.plan_group`` makes one a range)."""
+    return _new_tuple(Planned, (inc, start, end, read))
+
+
 # What the thread does with one planned entry: its answer, or the ProtocolError the loop found.
 _Raw = Answer | ProtocolError
 _Entry = tuple[Range, Planned | ProtocolError]
+Entry = _Entry  # a planned range, as ``Engine.plan_group`` gives it
 
 
 async def read_ranges(
@@ -138,24 +148,10 @@ async def _read_ranges(
 def _plan(
     engine: Engine, items: Iterator[Range | ProtocolError]
 ) -> tuple[list[_Entry], Range | None, bool]:
-    """Plan the next ranges, at most ``GROUP``: the planned ones, the range after them that must be
-    read alone (or None), and whether ``items`` may hold more."""
-    group: list[_Entry] = []
-    now = engine.clock()  # one instant for the group: it is planned in one loop turn
-    for item in items:
-        if isinstance(item, ProtocolError):
-            group.append((("", "", ""), item))
-        else:
-            try:
-                planned = engine.plan_messages(*item, now)
-            except ProtocolError as exc:
-                planned = exc
-            if planned is None:
-                return group, item, True
-            group.append((item, planned))
-        if len(group) >= GROUP:
-            return group, None, True
-    return group, None, False
+    """Plan the next ranges, at most ``GROUP``, in one pass (``Engine.plan_group``): the planned
+    ones, the range after them that must be read alone (or None), and whether ``items`` may hold
+    more."""
+    return engine.plan_group(items, GROUP)
 
 
 async def _read_group(
@@ -186,11 +182,11 @@ def _read_planned(
     prefetched = _preread(group, budget)
     raws: list[_Raw] = []
     append = raws.append
-    for index, (_, planned) in enumerate(group):
+    for (_, planned), buf in zip(group, prefetched, strict=True):
         if budget <= 0:
             return raws, budget, True
         if type(planned) is not Planned:
-            append(planned)
+            append(planned)  # type: ignore[arg-type]
             continue
         read = planned.read
         if type(read) is ReadChunk:
@@ -200,7 +196,6 @@ def _read_planned(
             cost = 1
         else:
             try:
-                buf = prefetched.get(index)
                 lean = (
                     None
                     if buf is None
@@ -220,19 +215,20 @@ def _read_planned(
             except Exception:  # noqa: BLE001 - the single read raises the right error
                 return raws, budget, False
         next_offset = format_offset(next_position)
-        append(Answer(slices, count, next_offset, next_position))
+        append(_new_tuple(Answer, (slices, count, next_offset, next_position)))
         budget -= cost
         if next_offset != planned.end:
             return raws, budget, True
     return raws, budget, False
 
 
-def _preread(group: Sequence[_Entry], budget: int) -> dict[int, bytes | None]:
-    """The one-record bytes of the disk reads of ``group`` that ``budget`` can reach (by index in
-    ``group``): each range costs at least its bytes, so reads past those that spend the budget are
-    not read ahead."""
+def _preread(group: Sequence[_Entry], budget: int) -> list[bytes | None]:
+    """The one-record bytes of the disk reads of ``group`` that ``budget`` can reach, aligned with
+    ``group`` (None where there is none): each range costs at least its bytes, so reads past those
+    that spend the budget are not read ahead."""
     indexes: list[int] = []
     reads: list[tuple[ReadView, int]] = []
+    out: list[bytes | None] = [None] * len(group)
     cache = None
     for index, (_, planned) in enumerate(group):
         if budget <= 0:
@@ -246,9 +242,10 @@ def _preread(group: Sequence[_Entry], budget: int) -> dict[int, bytes | None]:
         reads.append((read.segments, read.scan_from))
         cache = read.cache
         budget -= read.cap - read.start
-    if cache is None:
-        return {}
-    return dict(zip(indexes, preread_records(reads, cache), strict=True))
+    if cache is not None:
+        for index, buf in zip(indexes, preread_records(reads, cache), strict=True):
+            out[index] = buf
+    return out
 
 
 def _result(engine: Engine, entry: _Entry, raw: _Raw) -> MessagesResult | ProtocolError:

@@ -25,7 +25,7 @@ import sys
 from array import array
 from collections.abc import Iterable, Sequence
 from itertools import accumulate, chain, islice, repeat
-from operator import add, attrgetter, contains
+from operator import add, attrgetter, contains, mul, sub
 from typing import Final
 
 from durastream_server.storage.records import MessageRun, MessageSlice
@@ -34,6 +34,7 @@ CONTENT_TYPE: Final = "application/vnd.durastream.frames"
 MAGIC: Final = b"DSF1"
 FLAG_LINES: Final = 0x1
 HEADER: Final = struct.Struct("<4sIII")
+_I64: Final = struct.Struct("<q")
 # Metadata bytes per message (position, timestamp, one boundary): what a message costs beyond its
 # value against the chunk budget.
 PER_MESSAGE_OVERHEAD: Final = 24
@@ -47,6 +48,7 @@ _LITTLE: Final = sys.byteorder == "little"
 _DATA: Final = attrgetter("data")
 _POSITION: Final = attrgetter("position")
 _TIMESTAMP: Final = attrgetter("timestamp_ms")
+_LENGTHS: Final = attrgetter("lengths")
 
 
 def _le(values: array) -> bytes:
@@ -59,9 +61,33 @@ def _le(values: array) -> bytes:
 def encode(items: Sequence[MessageSlice | MessageRun], *, lines: bool) -> bytes:
     """The frames body for ``items`` (whole messages, one per slice or several per run, in stream
     order)."""
-    if MessageRun in set(map(type, items)):
+    kinds = set(map(type, items))
+    if kinds == {MessageRun} and not lines:
+        return _encode_only_runs(items)  # type: ignore[arg-type]
+    if MessageRun in kinds:
         return _encode_runs(items, lines=lines)
     return _encode_slices(items, lines=lines)  # type: ignore[arg-type]
+
+
+def _encode_only_runs(runs: Sequence[MessageRun]) -> bytes:
+    """``encode`` of plain frames for runs only (a multi-range read of many small streams: a run
+    a range), with no Python step per run: each message's position is its run's position plus its
+    offset in the run, i.e. ``boundary + (run position - run start in the values)``, and every
+    column is built by C-level iteration (``map``, ``accumulate``, ``repeat``)."""
+    lengths = list(map(_LENGTHS, runs))
+    counts = list(map(len, lengths))
+    n = sum(counts)
+    boundaries = array("Q", accumulate(chain.from_iterable(lengths), initial=0))
+    values = list(map(_DATA, runs))
+    # Where each run's bytes start in the values section, and so its messages' position shift.
+    shifts = map(sub, map(_POSITION, runs), accumulate(map(len, values), initial=0))
+    positions = array(
+        "Q", map(add, islice(boundaries, n), chain.from_iterable(map(repeat, shifts, counts)))
+    )
+    # A run's messages share its time: its 8 bytes repeated, a bytes product a run.
+    timestamps = b"".join(map(mul, map(_I64.pack, map(_TIMESTAMP, runs)), counts))
+    head = HEADER.pack(MAGIC, n, 0, 0)
+    return b"".join([head, _le(positions), timestamps, _le(boundaries), *values])
 
 
 def _encode_runs(items: Sequence[MessageSlice | MessageRun], *, lines: bool) -> bytes:

@@ -37,6 +37,7 @@ from durastream_server.storage.files import FdCache, Handle
 from durastream_server.storage.segments import READ_BLOCK, Window
 
 _PACK_TAG = "pack"
+_new_tuple = tuple.__new__
 _WAL_TAG = "wal"
 
 
@@ -119,7 +120,8 @@ class PackedView(NamedTuple):
     @classmethod
     def of(cls, log_id: str, extents: Extents, end: int, files: PackFiles) -> PackedView:
         """Planned on the loop, from the log's extents as they are now."""
-        return cls(log_id, extents.rows(), end, files, files.done)
+        # ``tuple.__new__``: not the NamedTuple's Python ``__new__`` (one view a range planned).
+        return _new_tuple(cls, (log_id, extents.rows(), end, files, files.done))
 
     def window(self, cache: FdCache, block: int = READ_BLOCK, *, evict: bool = True) -> Window:
         # Always cached (``evict`` ignored): a few files hold every packed stream, so a read of

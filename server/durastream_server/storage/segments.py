@@ -34,6 +34,9 @@ def segment_name(base: int) -> str:
     return f"{base:020d}.seg"
 
 
+_new_tuple = tuple.__new__
+
+
 class SegmentTable:
     """The segment bases of one log. Replaced (never changed in place) only on the loop; readers work
     on a ``view()``.
@@ -79,7 +82,8 @@ class SegmentTable:
         # The streams directory, not the log's: a multi-range read plans a view of each of 10,000
         # logs on the loop, and joining their paths there cost ~5 us a range (the reading thread
         # joins a segment's path in one step when it opens it).
-        return SegmentView(self._root, self.log_id, self.bases, end)
+        # ``tuple.__new__``: not the NamedTuple's Python ``__new__`` (one view a range planned).
+        return _new_tuple(SegmentView, (self._root, self.log_id, self.bases, end))
 
 
 class SegmentView(NamedTuple):
