@@ -242,7 +242,9 @@ def build_app(config: ServerConfig) -> DurastreamApp:
 
     router = None
     if config.shard_index is not None and config.shard_sockets is not None:
-        router = ShardRouter(config.shard_index, config.workers, config.shard_sockets)
+        router = ShardRouter(
+            config.shard_index, config.workers, config.shard_sockets, tls=config.tls
+        )
         # Every worker answers these 501 (shards/router.py): advertising them would keep clients
         # from falling back (docs/extensions.md, "Advertisement").
         responses.withhold_extensions(extensions.ACROSS_STREAMS)

@@ -211,6 +211,7 @@ class DurastreamApp:
             if owner is not None:  # another worker's stream: it answers (counted and logged there)
                 await self._router.forward(owner, scope, receive, send)
                 return
+            self._router.as_received(scope)
         started = time.perf_counter()
         headers = header_map(scope.get("headers", ()))
         request_id = self._request_ids.take(headers.get(requestid.HEADER))
@@ -299,6 +300,8 @@ class DurastreamApp:
         refused before the engine started on it is declined (False) and so answered by the ordinary
         path, which refuses it the same way; errors after that are answered here, through ``send``."""
         started = time.perf_counter()
+        if self._router is not None:
+            self._router.as_received(scope)
         headers = header_map(scope["headers"])
         raw_path = scope["raw_path"]
         try:

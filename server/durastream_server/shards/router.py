@@ -91,10 +91,11 @@ class _Upstream:
 class ShardRouter:
     """Per request: served here, refused under the flag, or forwarded to the owning worker."""
 
-    def __init__(self, index: int, count: int, socket_dir: Path) -> None:
+    def __init__(self, index: int, count: int, socket_dir: Path, *, tls: bool = False) -> None:
         self.index = index
         self.count = count
         self.socket_dir = socket_dir
+        self._public_scheme = "https" if tls else "http"
         self._idle: dict[int, list[_Upstream]] = {k: [] for k in range(count)}
         self.forwarded = 0  # requests relayed to another worker (/healthz "shard")
 
@@ -113,6 +114,16 @@ class ShardRouter:
             return None
         shard = shard_of(target.target, self.count)
         return None if shard == self.index else shard
+
+    def as_received(self, scope: Scope) -> None:
+        """Give a request forwarded by another worker the scheme its client used. It came over this
+        worker's Unix socket (uvicorn gives such a request no server port, ``(path, None)``, or no
+        server address at all, depending on its version), as plain HTTP, but its client reached the public listener, which
+        speaks TLS when the server does: answers that name URLs (a create's ``Location``) must say
+        https then."""
+        server = scope.get("server")
+        if server is None or server[1] is None:
+            scope["scheme"] = self._public_scheme
 
     def direct_allowed(self, method: str, scope: Scope) -> bool:
         """Whether the direct path (``http/fastpath.py``) may serve ``scope`` here: not another shard's

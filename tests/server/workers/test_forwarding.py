@@ -9,11 +9,14 @@ import json
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import requests
 
 from durastream_server import extensions
 from durastream_server.shards.layout import shard_of
+from tests.server.http.test_cors_tls import needs_openssl, tls_server
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SO_REUSEPORT workers")
@@ -108,3 +111,33 @@ def test_extensions_spanning_streams_are_not_advertised(
         assert advertised, url
         assert not advertised & extensions.ACROSS_STREAMS, (url, advertised)
         assert "bounded-read" in advertised
+
+
+@needs_openssl
+def test_a_forwarded_create_over_tls_names_an_https_location(tmp_path: Path) -> None:
+    """The forward reaches the owner over plain HTTP on its Unix socket; the owner must still answer
+    with the scheme the client used (a create's Location)."""
+    with tls_server(tmp_path, "--workers", "2") as server, requests.Session() as session:
+        verify = str(
+            server.cert
+        )  # per request: requests prefers REQUESTS_CA_BUNDLE to session.verify
+        here = session.get(server.base + "/healthz", verify=verify, timeout=10).json()["shard"][
+            "index"
+        ]
+        candidates = (f"tls-{uuid.uuid4().hex[:10]}" for _ in range(200))
+        paths = [p for p in candidates if shard_of(p, 2) != here][:2]
+        # a small declared body: the direct path (http/fastpath.py); a chunked one: the ordinary path
+        for path, data in zip(paths, (b"x" * 10, iter([b"x"])), strict=True):
+            created = session.put(
+                f"{server.base}/v1/stream/{path}",
+                headers={"Content-Type": "text/plain"},
+                data=data,
+                verify=verify,
+                timeout=10,
+            )
+            assert created.status_code == 201, created.text
+            assert created.headers["Location"] == f"{server.base}/v1/stream/{path}"
+        forwarded = session.get(server.base + "/healthz", verify=verify, timeout=10).json()[
+            "shard"
+        ]["forwarded"]
+        assert forwarded >= 2
