@@ -181,15 +181,29 @@ def _copy_lines(stream: IO[str]) -> None:
         sys.stdout.flush()
 
 
+def _prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, resolved once in the parent: a ``preexec_fn`` runs between fork and exec, where
+    the parent's other threads (the output copiers) may hold the loader's locks, so it must not load
+    anything itself."""
+    if sys.platform != "linux":
+        return None
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL: Final = _prctl()
+_PR_SET_PDEATHSIG: Final = 1
+
+
 def _die_with_parent() -> None:
     """Linux: the worker gets SIGTERM when the parent dies (even by SIGKILL), so no worker outlives it
     holding its shard's lock and the port."""
-    if sys.platform != "linux":
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def worker_base_command(argv: Sequence[str]) -> list[str]:

@@ -350,3 +350,17 @@ def test_health_of_a_worker_names_its_shard(workers: ServerProcess) -> None:
     documents = health_of_each(workers)
     assert {d["shard"]["index"] for d in documents.values()} == {0, 1}
     assert json.dumps(documents)  # plain JSON
+
+
+def test_workers_stop_when_the_parent_is_killed(workers: ServerProcess) -> None:
+    """SIGKILL of the parent: its workers get SIGTERM (PR_SET_PDEATHSIG) and release port and shards."""
+    children = workers_of(workers)
+    assert len(children) == 2
+    workers.kill()
+    poll_until(
+        lambda: all(_zombie(pid) or not Path(f"/proc/{pid}").exists() for pid in children),
+        "the orphaned workers exited",
+        timeout=30,
+    )
+    workers.start()  # the shard locks and the port are free again
+    assert len(workers_of(workers)) == 2
