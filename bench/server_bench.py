@@ -283,6 +283,15 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux ``/proc``; none where that is not available)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as fh:
+            return [int(child) for child in fh.read().split()]
+    except OSError:
+        return []
+
+
 def cpu_busy(seconds: float = 1.0) -> float:
     """Fraction of all cores busy over ``seconds`` (from /proc/stat), e.g. 0.5 = one of two cores."""
 
@@ -420,7 +429,8 @@ class Server:
         return rss_bytes(self.pid)
 
     def cpu(self) -> float:
-        return cpu_seconds(self.pid)
+        """The server's CPU, its child processes' included (the workers of ``--workers N``)."""
+        return cpu_seconds(self.pid) + sum(cpu_seconds(child) for child in children(self.pid))
 
 
 class RssSampler:

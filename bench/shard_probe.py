@@ -12,7 +12,12 @@ of any gain is the server's and how much the machine allows at all (the client s
 Figures per configuration: appends/s (all shards together), server CPU per request (every shard
 process's CPU, all threads), and the client's CPU per request.
 
-Run: ``.venv/bin/python bench/shard_probe.py [--shards 2] [--seconds 8] [--rounds 2]``
+With ``--workers``: the server's own ``--workers 1`` against ``--workers N`` instead (decision 0009's first
+step): one port, the kernel spreading the producers' connections over the workers, a request for
+another worker's stream forwarded to it (``shards/router.py``), so about (N-1)/N of the requests pay a
+forward. Server CPU counts the parent and every worker.
+
+Run: ``.venv/bin/python bench/shard_probe.py [--shards 2] [--seconds 8] [--rounds 2] [--workers]``
 """
 
 from __future__ import annotations
@@ -59,8 +64,11 @@ async def small_on_shards(servers: list[sb.Server], seconds: float) -> dict:
     }
 
 
-def run_one(kind: str, shards: int, seconds: float, workdir: Path) -> dict:
-    servers = [sb.Server(kind, workdir) for _ in range(shards)]
+def run_one(kind: str, shards: int, seconds: float, workdir: Path, workers: bool = False) -> dict:
+    if workers:  # one server with --workers N: its own routing, on one port
+        servers = [sb.Server(kind, workdir, ("--workers", str(shards)))]
+    else:
+        servers = [sb.Server(kind, workdir) for _ in range(shards)]
     try:
         for server in servers:
             server.start()
@@ -75,15 +83,21 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--workers",
+        action="store_true",
+        help="ours with --workers 1 against --workers N (the server routes), no floor",
+    )
     args = parser.parse_args()
-    configs = [(kind, n) for kind in (sb.OURS, sb.FLOOR) for n in (1, args.shards)]
+    kinds = (sb.OURS,) if args.workers else (sb.OURS, sb.FLOOR)
+    configs = [(kind, n) for kind in kinds for n in (1, args.shards)]
     results: dict[tuple[str, int], list[dict]] = {c: [] for c in configs}
     workdir = Path(tempfile.mkdtemp(prefix="durastream-shards-"))
     try:
         for round_no in range(args.rounds):
             order = configs if round_no % 2 == 0 else configs[::-1]
             for kind, n in order:
-                result = run_one(kind, n, args.seconds, workdir)
+                result = run_one(kind, n, args.seconds, workdir, args.workers)
                 results[(kind, n)].append(result)
                 print(
                     f"round {round_no + 1}: {kind} x{n}: "
@@ -94,7 +108,7 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print()
     print(
-        "| server | processes | appends/s | server CPU us/request | cores busy | client CPU us/request |"
+        "| server | processes (--workers if given) | appends/s | server CPU us/request | cores busy | client CPU us/request |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
     for kind, n in configs:

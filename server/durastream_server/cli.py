@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -405,6 +406,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: auto)",
     )
     parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="(docs/decisions/0009-more-than-one-core.md; first step) serve with N worker processes, "
+        "each owning a shard of the streams in <data-dir>/shards/<k>/, all listening on the port. N > 1 "
+        "makes a new data directory sharded for N, and a sharded directory only starts with its own "
+        "N. With N > 1, listings, the change feed, subscriptions, bulk-write, multi-range reads and "
+        "staged appends answer 501, and a fork must be in its source's shard (docs/server.md, "
+        "'Worker processes') (default: 1, one process)",
+    )
+    parser.add_argument("--shard-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--shard-sockets", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
         "--log-level",
         type=_log_level,
         default="INFO",
@@ -493,6 +508,9 @@ def config_from_args(
             expiry_seconds=args.producer_expiry_seconds,
             group_expiry_seconds=args.producer_group_expiry_seconds,
         ),
+        workers=args.workers,
+        shard_index=args.shard_index,
+        shard_sockets=args.shard_sockets,
     )
 
 
@@ -565,6 +583,35 @@ def _prepare_data_dir(path: Path) -> str | None:
     return None
 
 
+def _check_layout(config: ServerConfig) -> str | None:
+    """Refuse a data directory made for another ``--workers``; make a new one sharded for N > 1."""
+    from durastream_server.shards.layout import LayoutMismatch, ShardLayout
+
+    try:
+        ShardLayout.read(config.data_dir).check(config.workers)
+        ShardLayout.read(config.data_dir).create(config.workers)
+    except LayoutMismatch as exc:
+        return str(exc)
+    return None
+
+
+def _supervise(
+    config: ServerConfig, sock: socket.socket, arguments: list[str], announce: Callable[[str], None]
+) -> int:
+    """``--workers N``: the parent process (``shards/supervisor.py``). It keeps ``sock`` bound, not
+    listening, so the port (also a port 0 made real) stays this server's; the workers bind it too."""
+    from durastream_server.server import bound_url
+    from durastream_server.shards.supervisor import Supervisor, worker_base_command
+
+    port = sock.getsockname()[1]
+    url = bound_url(sock, tls=config.tls)
+    supervisor = Supervisor(config.data_dir, config.workers, worker_base_command(arguments), port)
+    try:
+        return supervisor.run(lambda: announce(url))
+    finally:
+        sock.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else list(argv)
     if arguments and arguments[0] in tools.COMMANDS:  # offline tools: check, inspect (tools.py)
@@ -585,7 +632,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
     # Imported here so `--help` and argument errors stay fast and independent of the server stack.
-    from durastream_server.server import bind_socket, exposure_warnings, run
+    from durastream_server.server import bind_shard_socket, bind_socket, exposure_warnings, run
 
     data_dir_error = _prepare_data_dir(config.data_dir)
     if data_dir_error is not None:
@@ -594,8 +641,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILURE
+    if config.shard_index is None:
+        layout_error = _check_layout(config)
+        if layout_error is not None:
+            print(f"durastream-server: error: {layout_error}", file=sys.stderr)
+            return EXIT_USAGE
+    sharded = config.workers > 1
     try:
-        sock = bind_socket(config.host, config.port)
+        sock = bind_socket(config.host, config.port, reuse_port=sharded)
     except OSError as exc:
         print(
             f"durastream-server: error: cannot listen on --host {config.host} --port {config.port}: {exc}",
@@ -609,12 +662,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     def announce(url: str) -> None:
         print(startup_line(config, url), flush=True)
 
+    if sharded and config.shard_index is None:
+        return _supervise(config, sock, arguments, announce)
+    shard_socket = bind_shard_socket(config)
     restore = _quiet_signals()
     try:
-        app = run(config, sock, announce)
+        app = run(config, sock, announce, () if shard_socket is None else (shard_socket,))
     finally:
         restore()
         sock.close()
+        if shard_socket is not None:
+            shard_socket.close()
     error = app.startup_error
     if isinstance(error, AlreadyLocked):
         print(

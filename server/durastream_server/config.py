@@ -94,8 +94,15 @@ class ServerConfig:
     webhook_localhost: str = "auto"
     # How long idle producer state is kept (docs/decisions/0005-producer-state.md).
     producer_policy: ProducerPolicy = ProducerPolicy()
+    # Worker processes (--workers, decision 0009, shards/). 1: one process, as always. In a worker of
+    # N > 1: its shard index, and the directory of the workers' Unix sockets (set by the parent).
+    workers: int = 1
+    shard_index: int | None = None
+    shard_sockets: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"--workers must be at least 1, got {self.workers}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.public_url is not None:

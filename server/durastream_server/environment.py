@@ -35,13 +35,16 @@ def variable(action: argparse.Action) -> str:
 
 
 def configurable(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    """The flags that take their value from the environment too (all but --help and --version)."""
+    """The flags that take their value from the environment too (all but --help, --version and the
+    internal flags hidden from ``--help``: ``--shard-index`` in the environment would turn every server
+    started there into one worker of ``--workers N``)."""
     return [
         action
         for action in parser._actions
         if any(flag.startswith("--") for flag in action.option_strings)
         and not isinstance(action, argparse._HelpAction | argparse._VersionAction)
         and action.dest != argparse.SUPPRESS
+        and action.help != argparse.SUPPRESS
     ]
 
 

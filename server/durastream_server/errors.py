@@ -218,3 +218,28 @@ class TxnCorrupt(ProtocolError):
 
     status = 500
     code = "TXN_CORRUPT"
+
+
+# Worker processes (``--workers N``, decision 0009, ``shards/``).
+
+
+class NotWithWorkers(ProtocolError):
+    """A request across streams (listing, change feed, subscriptions, bulk-write, multi-range reads,
+    staged appends) that a server with ``--workers`` > 1 does not serve yet: each shard only sees its own
+    streams, and fanning out to every shard is not built."""
+
+    status = 501
+    code = "NOT_AVAILABLE_WITH_WORKERS"
+
+
+class ForkAcrossShards(Conflict):
+    """A fork whose source lives in another shard than the fork's own path (``--workers`` > 1)."""
+
+    code = "FORK_ACROSS_SHARDS"
+
+
+class ShardUnavailable(ProtocolError):
+    """The worker owning the stream did not answer (it is restarting); the client retries."""
+
+    status = 503
+    code = "SHARD_UNAVAILABLE"

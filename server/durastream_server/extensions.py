@@ -36,9 +36,19 @@ HEADER_VALUE: Final = ", ".join(f"{name}={version}" for name, version in EXTENSI
 SERVER: Final = f"durastream-server/{__version__}"
 
 
-def advertisement() -> tuple[str, str]:
-    """The header every response carries."""
-    return HEADER, HEADER_VALUE
+# Extensions whose requests span streams: a server with ``--workers`` > 1 answers them 501 (each worker
+# sees only its shard, shards/router.py), so it does not advertise them and clients fall back.
+ACROSS_STREAMS: Final = frozenset(
+    ("listing", "staged-append", "changes", "multi-range", "bulk-write")
+)
+
+
+def advertisement(withheld: frozenset[str] = frozenset()) -> tuple[str, str]:
+    """The header every response carries (less ``withheld``)."""
+    if not withheld:
+        return HEADER, HEADER_VALUE
+    kept = (f"{name}={version}" for name, version in EXTENSIONS.items() if name not in withheld)
+    return HEADER, ", ".join(kept)
 
 
 def discovery_document() -> dict[str, Any]:

@@ -22,15 +22,17 @@ from collections.abc import Callable
 
 import uvicorn
 
+from durastream_server import extensions
 from durastream_server.config import ServerConfig
 from durastream_server.engine.engine import Engine
 from durastream_server.engine.txnapi import TxnLimits
-from durastream_server.http import fastpath
+from durastream_server.http import fastpath, responses
 from durastream_server.http.app import DurastreamApp
 from durastream_server.http.guard import protocol_class
 from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.metrics.counters import ServerMetrics
+from durastream_server.shards.router import ShardRouter, socket_path
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.subscriptions.service import SubscriptionService
@@ -155,7 +157,11 @@ class _Server(uvicorn.Server):
         tls = {"ssl": config.ssl, "ssl_handshake_timeout": self._handshake_timeout}
         for sock in sockets:
             server = await loop.create_server(
-                create_protocol, sock=sock, backlog=config.backlog, **(tls if config.ssl else {})
+                create_protocol,
+                sock=sock,
+                backlog=config.backlog,
+                # a worker's Unix socket (forwarded requests, shards/router.py) is plain HTTP
+                **(tls if config.ssl and sock.family != socket.AF_UNIX else {}),
             )
             self.servers.append(server)
 
@@ -164,13 +170,16 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets=sockets)
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind before serving so a busy port is reported clearly, and so port 0 yields a real port."""
+def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
+    """Bind before serving so a busy port is reported clearly, and so port 0 yields a real port.
+    ``reuse_port``: every worker of ``--workers N`` binds the same port (the kernel spreads connections)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, socktype, proto, _, address = infos[0]
     sock = socket.socket(family, socktype, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
     except BaseException:
         sock.close()
@@ -231,7 +240,30 @@ def build_app(config: ServerConfig) -> DurastreamApp:
     async def open_backend() -> Backend:
         return await Backend.open(config, metrics)
 
-    return DurastreamApp(config, open_backend, metrics)
+    router = None
+    if config.shard_index is not None and config.shard_sockets is not None:
+        router = ShardRouter(
+            config.shard_index, config.workers, config.shard_sockets, tls=config.tls
+        )
+        # Every worker answers these 501 (shards/router.py): advertising them would keep clients
+        # from falling back (docs/extensions.md, "Advertisement").
+        responses.withhold_extensions(extensions.ACROSS_STREAMS)
+    return DurastreamApp(config, open_backend, metrics, router)
+
+
+def bind_shard_socket(config: ServerConfig) -> socket.socket | None:
+    """A worker's Unix socket for requests forwarded by the other workers (``shards/router.py``)."""
+    if config.shard_index is None or config.shard_sockets is None:
+        return None
+    path = socket_path(config.shard_sockets, config.shard_index)
+    path.unlink(missing_ok=True)  # left by a predecessor that was killed
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _loop_setting() -> str:
@@ -239,9 +271,13 @@ def _loop_setting() -> str:
 
 
 def run(
-    config: ServerConfig, sock: socket.socket, on_started: Callable[[str], None]
+    config: ServerConfig,
+    sock: socket.socket,
+    on_started: Callable[[str], None],
+    extra_sockets: tuple[socket.socket, ...] = (),
 ) -> DurastreamApp:
-    """Serve until a shutdown signal. Returns the app so the caller can inspect ``startup_error``."""
+    """Serve until a shutdown signal. Returns the app so the caller can inspect ``startup_error``.
+    ``extra_sockets`` are served too (a worker's Unix socket); ``sock`` is the one announced."""
     config = with_public_url(config, sock)
     app = build_app(config)
     uv_config = uvicorn.Config(
@@ -261,7 +297,7 @@ def run(
     )
     server = _Server(uv_config, app, on_started, config.header_timeout_seconds)
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=[sock, *extra_sockets])
     except SystemExit:
         # uvicorn exits this way when the lifespan startup failed; the app kept the reason.
         if app.startup_error is None:

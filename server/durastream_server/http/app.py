@@ -43,6 +43,7 @@ from durastream_server.metrics.exposition import Exporter
 if TYPE_CHECKING:
     from durastream_server.engine.census import Census
     from durastream_server.engine.engine import Engine
+    from durastream_server.shards.router import ShardRouter
     from durastream_server.storage.quarantine import QuarantinedStream
 
 logger = logging.getLogger("durastream_server.http")
@@ -127,8 +128,11 @@ class DurastreamApp:
         config: ServerConfig,
         open_backend: Callable[[], Awaitable[Backend]],
         metrics: ServerMetrics | None = None,
+        router: ShardRouter | None = None,
     ) -> None:
         self.config = config
+        # With --workers N > 1: which worker owns which stream (shards/router.py); None: one process.
+        self._router = router
         self._open_backend = open_backend
         self._backend: Backend | None = None
         self._live: LiveReaders | None = None
@@ -183,6 +187,8 @@ class DurastreamApp:
             elif message["type"] == "lifespan.shutdown":
                 self.begin_drain()
                 try:
+                    if self._router is not None:
+                        await self._router.close()
                     if self._backend is not None:
                         await self._backend.close()
                 except Exception as exc:
@@ -200,6 +206,12 @@ class DurastreamApp:
             return
         if scope["type"] != "http":
             return  # websockets are not part of the protocol (uvicorn runs with ws="none")
+        if self._router is not None:
+            owner = self._router.owner_elsewhere(scope["raw_path"])
+            if owner is not None:  # another worker's stream: it answers (counted and logged there)
+                await self._router.forward(owner, scope, receive, send)
+                return
+            self._router.as_received(scope)
         started = time.perf_counter()
         headers = header_map(scope.get("headers", ()))
         request_id = self._request_ids.take(headers.get(requestid.HEADER))
@@ -266,6 +278,8 @@ class DurastreamApp:
             return False  # the ordinary path recovers the stream first
         if not scope["raw_path"].startswith(_STREAM_PREFIX):
             return False
+        if self._router is not None and not self._router.direct_allowed(method, scope):
+            return False  # forwarded to its owner, or a fork checked, by the ordinary path
         length = None
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -286,6 +300,8 @@ class DurastreamApp:
         refused before the engine started on it is declined (False) and so answered by the ordinary
         path, which refuses it the same way; errors after that are answered here, through ``send``."""
         started = time.perf_counter()
+        if self._router is not None:
+            self._router.as_received(scope)
         headers = header_map(scope["headers"])
         raw_path = scope["raw_path"]
         try:
@@ -423,6 +439,8 @@ class DurastreamApp:
             return
         if self._auth is not None:
             request.token = self._auth.authorize(request, target)  # 401 / 403: http/auth.py
+        if self._router is not None:
+            self._router.refuse_unsupported(request.method, target, request.headers)
         # Every route refuses a declared body over the limit before anything else, also those that
         # never read a body (GET, HEAD, DELETE, /healthz): their answer must not depend on whether it
         # was sent before the connection's guard saw the body pass the limit.
@@ -526,6 +544,8 @@ class DurastreamApp:
             count, entries = engine.quarantined(HEALTH_QUARANTINE_LIST)
             document["quarantined_count"] = count
             document["quarantined"] = self._quarantined(entries)
+        if self._router is not None:  # --workers N: this answer is of one shard (the one asked)
+            document["shard"] = self._router.describe()
         body = json.dumps(document, ensure_ascii=False).encode()
         headers = [
             ("Content-Type", "application/json"),

@@ -31,9 +31,9 @@ _SECURITY: Final = (
 )
 
 
-def base_headers() -> Headers:
+def base_headers(withheld: frozenset[str] = frozenset()) -> Headers:
     # The extension advertisement rides on every response (errors, 204s, SSE, preflights) by design.
-    return [*_SECURITY, *cors.response_headers(), extensions.advertisement()]
+    return [*_SECURITY, *cors.response_headers(), extensions.advertisement(withheld)]
 
 
 _NAMES: dict[str, bytes] = {}  # header name -> its encoded, lower-cased form (a few dozen names)
@@ -53,7 +53,16 @@ def _encode(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return encoded
 
 
-_BASE_ENCODED: Final = tuple(_encode(base_headers()))  # the same on every response: encode once
+_BASE_ENCODED = tuple(_encode(base_headers()))  # the same on every response: encode once
+
+
+def withhold_extensions(names: frozenset[str]) -> None:
+    """Stop advertising ``names`` on every response of this process: a worker of ``--workers N`` > 1
+    answers the extensions spanning streams 501 (shards/router.py), and a client that saw them
+    advertised would not fall back. Called once at start-up, before any answer is encoded (the direct
+    path's header lines, ``handlers._answer_base``, are built from this on the first answer)."""
+    global _BASE_ENCODED
+    _BASE_ENCODED = tuple(_encode(base_headers(names)))
 
 
 def response_headers(

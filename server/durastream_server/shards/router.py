@@ -1,0 +1,387 @@
+"""Which worker serves a request, and forwarding to it (decision 0009, ``--workers N``, step 3 option a).
+
+Every worker listens on the public port (``SO_REUSEPORT``: the kernel spreads *connections*) and on its
+own Unix socket (``socket_path``). A request for a stream of another shard is forwarded, bytes in and
+bytes out, over a kept-open HTTP/1.1 connection to the owner's Unix socket, and the owner's answer is
+relayed as it arrives (long-polls wait in the owner; SSE frames stream through). The owner does
+everything else (auth, CORS, request id, metrics, the access log), so forwarding is transparent: the
+receiving worker only classifies the request path to find the owner.
+
+Option (b), handing the connection itself to the owner (``SCM_RIGHTS``), would let a steady producer pay
+the forward once; it needs uvicorn's protocol to give up a connection between requests together with
+its buffered bytes, which is not built (decision 0009, "What is left").
+
+Requests across streams (``__ds/`` resources: listing, change feed, subscriptions, ``bulk-write``,
+multi-range reads; staged appends, whose handles may name many streams) are answered 501 by every
+worker: fanning out to every shard is not built yet. A fork must hash to its source's shard (409).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any, Final
+
+from durastream_server.errors import (
+    BadRequest,
+    ForkAcrossShards,
+    NotWithWorkers,
+    ProtocolError,
+    ShardUnavailable,
+)
+from durastream_server.http import paths, responses, txn
+from durastream_server.shards.layout import shard_of
+
+logger = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+FLAG: Final = "--workers"
+# How long a forward waits for the owner's socket to accept (a restarted worker binds it before it
+# recovers its shard); past it the client gets 503 with Retry-After.
+OWNER_WAIT_SECONDS: Final = 10.0
+_RETRY_PAUSE_SECONDS: Final = 0.05
+# Headers of one hop, not forwarded either way (RFC 9110 section 7.6.1): the relaying worker's own HTTP
+# stack frames the answer to its client.
+_HOP_BY_HOP: Final = frozenset(
+    (b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection")
+)
+_TXN_HEADERS: Final = (txn.TXN, txn.COMMIT, txn.ABORT, txn.TTL)  # staged appends (handles)
+_FORKED_FROM: Final = b"stream-forked-from"
+_STREAM_PREFIX: Final = paths.STREAM_PREFIX.encode()
+_READ_BYTES: Final = 64 * 1024
+# Idle connections kept open to each other shard (one is opened per concurrently forwarded request).
+_POOL_SIZE: Final = 32
+# Pooled connections idle longer are dropped: well under uvicorn's keep-alive timeout (5 s by default).
+_IDLE_SECONDS: Final = 2.0
+
+
+def socket_path(directory: Path, index: int) -> Path:
+    """Worker ``index``'s Unix socket, where the other workers forward its streams' requests."""
+    return directory / f"{index}.sock"
+
+
+class _Upstream:
+    """One kept-open HTTP/1.1 connection to another worker's Unix socket."""
+
+    __slots__ = ("reader", "writer", "idle_since")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_since = 0.0
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def alive(self) -> bool:
+        return not self.reader.at_eof() and not self.writer.is_closing()
+
+    def fresh(self) -> bool:
+        """Alive and idle for less than ``_IDLE_SECONDS``: the owner (uvicorn) closes a connection
+        idle for its keep-alive timeout, and a request written as it does so would fail unanswered."""
+        return self.alive() and time.monotonic() - self.idle_since < _IDLE_SECONDS
+
+
+class ShardRouter:
+    """Per request: served here, refused under the flag, or forwarded to the owning worker."""
+
+    def __init__(self, index: int, count: int, socket_dir: Path, *, tls: bool = False) -> None:
+        self.index = index
+        self.count = count
+        self.socket_dir = socket_dir
+        self._public_scheme = "https" if tls else "http"
+        self._idle: dict[int, list[_Upstream]] = {k: [] for k in range(count)}
+        self.forwarded = 0  # requests relayed to another worker (/healthz "shard")
+
+    # -- placement ------------------------------------------------------------------------------------
+
+    def owner_elsewhere(self, raw_path: bytes) -> int | None:
+        """The other shard owning the stream at ``raw_path``; None when this worker serves it (its own
+        stream, or anything not a stream: those answer here, e.g. 400 for a bad path)."""
+        if not raw_path.startswith(_STREAM_PREFIX):
+            return None
+        try:
+            target = paths.route(raw_path)
+        except paths.InvalidPath:
+            return None
+        if target.kind is not paths.RouteKind.STREAM:
+            return None
+        shard = shard_of(target.target, self.count)
+        return None if shard == self.index else shard
+
+    def as_received(self, scope: Scope) -> None:
+        """Give a request forwarded by another worker the scheme its client used. It came over this
+        worker's Unix socket (uvicorn gives such a request no server port, ``(path, None)``, or no
+        server address at all, depending on its version), as plain HTTP, but its client reached the public listener, which
+        speaks TLS when the server does: answers that name URLs (a create's ``Location``) must say
+        https then."""
+        server = scope.get("server")
+        if server is None or server[1] is None:
+            scope["scheme"] = self._public_scheme
+
+    def direct_allowed(self, method: str, scope: Scope) -> bool:
+        """Whether the direct path (``http/fastpath.py``) may serve ``scope`` here: not another shard's
+        stream (forwarded by ``__call__``), not a fork create (checked by ``refuse_unsupported``)."""
+        if self.owner_elsewhere(scope["raw_path"]) is not None:
+            return False
+        return method != "PUT" or all(name != _FORKED_FROM for name, _ in scope["headers"])
+
+    def refuse_unsupported(
+        self, method: str, target: paths.Route, headers: Mapping[str, str]
+    ) -> None:
+        """Raise for what a server with ``--workers`` > 1 does not serve yet (each worker sees only its
+        own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
+        if target.kind is paths.RouteKind.SUBSCRIPTIONS:
+            raise NotWithWorkers(
+                "this resource spans many streams (listing, change feed, subscriptions, bulk-write, "
+                f"multi-range reads), which a server started with {FLAG} {self.count} does not serve "
+                f"yet; start the server with {FLAG} 1 for it"
+            )
+        if target.kind is not paths.RouteKind.STREAM:
+            return
+        for name in _TXN_HEADERS:
+            if name in headers:
+                raise NotWithWorkers(
+                    f"staged appends ({name}) may span streams of several shards, which a server "
+                    f"started with {FLAG} {self.count} does not serve yet; use {FLAG} 1 for them"
+                )
+        source_header = headers.get(_FORKED_FROM.decode())
+        if method == "PUT" and source_header is not None:
+            self._check_fork(source_header, target.target)
+
+    def _check_fork(self, value: str, path: str) -> None:
+        try:
+            source = paths.forked_from_path(value)
+        except paths.InvalidPath as exc:
+            raise BadRequest(str(exc)) from None
+        shard = shard_of(path, self.count)
+        source_shard = shard_of(source, self.count)
+        if source_shard != shard:
+            raise ForkAcrossShards(
+                f"the fork {path!r} would live in shard {shard} and its source {source!r} in shard "
+                f"{source_shard}: with {FLAG} {self.count} a fork must hash to its source's shard "
+                f"(forks across shards are not built yet); choose another fork path or use {FLAG} 1"
+            )
+
+    def describe(self) -> dict[str, int]:
+        return {"index": self.index, "count": self.count, "forwarded": self.forwarded}
+
+    # -- forwarding -----------------------------------------------------------------------------------
+
+    async def forward(self, owner: int, scope: Scope, receive: Receive, send: Send) -> None:
+        """Relay ``scope``'s request to ``owner``'s worker and its answer back, as it arrives."""
+        try:
+            upstream = await self._take(owner)
+        except OSError as exc:
+            logger.warning("the worker of shard %d is not answering (%s): 503", owner, exc)
+            await _refuse(scope, send, _unavailable(owner))
+            return
+        self.forwarded += 1
+        watcher: asyncio.Task[None] | None = None
+        answer = _Answer(upstream.reader, send, head=scope["method"] == "HEAD")
+        try:
+            await _send_request(upstream, scope, receive)
+            if scope["method"] == "GET":  # a long-poll or SSE may wait: stop it if the client goes
+                watcher = asyncio.get_running_loop().create_task(
+                    _close_on_disconnect(receive, upstream)
+                )
+            keep = await answer.relay()
+        except _RELAY_ERRORS as exc:
+            upstream.close()
+            if not answer.started:
+                logger.warning(
+                    "the worker of shard %d dropped a forwarded request (%s)", owner, exc
+                )
+                await _refuse(scope, send, _unavailable(owner))
+            return
+        except BaseException:
+            upstream.close()
+            raise
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if keep and upstream.alive() and len(self._idle[owner]) < _POOL_SIZE:
+            upstream.idle_since = time.monotonic()
+            self._idle[owner].append(upstream)
+        else:
+            upstream.close()
+
+    async def _take(self, owner: int) -> _Upstream:
+        """A kept-open connection to ``owner``, else a new one (waiting up to ``OWNER_WAIT_SECONDS``
+        for a restarting worker's socket)."""
+        idle = self._idle[owner]
+        while idle:
+            upstream = idle.pop()
+            if upstream.fresh():
+                return upstream
+            upstream.close()
+        path = str(socket_path(self.socket_dir, owner))
+        deadline = time.monotonic() + OWNER_WAIT_SECONDS
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(path)
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(_RETRY_PAUSE_SECONDS)
+                continue
+            return _Upstream(reader, writer)
+
+    async def close(self) -> None:
+        for idle in self._idle.values():
+            for upstream in idle:
+                upstream.close()
+            idle.clear()
+
+
+async def _send_request(upstream: _Upstream, scope: Scope, receive: Receive) -> None:
+    """Write the request as the client sent it, less hop-by-hop headers; a chunked body is re-chunked.
+    (httptools already refused malformed names and values, so the lines need no checking here.)"""
+    target = scope["raw_path"]
+    if scope.get("query_string"):
+        target += b"?" + scope["query_string"]
+    parts = [scope["method"].encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+    chunked = has_host = False
+    for name, value in scope["headers"]:
+        if name in _HOP_BY_HOP:
+            chunked = chunked or name == b"transfer-encoding"
+            continue
+        has_host = has_host or name == b"host"
+        parts += (name, b": ", value, b"\r\n")
+    if chunked:
+        parts.append(b"transfer-encoding: chunked\r\n")
+    if not has_host:
+        parts.append(b"host: localhost\r\n")  # HTTP/1.1 needs one; an HTTP/1.0 client may omit it
+    parts.append(b"\r\n")
+    writer = upstream.writer
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionResetError("the client left before its request was forwarded")
+        body = message.get("body", b"")
+        if body:
+            parts.append(b"%x\r\n%b\r\n" % (len(body), body) if chunked else body)
+        if not message.get("more_body", False):
+            break
+        writer.write(b"".join(parts))  # a large body goes on as it arrives
+        parts = []
+        await writer.drain()
+    if chunked:
+        parts.append(b"0\r\n\r\n")
+    writer.write(b"".join(parts))  # a small request: one write
+    await writer.drain()
+
+
+# A worker that dies or closes mid-exchange, or answers something unparseable.
+_RELAY_ERRORS = (OSError, EOFError, asyncio.LimitOverrunError, ValueError)
+
+
+class _Answer:
+    """Relays the owner's HTTP/1.1 answer from ``reader`` to the client's ``send``: its head (less
+    hop-by-hop headers: the client's connection frames the body itself), then its body as it arrives
+    (Content-Length, chunked, or until the owner closes). Our own server is the only peer, so only the
+    framings it sends are handled."""
+
+    __slots__ = ("_reader", "_send", "_head", "started")
+
+    def __init__(self, reader: asyncio.StreamReader, send: Send, *, head: bool) -> None:
+        self._reader = reader
+        self._send = send
+        self._head = head  # the request was HEAD: no body follows whatever the headers say
+        self.started = False
+
+    async def relay(self) -> bool:
+        """Relay one answer; whether the upstream connection may carry another request."""
+        reader = self._reader
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            status_line, *lines = head[:-4].split(b"\r\n")
+            status = int(status_line.split(b" ", 2)[1])
+            if status >= 200:
+                break  # 1xx (100 Continue) is for the client's stack, which has its own
+        headers: list[tuple[bytes, bytes]] = []
+        length: int | None = None
+        chunked = close = False
+        for line in lines:
+            raw_name, _, raw_value = line.partition(b":")
+            name, value = raw_name.strip().lower(), raw_value.strip()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                close = b"close" in value.lower()
+            if name not in _HOP_BY_HOP:
+                headers.append((name, value))
+        if close:
+            headers.append((b"connection", b"close"))  # the owner asked the client to go
+        send = self._send
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        self.started = True
+        if self._head or status in (204, 304):
+            await send({"type": "http.response.body", "body": b""})
+        elif chunked:
+            await self._chunks()
+        elif length is not None and length <= _READ_BYTES:
+            await send({"type": "http.response.body", "body": await reader.readexactly(length)})
+        elif length is not None:
+            await self._counted(length)
+        else:
+            await self._until_closed()
+            return False
+        return not close
+
+    async def _chunks(self) -> None:
+        reader, send = self._reader, self._send
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
+            if size == 0:
+                while await reader.readuntil(b"\r\n") != b"\r\n":
+                    pass  # trailers: our server sends none
+                break
+            chunk = await reader.readexactly(size + 2)
+            await send({"type": "http.response.body", "body": chunk[:-2], "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _counted(self, remaining: int) -> None:
+        reader, send = self._reader, self._send
+        while remaining:
+            chunk = await reader.read(min(remaining, _READ_BYTES))
+            if not chunk:
+                raise ConnectionResetError("the owning worker closed the connection mid-answer")
+            remaining -= len(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": remaining > 0})
+
+    async def _until_closed(self) -> None:
+        reader, send = self._reader, self._send
+        while chunk := await reader.read(_READ_BYTES):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def _close_on_disconnect(receive: Receive, upstream: _Upstream) -> None:
+    """When the client leaves while the owner still answers (a long-poll, SSE), drop the upstream
+    connection so the owner stops too."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            upstream.close()
+            return
+
+
+async def _refuse(scope: Scope, send: Send, exc: ProtocolError) -> None:
+    status, headers, body = responses.protocol_error_parts(exc)
+    await responses.send_response(send, status, headers, body, head=scope["method"] == "HEAD")
+
+
+def _unavailable(shard: int) -> ShardUnavailable:
+    return ShardUnavailable(
+        f"the worker of shard {shard} is not answering (restarting?); retry shortly",
+        headers={"Retry-After": "1"},
+    )
