@@ -1677,18 +1677,22 @@ class Engine:
     def _unsubscribe(inc: Incarnation) -> None:
         inc.log.on_commit = None
 
-    def _committed(self, log: StreamLog) -> None:
+    def _committed(self, log: StreamLog) -> bool:
         """A durable commit of ``log``: wake its incarnation's readers, and number the change if the
-        path still names it (a soft-deleted source that serves its forks changes nothing visible)."""
+        path still names it (a soft-deleted source that serves its forks changes nothing visible).
+        True if readers of it were parked (the log then keeps its hot tail for them)."""
         inc = self._registry.by_id.get(log.id)
         if inc is None or inc.log is not log:
-            return
-        if inc.waiters is not None:
-            inc.waiters.notify()
+            return False
+        waiters = inc.waiters
+        woke = waiters is not None and len(waiters) > 0
+        if waiters is not None:
+            waiters.notify()
         if not inc.soft_deleted:
             path = inc.path
             if self._registry.by_path.get(path) is inc:
                 self.changes.touch(path)
+        return woke
 
     def _info(self, inc: Incarnation, tail_offset: str | None = None) -> StreamInfo:
         """``tail_offset``: the durable tail's token, if the caller has it."""

@@ -95,6 +95,10 @@ CHECKPOINT_IDLE_SECONDS = 1.0
 _SYNCS_PER_JOB = 16
 
 
+# A packed job's segment size (``StreamLog._packed_target``): its virtual segment 0 never rolls.
+PACKED_SEGMENT_BYTES = 1 << 62
+
+
 @dataclass(frozen=True, slots=True)
 class RoundJob:
     """One log's batch in a round: its records and where they go."""
@@ -624,10 +628,10 @@ class Committer:
                 if job.promote is not None and job.promote.carries_records:
                     job.promote.load()  # its segment 0: header and packed records
                 if job.packed:
-                    # The virtual segment 0 never rolls: laid out as one chunk at ``end``; the
-                    # WAL entry is all that is written (below).
-                    whole = dataclasses.replace(job.target, segment_bytes=1 << 62)
-                    chunks, result = lay_out(whole, job.items, 0, job.end)
+                    # The virtual segment 0 never rolls (``PACKED_SEGMENT_BYTES``): laid out as one
+                    # chunk at ``end``; the WAL entry is all that is written (below).
+                    assert job.target.segment_bytes == PACKED_SEGMENT_BYTES
+                    chunks, result = lay_out(job.target, job.items, 0, job.end)
                 else:
                     chunks, result = lay_out(job.target, job.items, job.seg_base, job.end)
                 if job.packed:

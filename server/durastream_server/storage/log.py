@@ -46,6 +46,7 @@ from durastream_server import errors
 from durastream_server.storage import catalog, codec
 from durastream_server.storage.batch import Slot
 from durastream_server.storage.committer import (
+    PACKED_SEGMENT_BYTES,
     ROUND_BATCH_BYTES,
     Committer,
     PackedResult,
@@ -330,7 +331,8 @@ class StreamLog:
         self._durable_count = 0
         # The owner's commit callback (the engine's): one function shared by every log and called
         # with the log, so that it costs no closure per stream (issue 17).
-        self.on_commit: Callable[[StreamLog], None] | None = None
+        # It returns True if readers were parked on the log (see ``_commit``: the hot tail).
+        self.on_commit: Callable[[StreamLog], bool] | None = None
         self._snapshot_entries = state.entries  # state.entries covered by the last snapshot
         self._snapshot_end = file_end
         # See _keep_hot. An idle log holds no deque (an empty one is 600 bytes; issue 17).
@@ -391,6 +393,12 @@ class StreamLog:
         return WriteTarget(
             self.directory, self.id, ctx.cache, ctx.segment_bytes, ctx.sync, ctx.metrics
         )
+
+    def _packed_target(self) -> WriteTarget:
+        """A packed job's target: no directory (its records go into the WAL alone) and a virtual
+        segment 0 that never rolls (``Committer._write_round`` lays it out as one chunk)."""
+        ctx = self._ctx
+        return WriteTarget("", self.id, ctx.cache, PACKED_SEGMENT_BYTES, ctx.sync, ctx.metrics)
 
     def _promotion(self) -> Promotion:
         root = self._ctx.committer.packs.root
@@ -563,7 +571,7 @@ class StreamLog:
             # Packed records (decision 0010 step 2): no directory, no segment write, no snapshot
             # (a packed stream is folded from its virtual segment).
             return RoundJob(
-                self._write_target(),
+                self._packed_target(),
                 [item for item, _ in batch],
                 0,
                 self._file_end,
@@ -712,12 +720,16 @@ class StreamLog:
             await waiter
 
     def _commit(self, batch: list[_Queued], result: BatchResult) -> None:
+        # A batch of a bulk request's entries only (each completion a ``Slot``) keeps neither the
+        # index's recent window nor the hot tail unless a reader is parked on the log (below).
+        bulk = all(isinstance(fut, Slot) for _, fut in batch)
         index = self._index
+        note = index.sparse.note if bulk else index.note
         tail = None
         closed = False
         for (item, _), offset in zip(batch, result.offsets, strict=True):
             if type(item) is AppendEntry:
-                index.note(item.position, offset, len(item.messages), item.timestamp_ms)
+                note(item.position, offset, len(item.messages), item.timestamp_ms)
                 tail = item.position + item.size
                 closed = closed or item.closes
             elif type(item) is GroupCommit:
@@ -752,24 +764,34 @@ class StreamLog:
                 else:
                     still.append((target, waiter))
             self._flush_waiters = still or ()
-        self._keep_hot(batch)
-        self._notify_committed()
+        woke = self._notify_committed()
+        # The hot tail is for the readers this commit wakes. A bulk batch (the sink routing rows to
+        # many streams) keeps none unless a reader of this stream is parked: per stream it was a
+        # deque, a ``_Rare``, a timer and the index's recent window, a tenth of a new stream's
+        # commit (issue 16, session h37). Readers that come later read the same durable bytes from
+        # disk (or the WAL, for packed records), starting at the sparse index's point.
+        if woke or not bulk:
+            self._keep_hot(batch)
 
-    def _notify_committed(self) -> None:
-        """Tell the owner (``on_commit``) and the listeners that more of the log is durable."""
+    def _notify_committed(self) -> bool:
+        """Tell the owner (``on_commit``) and the listeners that more of the log is durable. True
+        if a reader was waiting for it (the owner says so for its parked readers)."""
+        woke = False
         on_commit = self.on_commit
         if on_commit is not None:
             try:
-                on_commit(self)
+                woke = bool(on_commit(self))
             except Exception:
                 log.exception("stream %s: commit callback failed", self.id)
         rare = self._rare
         if rare is not None and rare._listeners:
+            woke = True
             for callback in list(rare._listeners.values()):
                 try:
                     callback()
                 except Exception:
                     log.exception("stream %s: commit listener failed", self.id)
+        return woke
 
     def _keep_hot(self, batch: list[_Queued]) -> None:
         """Keep the data this commit made durable in memory for a moment (bounded, see HOT_*).

@@ -24,6 +24,7 @@ from tests.server.engine.support import (
     create,
     open_engine,
     text,
+    until,
 )
 
 DURABILITIES = [Durability.NONE, Durability.FSYNC]
@@ -215,3 +216,36 @@ def test_a_batch_of_appends_settles_each_entry_as_its_own_append(
 
 def _tuple(seq: int) -> ProducerTuple:
     return ProducerTuple("p", 0, seq)
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+def test_a_batch_of_appends_keeps_a_hot_tail_only_for_parked_readers(
+    tmp_path: Path, durability: Durability
+) -> None:
+    """A bulk request's commit keeps no hot tail (nor the index's recent window) for a stream nobody
+    waits on: the log is idle once settled. A stream with a parked reader keeps it, the reader
+    wakes, and every stream reads back its data."""
+    paths = [f"h/{i}" for i in range(50)]
+
+    async def scenario(engine: Engine) -> None:
+        await engine.create_batch_nowait(paths, "text/plain")
+        parked = asyncio.ensure_future(engine.wait("h/7", "-1", 30.0))
+        await until(lambda: len(engine._registry.by_path["h/7"].waiters or ()) == 1)
+        batch = engine.append_batch(
+            [AppendRequest(path=p, content_type="text/plain", body=p.encode()) for p in paths]
+        )
+        await batch.all_done
+        assert all(isinstance(r, AppendResult) for r in batch.outcomes)
+        logs = {p: engine._registry.by_path[p].log for p in paths}
+        cold = [p for p in paths if p != "h/7"]
+        assert [p for p in cold if not logs[p].idle] == []
+        assert all(len(logs[p]._index.recent.positions) == 0 for p in cold)
+        assert not logs["h/7"].idle  # its hot tail, for the reader just woken
+        assert await asyncio.wait_for(parked, 5.0)
+        for p in paths:
+            assert await text(engine, p) == p.encode()
+        # A single append (not a bulk batch) keeps its hot tail as before.
+        await append(engine, "h/3", b"+")
+        assert not logs["h/3"].idle
+
+    _run(tmp_path, durability, scenario)

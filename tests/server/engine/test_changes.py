@@ -50,6 +50,36 @@ def test_pages_stop_at_the_limit_and_the_examine_budget() -> None:
     assert seen == ["s9"]
 
 
+def test_pages_stay_exact_across_compactions_of_the_feed() -> None:
+    """A path's earlier places are blanked and compacted away (engine/changes.py): many rounds of
+    changes to the same paths keep every page equal to "each path once, by its latest change"."""
+    feed = ChangeFeed()
+    paths = [f"s{i}" for i in range(300)]
+    feed.touch_all(paths)
+    cursors: list[Cursor] = [feed.cursor]
+    order = list(paths)
+    for round_ in range(12):  # 3,600 changes: past the compaction floor (1,024 blanks) thrice
+        moved = paths[round_ % 3 :: 3]
+        for path in moved:
+            feed.touch(path)
+            order.remove(path)
+            order.append(path)
+        cursors.append(feed.cursor)
+        assert len(feed._paths) - feed._blank == len(paths)  # one live place per path
+        assert len(feed._paths) <= 2 * len(paths) + 1024
+    assert changed_paths(feed, None, limit=1000)[0] == order
+    last_moved = set(paths[11 % 3 :: 3])
+    assert changed_paths(feed, cursors[-2], limit=1000)[0] == [p for p in order if p in last_moved]
+    assert changed_paths(feed, cursors[-1])[0] == []
+    # Tombstones dropped past the limit blank their places too.
+    small = ChangeFeed(max_tombstones=4)
+    small.touch_all(paths[:10])
+    for path in paths[:8]:
+        small.touch(path, live=False)
+    assert changed_paths(small, None)[0] == paths[8:10]
+    assert len(small._paths) - small._blank == len(small)
+
+
 def test_deletions_are_tombstones_and_snapshots_skip_them() -> None:
     feed = ChangeFeed()
     feed.touch_all(["a", "b"])
