@@ -20,6 +20,7 @@ from durastream_server.storage.reader import (
     read_one_record,
     read_range,
 )
+from durastream_server.storage.segments import SegmentView
 
 from ._util import append, header, open_dd, run
 
@@ -174,6 +175,50 @@ def test_a_damaged_record_among_neighbours_fails_alone(tmp_path: Path) -> None:
                         read.run(1 << 20, True, True, OVERHEAD, evict=False)
                 else:
                     assert parse_one_record(*args) == _general(read, 1 << 20)
+        finally:
+            await dd.close()
+
+    run(go)
+
+
+def test_directory_streams_are_read_without_caching_their_files(tmp_path: Path) -> None:
+    """Directory streams' records: a cached file read through its handle, the others opened for
+    their one ``pread`` and closed (the cache does not grow, no fd is left open), each answering
+    what its single read answers; a file gone since planning (the stream deleted) is left to the
+    single read, which fails as it should."""
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path)
+        try:
+            logs = [await dd.create_stream(header(f"/d{i}"), None) for i in range(6)]
+            for i, log in enumerate(logs):
+                await append(log, *MESSAGES[: 1 + i])
+            reads = [await _disk_read(log, 0, log.durable_tail) for log in logs]
+            assert all(type(read.segments) is SegmentView for read in reads)
+            cache = reads[0].cache
+            kept = (reads[1].segments.log_id, reads[1].segments.bases[-1])
+            cache.discard(lambda key: key != kept)  # the others as a busy server would have evicted
+            cached = cache.acquire(kept, reads[1].segments.path(kept[1]))
+            cache.release(cached)
+            gone = reads[4].segments
+            os.unlink(gone.path(gone.bases[-1]))
+            keys_before, refs_before = set(cache._open), cached.refs
+            fds_before = len(os.listdir("/proc/self/fd"))
+            got = preread_records([(r.segments, r.scan_from) for r in reads], cache)
+            assert set(cache._open) == keys_before and cached.refs == refs_before
+            assert len(os.listdir("/proc/self/fd")) == fds_before
+            for read, item in zip(reads, got, strict=True):
+                if read.segments is gone:
+                    assert item is None
+                    with pytest.raises(FileNotFoundError):
+                        read.run(1 << 20, True, True, OVERHEAD, evict=False)
+                    continue
+                assert item is not None
+                buf, at, stop = item
+                lean = parse_one_record(
+                    buf, read.scan_from, read.start, read.cap, 1 << 20, OVERHEAD, at, stop
+                )
+                assert lean is not None and lean == _general(read, 1 << 20)
         finally:
             await dd.close()
 
