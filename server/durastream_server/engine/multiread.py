@@ -12,8 +12,10 @@ bounded by ``GROUP`` ranges, whatever the request holds, and the bytes of a trip
 The trip is one batch job, not a loop of single reads: the one-record ranges the budget can reach
 (an idle small stream written in one append: nearly every range of a packed Spark task) are read
 first, together, a file at a time (``reader.preread_records``: a pack holding thousands of packed
-streams is acquired once, and records side by side in it are read with one ``pread``), then each
-range is answered in order from those bytes with the checks and the budget of a single read.
+streams is acquired once, and records side by side in it are read with one ``pread``, each then
+parsed where it lies in that buffer, not from a copy; a directory stream's file is opened for its one
+``pread`` unless cached), then each range is answered in order from those bytes with the checks (each
+record's checksum) and the budget of a single read.
 
 A range the loop cannot plan alone (a fork chain, an ``end`` whose boundary check needs a header scan,
 data still in the hot tail) or whose read failed in the thread is read by ``Engine.read_messages``
