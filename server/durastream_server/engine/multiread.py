@@ -12,8 +12,10 @@ bounded by ``GROUP`` ranges, whatever the request holds, and the bytes of a trip
 The trip is one batch job, not a loop of single reads: the one-record ranges the budget can reach
 (an idle small stream written in one append: nearly every range of a packed Spark task) are read
 first, together, a file at a time (``reader.preread_records``: a pack holding thousands of packed
-streams is acquired once, and records side by side in it are read with one ``pread``), then each
-range is answered in order from those bytes with the checks and the budget of a single read.
+streams is acquired once, and records side by side in it are read with one ``pread``, each then
+parsed where it lies in that buffer, not from a copy; a directory stream's file is opened for its one
+``pread`` unless cached), then each range is answered in order from those bytes with the checks (each
+record's checksum) and the budget of a single read.
 
 A range the loop cannot plan alone (a fork chain, an ``end`` whose boundary check needs a header scan,
 data still in the hot tail) or whose read failed in the thread is read by ``Engine.read_messages``
@@ -36,7 +38,7 @@ from durastream_server.engine.api import MessagesResult, ReadRequest
 from durastream_server.errors import ProtocolError
 from durastream_server.offsets import format_offset, parse_position
 from durastream_server.storage.log import DiskRead, ReadChunk
-from durastream_server.storage.reader import parse_one_record, preread_records
+from durastream_server.storage.reader import Preread, parse_one_record, preread_records
 from durastream_server.storage.records import MessageRun, MessageSlice
 
 if TYPE_CHECKING:
@@ -200,7 +202,14 @@ def _read_planned(
                     None
                     if buf is None
                     else parse_one_record(
-                        buf, read.scan_from, read.start, read.cap, budget, overhead
+                        buf[0],
+                        read.scan_from,
+                        read.start,
+                        read.cap,
+                        budget,
+                        overhead,
+                        buf[1],
+                        buf[2],
                     )
                 )
                 if lean is None:
@@ -222,15 +231,16 @@ def _read_planned(
     return raws, budget, False
 
 
-def _preread(group: Sequence[_Entry], budget: int) -> list[bytes | None]:
+def _preread(group: Sequence[_Entry], budget: int) -> list[Preread | None]:
     """The one-record bytes of the disk reads of ``group`` that ``budget`` can reach, aligned with
     ``group`` (None where there is none): each range costs at least its bytes, so reads past those
     that spend the budget are not read ahead."""
     indexes: list[int] = []
     reads: list[tuple[ReadView, int]] = []
-    out: list[bytes | None] = [None] * len(group)
     cache = None
-    for index, (_, planned) in enumerate(group):
+    index = -1
+    for _, planned in group:
+        index += 1
         if budget <= 0:
             break
         if type(planned) is not Planned:
@@ -242,9 +252,14 @@ def _preread(group: Sequence[_Entry], budget: int) -> list[bytes | None]:
         reads.append((read.segments, read.scan_from))
         cache = read.cache
         budget -= read.cap - read.start
-    if cache is not None:
-        for index, buf in zip(indexes, preread_records(reads, cache), strict=True):
-            out[index] = buf
+    if cache is None:
+        return [None] * len(group)
+    got = preread_records(reads, cache)
+    if len(indexes) == len(group):  # every range a disk read (the common group): aligned already
+        return got
+    out: list[Preread | None] = [None] * len(group)
+    for index, buf in zip(indexes, got, strict=True):
+        out[index] = buf
     return out
 
 

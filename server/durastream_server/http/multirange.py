@@ -30,6 +30,7 @@ from durastream_server.engine.api import LimitRequest
 from durastream_server.errors import BadRequest, Forbidden, MethodNotAllowed, ProtocolError
 from durastream_server.http import frames, responses
 from durastream_server.http.body import read_json_body
+from durastream_server.http.collections_hold import BULK
 from durastream_server.http.parse import MAX_SAFE_INTEGER
 from durastream_server.storage.records import MessageRun, MessageSlice
 
@@ -97,7 +98,20 @@ async def serve_lookups(engine: Engine, request: Request, max_body_bytes: int) -
 async def serve_reads(
     engine: Engine, request: Request, max_body_bytes: int, chunk_bytes: int
 ) -> None:
-    """Bounded frames reads of a prefix of the listed ranges, within one chunk (module docstring)."""
+    """Bounded frames reads of a prefix of the listed ranges, within one chunk (module docstring).
+
+    Read under the bulk requests' GC hold (``collections_hold.py``): the answer keeps every range's
+    objects alive until it is sent (the planned reads, the records' bytes, the runs, the answers:
+    a dozen objects a range, 2,000 ranges a request), so the default young threshold set off a
+    collection every ~60 ranges, each one walking the survivors again: ~5 us of a range's ~20 us of
+    server CPU in process (docs/benchmarks.md, Run 18)."""
+    with BULK.held():
+        await _serve_reads(engine, request, max_body_bytes, chunk_bytes)
+
+
+async def _serve_reads(
+    engine: Engine, request: Request, max_body_bytes: int, chunk_bytes: int
+) -> None:
     require_post(request)
     document = await read_json_body(request.receive, request.headers, max_body_bytes, _READS_SHAPE)
     items = _list(document, "ranges", _READS_SHAPE, ("format",))

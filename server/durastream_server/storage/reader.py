@@ -6,6 +6,7 @@ forward and read only the payload they return. Callers run ``read_range`` in a w
 
 from __future__ import annotations
 
+import os
 import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -233,13 +234,24 @@ def read_one_record(
 
 
 def parse_one_record(
-    buf: bytes, scan_from: int, start: int, cap: int, max_bytes: int, overhead: int
+    buf: bytes,
+    scan_from: int,
+    start: int,
+    cap: int,
+    max_bytes: int,
+    overhead: int,
+    at: int = 0,
+    stop: int = -1,
 ) -> tuple[list[MessageSlice | MessageRun], int, int] | None:
-    """``read_one_record`` of the bytes ``buf`` read at ``scan_from`` (up to the view's end): its
-    answer, or None when they are not exactly the one APPEND record of ``[start, cap)`` within
-    ``max_bytes``. Raises ``CorruptRecord`` on a checksum mismatch."""
-    magic, version, kind, body_len, crc, position, ts, n, meta_len, _ = _HEAD.unpack_from(buf)
-    rec_len = FRAME_SIZE + body_len
+    """``read_one_record`` of the bytes ``buf[at:stop]`` (``stop`` -1: to the end of ``buf``) read
+    at ``scan_from`` (up to the view's end): its answer, or None when they are not exactly the one
+    APPEND record of ``[start, cap)`` within ``max_bytes``. Raises ``CorruptRecord`` on a checksum
+    mismatch.
+
+    ``at``/``stop``: the record is parsed where it lies in a ``pread`` of several neighbouring
+    records (``preread_records``), not from a copy of its own."""
+    magic, version, kind, body_len, crc, position, ts, n, meta_len, _ = _HEAD.unpack_from(buf, at)
+    rec_end = at + FRAME_SIZE + body_len
     payload_len = body_len - APPEND_FIXED_SIZE - meta_len
     if (
         magic != _MAGIC
@@ -247,66 +259,86 @@ def parse_one_record(
         or kind != _APPEND
         or position != start
         or position + payload_len != cap
-        or rec_len > len(buf)
+        or rec_end > (len(buf) if stop < 0 else stop)
         or n < 1
         or payload_len + n * overhead > max(1, max_bytes)
     ):
         return None
-    if crc32(memoryview(buf)[FRAME_SIZE:rec_len], _APPEND_SEED) != crc:
+    if crc32(memoryview(buf)[at + FRAME_SIZE : rec_end], _APPEND_SEED) != crc:
         raise CorruptRecord(f"checksum mismatch in record at file offset {scan_from}")
-    payload_at = rec_len - payload_len
-    lengths = (payload_len,) if n == 1 else struct.unpack_from(f"<{n}I", buf, payload_at - 4 * n)
-    if min(lengths) == 0:
-        return None
-    return [MessageRun(start, buf[payload_at:rec_len], lengths, ts)], cap, n
+    payload_at = rec_end - payload_len
+    if n == 1:
+        if not payload_len:
+            return None
+        lengths: tuple[int, ...] = (payload_len,)
+    else:
+        lengths = struct.unpack_from(f"<{n}I", buf, payload_at - 4 * n)
+        if min(lengths) == 0:
+            return None
+    return [MessageRun(start, buf[payload_at:rec_end], lengths, ts)], cap, n
 
 
-def preread_records(
-    reads: Sequence[tuple[ReadView, int]], cache: FdCache, *, evict: bool = False
-) -> list[bytes | None]:
+Preread = tuple[bytes, int, int]  # a pread's bytes, where one record's bytes start and stop in them
+
+
+def preread_records(reads: Sequence[tuple[ReadView, int]], cache: FdCache) -> list[Preread | None]:
     """The bytes ``read_one_record`` would read for each ``(view, scan_from)`` (the view's last
-    record, up to its end), read together: a batch of many small reads (a multi-range read).
+    record, up to its end), read together: a batch of many small reads (a multi-range read). Each
+    as ``(buf, at, stop)``: its bytes are ``buf[at:stop]`` of a ``pread`` it may share with its
+    neighbours (``parse_one_record`` parses them there, without a copy of their own).
 
-    Reads are grouped by file, so a file is acquired once for all of its records (a pack holding
-    thousands of packed streams: one ``acquire``, not one a stream), sorted by offset, and records
-    that lie side by side in a file (packed streams do) are read with one ``pread`` of up to
-    ``COALESCE_SPAN``. None for a read that is not one record's worth of its last piece or whose
+    Packed streams' reads are grouped by file, so a file is acquired once for all of its records
+    (a pack holding thousands of packed streams: one ``acquire``, not one a stream), sorted by
+    offset, and records that lie side by side in a file are read with one ``pread`` of up to
+    ``COALESCE_SPAN``. A directory stream's record is alone in its file: read without the grouping
+    (``_pread_directories``). None for a read that is not one record's worth of its last piece or whose
     file could not be read (gone, moved since planned: ``Replan``, short): ``read_one_record`` /
     ``read_range`` then read it alone and raise the error a single read gets."""
-    out: list[bytes | None] = [None] * len(reads)
+    out: list[Preread | None] = [None] * len(reads)
     by_file: dict[Hashable, list[tuple[int, int, int]]] = {}  # file: (file offset, length, index)
     views: dict[Hashable, tuple[ReadView, int]] = {}  # file: a view naming it, its extent row
-    for index, (segs, scan_from) in enumerate(reads):
-        rec_max = segs.end - scan_from
+    alone: list[tuple[int, SegmentView, int, int]] = []  # a directory stream's: index, view, ...
+    index = -1
+    for segs, scan_from in reads:
+        index += 1
+        end = segs.end
+        rec_max = end - scan_from
         if not _HEAD_SIZE <= rec_max <= READ_BLOCK:
             continue
         if type(segs) is SegmentView:
             shift = segs.bases[-1]
-            if scan_from < shift:
-                continue
-            key: Hashable = (segs.log_id, shift)
-            row = -1
+            if scan_from >= shift:
+                alone.append((index, segs, scan_from - shift, rec_max))
+            continue
         else:
-            if not segs.rows:
+            # ``PackedView.locate(end - 1)`` written out: the last extent holds it nearly always.
+            rows = segs.rows
+            if not rows:
                 continue
-            row, shift, _ = segs.locate(segs.end - 1)
-            if scan_from < segs.rows[row + 3]:
+            row = len(rows) - 4
+            position = rows[row + 3]
+            if not position <= end - 1 < position + rows[row + 2]:
+                try:
+                    row, _, _ = segs.locate(end - 1)
+                except CorruptRecord:
+                    continue  # read alone: the single read raises it
+                position = rows[row + 3]
+            if scan_from < position:
                 continue
-            key = (segs.files, segs.rows[row], segs.stamp)
+            shift = position - rows[row + 1]
+            key = (segs.files, rows[row], segs.stamp)
         found = by_file.get(key)
         if found is None:
             by_file[key] = found = []
             views[key] = (segs, row)
         found.append((scan_from - shift, rec_max, index))
+    if alone:
+        _pread_directories(alone, cache, out)
     for key, items in by_file.items():
         segs, row = views[key]
         try:
-            if type(segs) is SegmentView:
-                base = segs.bases[-1]
-                handle = cache.acquire(key, segs.path(base), evict=evict)
-            else:
-                file = segs.rows[row]
-                handle = segs.files.acquire(cache, file & 1, file >> 1, segs.stamp)
+            file = segs.rows[row]
+            handle = segs.files.acquire(cache, file & 1, file >> 1, segs.stamp)
         except Exception:  # noqa: BLE001 - read alone, the single read raises the right error
             continue
         try:
@@ -318,13 +350,64 @@ def preread_records(
     return out
 
 
+def _pread_directories(
+    reads: list[tuple[int, SegmentView, int, int]], cache: FdCache, out: list[Preread | None]
+) -> None:
+    """``out[index]`` = the ``length`` bytes at ``offset`` of the last segment of each directory
+    stream's view: a file a stream, so nothing to coalesce. The cached files are read through
+    their handles (found under one lock); the others are opened here for this one ``pread`` and
+    closed, never cached (``FdCache.acquire(evict=False)``: 10,000 idle streams read once must
+    not push out the files of busy ones), relative to the streams directory opened once (the
+    kernel walks one name, not the whole path: ~0.7 us of the ~7 us an open, ``pread`` and close
+    cost here). A file that cannot be read (gone: the stream was deleted since it was planned)
+    leaves its None: the single read gives its error."""
+    handles = cache.acquire_cached([(segs.log_id, segs.bases[-1]) for _, segs, _, _ in reads])
+    root = reads[0][1].root
+    try:
+        root_fd: int | None = os.open(root, os.O_RDONLY | _O_DIRECTORY | _O_CLOEXEC)
+    except OSError:
+        root_fd = None
+    try:
+        for (index, segs, offset, length), handle in zip(reads, handles, strict=True):
+            try:
+                if handle is not None:
+                    try:
+                        buf = pread_exact(handle.fd, length, offset)
+                    finally:
+                        cache.release(handle)
+                else:
+                    base = segs.bases[-1]
+                    if root_fd is not None and segs.root == root:
+                        fd = os.open(
+                            f"{segs.log_id}{os.sep}{base:020d}.seg",
+                            _O_RDONLY_CLOEXEC,
+                            dir_fd=root_fd,
+                        )
+                    else:
+                        fd = os.open(segs.path(base), _O_RDONLY_CLOEXEC)
+                    try:
+                        buf = pread_exact(fd, length, offset)
+                    finally:
+                        os.close(fd)
+            except OSError:
+                continue  # read alone: the single read raises the right error
+            out[index] = (buf, 0, length)
+    finally:
+        if root_fd is not None:
+            os.close(root_fd)
+
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_RDONLY_CLOEXEC = os.O_RDONLY | _O_CLOEXEC
+
 COALESCE_SPAN = 1024 * 1024  # at most this many bytes in one pread of side-by-side records
 COALESCE_GAP = 4096  # records at most this far apart are read in one pread (the gap is read too)
 
 
-def _pread_coalesced(fd: int, items: list[tuple[int, int, int]], out: list[bytes | None]) -> None:
-    """``out[index]`` = the ``length`` bytes at ``offset`` of ``fd`` for each item, neighbours in
-    one ``pread``."""
+def _pread_coalesced(fd: int, items: list[tuple[int, int, int]], out: list[Preread | None]) -> None:
+    """``out[index]`` = where the ``length`` bytes at ``offset`` of ``fd`` are, for each item:
+    ``(buf, at, at + length)``, neighbours in one ``pread`` (their bytes are not copied again)."""
     items.sort()
     count = len(items)
     j = 0
@@ -340,12 +423,9 @@ def _pread_coalesced(fd: int, items: list[tuple[int, int, int]], out: list[bytes
                 stop = offset + length
             k += 1
         buf = pread_exact(fd, stop - first, first)
-        if k == j + 1:
-            out[index] = buf
-        else:
-            for offset, length, index in items[j:k]:
-                at = offset - first
-                out[index] = buf[at : at + length]
+        for offset, length, index in items[j:k]:
+            at = offset - first
+            out[index] = (buf, at, at + length)
         j = k
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from durastream_server.engine.engine import Engine
-from durastream_server.http import bulk
+from durastream_server.http import bulk, multirange
 from durastream_server.http.collections_hold import BULK, BULK_YOUNG_THRESHOLD, BulkCollections
 from durastream_server.http.handlers import Request
-from tests.server.engine.support import Recorder, run
+from tests.server.engine.support import Recorder, append, create, run
 
 
 @pytest.fixture
@@ -106,12 +106,13 @@ def test_a_hold_never_lowers_a_higher_threshold_nor_turns_collections_on() -> No
         gc.set_threshold(*saved)
 
 
-def _request(body: bytes, content_type: str) -> Request:
+def _request(body: bytes, content_type: str, sent: list[dict[str, Any]] | None = None) -> Request:
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": body, "more_body": False}
 
     async def send(message: dict[str, Any]) -> None:
-        pass
+        if sent is not None:
+            sent.append(message)
 
     headers = {"content-type": content_type, "content-length": str(len(body))}
     return Request(
@@ -176,3 +177,44 @@ def test_bulk_ensure_and_commits_run_their_entries_under_the_hold(
 
     run(tmp_path, scenario)
     assert probe.during == {(BULK_YOUNG_THRESHOLD, 1)}
+
+
+def test_a_multi_range_read_runs_under_the_hold(
+    tmp_path: Path, thresholds: tuple[int, int, int]
+) -> None:
+    """The real multi-range read handler: its ranges are read with the raised threshold (each keeps
+    its objects alive until the answer is sent, as a bulk entry does), and once answered, or failed,
+    the thresholds are the ones before."""
+    paths = [f"mr/s{i}" for i in range(20)]
+    during: set[tuple[int, int]] = set()
+
+    async def scenario(engine: Engine) -> None:
+        for i, path in enumerate(paths):
+            await create(engine, path)
+            await append(engine, path, f"m{i}".encode())
+        read_answers = engine.read_range_answers
+
+        async def noting(*args: Any, **kwargs: Any) -> Any:  # the real read, the threshold noted
+            during.add((gc.get_threshold()[0], BULK.depth))
+            return await read_answers(*args, **kwargs)
+
+        engine.read_range_answers = noting  # type: ignore[method-assign]
+        ranges = [
+            {"path": path, "offset": "-1", "end": engine.head(path).next_offset} for path in paths
+        ]
+        sent: list[dict[str, Any]] = []
+        body = json.dumps({"ranges": ranges}).encode()
+        await multirange.serve_reads(
+            engine, _request(body, "application/json", sent), 1 << 20, 1 << 20
+        )
+        assert sent[0]["status"] == 200 and b'"end_reached":true' in sent[1]["body"]
+        assert gc.get_threshold() == thresholds and BULK.depth == 0
+        with pytest.raises(Exception, match="format must be one of"):
+            bad = json.dumps({"ranges": ranges, "format": "nope"}).encode()
+            await multirange.serve_reads(
+                engine, _request(bad, "application/json"), 1 << 20, 1 << 20
+            )
+        assert gc.get_threshold() == thresholds and BULK.depth == 0
+
+    run(tmp_path, scenario)
+    assert during == {(BULK_YOUNG_THRESHOLD, 1)}
