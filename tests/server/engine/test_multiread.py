@@ -4,6 +4,7 @@ trips for many small ranges, and every answer the one a single ``read_messages``
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from durastream_server.engine.engine import Engine
 from durastream_server.errors import NotFound, ProtocolError
 from durastream_server.offsets import format_offset
 from durastream_server.storage import scans
+from durastream_server.storage.records import MessageRun
 
 from .support import append, run, until
 
@@ -98,7 +100,31 @@ def same(got: list, expected: list) -> None:
             )
         else:
             assert isinstance(a, MessagesResult)
-            assert a == b, (a, b)
+            assert messages(a.slices) == messages(b.slices)
+            assert dataclasses.replace(a, slices=()) == dataclasses.replace(b, slices=()), (a, b)
+
+
+def messages(slices) -> list[tuple[int, bytes, int, bool]]:
+    """Each message of a read as (position, bytes, append time, whole): what an answer is made of,
+    whether it came as one ``MessageSlice`` a message (the hot tail) or a ``MessageRun`` a record
+    (disk). A range's hot tail may expire between two reads of it, so the form may differ."""
+    out = []
+    for piece in slices:
+        if isinstance(piece, MessageRun):
+            at = 0
+            for length in piece.lengths:
+                out.append(
+                    (
+                        piece.position + at,
+                        bytes(piece.data[at : at + length]),
+                        piece.timestamp_ms,
+                        True,
+                    )
+                )
+                at += length
+        else:
+            out.append((piece.position, bytes(piece.data), piece.timestamp_ms, piece.whole))
+    return out
 
 
 async def every_kind_of_range(engine: Engine) -> list[tuple[str, str, str]]:
@@ -179,7 +205,7 @@ def test_answers_of_a_multi_range_response_are_those_of_single_reads(tmp_path: P
                     )
                     continue
                 assert isinstance(answer, multiread.Answer)
-                assert list(answer.slices) == list(single.slices)
+                assert messages(answer.slices) == messages(single.slices)
                 assert (answer.count, answer.next_offset) == (single.count, single.next_offset)
                 assert format_offset(answer.next_position) == single.next_offset
         assert len(got) < len(ranges)  # the budget of 1 stopped after the first range's message
