@@ -588,7 +588,6 @@ def _check_layout(config: ServerConfig) -> str | None:
     from durastream_server.shards.layout import LayoutMismatch, ShardLayout
 
     try:
-        ShardLayout.read(config.data_dir).check(config.workers)
         ShardLayout.read(config.data_dir).create(config.workers)
     except LayoutMismatch as exc:
         return str(exc)

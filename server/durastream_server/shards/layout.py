@@ -12,11 +12,12 @@ not Python's ``hash``: the placement must be the same in every process and after
 
 from __future__ import annotations
 
-import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from durastream_server.storage.files import fsync_dir, replace_file
 
 MARKER: Final = "SHARDS"
 SHARDS_DIR: Final = "shards"
@@ -81,32 +82,19 @@ class ShardLayout:
             )
 
     def create(self, workers: int) -> ShardLayout:
-        """Make ``root`` sharded for ``workers`` (> 1) if it is new: the shard directories, then the
-        marker, written and synced before any worker opens a shard (so a crash leaves either no marker
-        and empty shard directories, which the next start completes, or the whole layout)."""
-        if self.count == workers or workers == 1:
-            return self
+        """``check`` ``workers``, then make ``root`` sharded for them if it is new (``workers`` > 1):
+        the shard directories, then the marker, written and synced before any worker opens a shard (so
+        a crash leaves either no marker and empty shard directories, which the next start completes,
+        or the whole layout)."""
         self.check(workers)
+        if self.count == workers:
+            return self
         for index in range(workers):
             shard_dir(self.root, index).mkdir(parents=True, exist_ok=True)
-        _fsync_dir(self.root / SHARDS_DIR)
-        temporary = self.root / (MARKER + ".tmp")
-        with open(temporary, "w", encoding="ascii") as file:
-            file.write(f"{workers}\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, self.root / MARKER)
-        _fsync_dir(self.root)
+        fsync_dir(self.root / SHARDS_DIR)
+        replace_file(self.root / MARKER, [f"{workers}\n".encode("ascii")], sync=True)
         return ShardLayout(self.root, workers)
 
 
 def _is_unsharded_data(root: Path) -> bool:
     return any((root / name).exists() for name in _UNSHARDED_SIGNS)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
