@@ -419,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--shard-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--shard-sockets", type=Path, default=None, help=argparse.SUPPRESS)
+    # Diagnostics and benchmarks: forward every request for another shard, never hand a connection
+    # over (docs/server.md, "Worker processes").
+    parser.add_argument("--no-connection-handoff", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--log-level",
         type=_log_level,
@@ -511,6 +514,7 @@ def config_from_args(
         workers=args.workers,
         shard_index=args.shard_index,
         shard_sockets=args.shard_sockets,
+        connection_handoff=not args.no_connection_handoff,
     )
 
 

@@ -99,6 +99,9 @@ class ServerConfig:
     workers: int = 1
     shard_index: int | None = None
     shard_sockets: Path | None = None
+    # A worker hands a connection to the owner of its next request's stream instead of forwarding
+    # every request (shards/handoff.py); off: always forward (diagnostics, benchmarks).
+    connection_handoff: bool = True
 
     def __post_init__(self) -> None:
         if self.workers < 1:

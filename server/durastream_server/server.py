@@ -32,6 +32,7 @@ from durastream_server.http.guard import protocol_class
 from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.metrics.counters import ServerMetrics
+from durastream_server.shards.handoff import HandOff, with_handoff
 from durastream_server.shards.router import ShardRouter, socket_path
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
@@ -108,8 +109,9 @@ class Backend:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, with three changes: it listens with a bounded TLS handshake, releases live
-    readers first on shutdown, and reports the bound URL."""
+    """uvicorn's server, with four changes: it listens with a bounded TLS handshake, releases live
+    readers first on shutdown, reports the bound URL, and (a worker of ``--workers N``) adopts the
+    connections other workers hand over (``shards/handoff.py``)."""
 
     def __init__(
         self,
@@ -117,11 +119,13 @@ class _Server(uvicorn.Server):
         app: DurastreamApp,
         on_started: Callable[[str], None],
         handshake_timeout: float,
+        handoff: HandOff | None = None,
     ) -> None:
         super().__init__(config)
         self._app = app
         self._on_started = on_started
         self._handshake_timeout = handshake_timeout
+        self._handoff = handoff
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # uvicorn would listen with asyncio's default TLS handshake timeout of 60 s, and the protocol (so
@@ -164,8 +168,18 @@ class _Server(uvicorn.Server):
                 **(tls if config.ssl and sock.family != socket.AF_UNIX else {}),
             )
             self.servers.append(server)
+        if self._handoff is not None:
+
+            def adopted(data: bytes, hops: int) -> asyncio.Protocol:
+                protocol = create_protocol(loop)
+                protocol.adopt(data, hops)  # type: ignore[attr-defined]  # HandOffMixin
+                return protocol
+
+            self._handoff.listen(loop, adopted)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._handoff is not None:
+            self._handoff.close()  # adopted later, a connection would miss uvicorn's shutdown
         self._app.begin_drain()
         await super().shutdown(sockets=sockets)
 
@@ -234,21 +248,31 @@ def exposure_warnings(config: ServerConfig, bound_host: str) -> list[str]:
     return []
 
 
-def build_app(config: ServerConfig) -> DurastreamApp:
+def shard_router(config: ServerConfig) -> ShardRouter | None:
+    """A worker's router (``--workers N``, ``shards/router.py``); None for the one-process server."""
+    if config.shard_index is None or config.shard_sockets is None:
+        return None
+    # Every worker answers these 501 (shards/router.py): advertising them would keep clients
+    # from falling back (docs/extensions.md, "Advertisement").
+    responses.withhold_extensions(extensions.ACROSS_STREAMS)
+    return ShardRouter(config.shard_index, config.workers, config.shard_sockets, tls=config.tls)
+
+
+def build_app(config: ServerConfig, router: ShardRouter | None = None) -> DurastreamApp:
     metrics = ServerMetrics()  # the app counts requests, the storage writer its group commits
 
     async def open_backend() -> Backend:
         return await Backend.open(config, metrics)
 
-    router = None
-    if config.shard_index is not None and config.shard_sockets is not None:
-        router = ShardRouter(
-            config.shard_index, config.workers, config.shard_sockets, tls=config.tls
-        )
-        # Every worker answers these 501 (shards/router.py): advertising them would keep clients
-        # from falling back (docs/extensions.md, "Advertisement").
-        responses.withhold_extensions(extensions.ACROSS_STREAMS)
     return DurastreamApp(config, open_backend, metrics, router)
+
+
+def connection_handoff(config: ServerConfig, router: ShardRouter | None) -> HandOff | None:
+    """A worker's connection hand-off (``shards/handoff.py``): not over TLS (the TLS state cannot
+    move), not with ``--no-connection-handoff`` (every request for another shard is forwarded)."""
+    if router is None or config.tls or not config.connection_handoff:
+        return None
+    return HandOff(router)
 
 
 def bind_shard_socket(config: ServerConfig) -> socket.socket | None:
@@ -279,13 +303,16 @@ def run(
     """Serve until a shutdown signal. Returns the app so the caller can inspect ``startup_error``.
     ``extra_sockets`` are served too (a worker's Unix socket); ``sock`` is the one announced."""
     config = with_public_url(config, sock)
-    app = build_app(config)
+    router = shard_router(config)
+    app = build_app(config, router)
+    handoff = connection_handoff(config, router)
     uv_config = uvicorn.Config(
         app,
         loop=_loop_setting(),
         # httptools plus header-size and slow-sender limits, plus the long-poll wake fast path and
         # small appends served without the ASGI round trips (http/fastpath.py)
-        http=fastpath.with_fast_path(protocol_class(config), app),
+        # (and, in a worker of --workers N, connection hand-off: shards/handoff.py)
+        http=with_handoff(fastpath.with_fast_path(protocol_class(config), app), handoff),
         ws="none",
         lifespan="on",
         log_config=None,  # the CLI configures logging; uvicorn's loggers propagate to it
@@ -295,11 +322,14 @@ def run(
         ssl_certfile=None if config.tls_certfile is None else str(config.tls_certfile),
         ssl_keyfile=None if config.tls_keyfile is None else str(config.tls_keyfile),
     )
-    server = _Server(uv_config, app, on_started, config.header_timeout_seconds)
+    server = _Server(uv_config, app, on_started, config.header_timeout_seconds, handoff)
     try:
         server.run(sockets=[sock, *extra_sockets])
     except SystemExit:
         # uvicorn exits this way when the lifespan startup failed; the app kept the reason.
         if app.startup_error is None:
             raise
+    finally:
+        if handoff is not None:
+            handoff.close()
     return app

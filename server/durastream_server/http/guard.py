@@ -127,6 +127,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._in_body = False  # ``self.cycle``'s headers are parsed and its body is not complete
         self._rejected = False  # an error answer is written or waiting: nothing more is parsed
         self._rejection: bytes | None = None  # that answer, while earlier responses are in flight
+        self._in_message = False  # between a request's first byte and the end of its body
 
     # -- connection ----------------------------------------------------------------------------------
 
@@ -175,6 +176,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer = self.loop.call_later(self.body_timeout, self._body_deadline)
 
     # -- parser callbacks ----------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_message = True  # the parser holds bytes of a request (its first byte on)
+        super().on_message_begin()
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
@@ -231,6 +236,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._body_size = 0
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         self._cancel_body_timer()
         self._in_body = False
         self._awaiting_headers = (
@@ -271,6 +277,19 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _idle(self) -> bool:
         """No response in progress on this connection, so a raw error response cannot interleave."""
         return self.cycle is None or self.cycle.response_complete
+
+    def at_request_boundary(self) -> bool:
+        """Between requests: no answer in progress or queued, and nothing of the next request received
+        yet, so the bytes arriving now start a request and the connection holds no state of one
+        (``shards/handoff.py`` may move the connection to another worker only here)."""
+        return (
+            not self._in_message
+            and self._awaiting_headers
+            and not self._rejected
+            and not self.pipeline
+            and self._idle()
+            and not self.transport.is_closing()
+        )
 
     def _reject(self, status: int, code: str, message: str) -> None:
         """Answer the request being parsed with an error and close the connection (module docstring)."""

@@ -7,9 +7,10 @@ relayed as it arrives (long-polls wait in the owner; SSE frames stream through).
 everything else (auth, CORS, request id, metrics, the access log), so forwarding is transparent: the
 receiving worker only classifies the request path to find the owner.
 
-Option (b), handing the connection itself to the owner (``SCM_RIGHTS``), would let a steady producer pay
-the forward once; it needs uvicorn's protocol to give up a connection between requests together with
-its buffered bytes, which is not built (decision 0009, "What is left").
+Option (b), handing the connection itself to the owner (``SCM_RIGHTS``, ``handoff.py``), lets a steady
+producer pay the forward once: between requests, a connection whose next request names another shard's
+stream moves to its owner. What cannot move (TLS, pipelined requests, a request line not yet complete,
+an owner not answering, a connection moved recently) is forwarded here.
 
 Requests across streams (``__ds/`` resources: listing, change feed, subscriptions, ``bulk-write``,
 multi-range reads; staged appends, whose handles may name many streams) are answered 501 by every
@@ -23,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from durastream_server.errors import (
     BadRequest,
@@ -34,6 +35,9 @@ from durastream_server.errors import (
 )
 from durastream_server.http import paths, responses, txn
 from durastream_server.shards.layout import shard_of
+
+if TYPE_CHECKING:
+    from durastream_server.shards.handoff import HandOff
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +102,7 @@ class ShardRouter:
         self._public_scheme = "https" if tls else "http"
         self._idle: dict[int, list[_Upstream]] = {k: [] for k in range(count)}
         self.forwarded = 0  # requests relayed to another worker (/healthz "shard")
+        self.handoff: HandOff | None = None  # set by HandOff (connection hand-off, handoff.py)
 
     # -- placement ------------------------------------------------------------------------------------
 
@@ -170,7 +175,10 @@ class ShardRouter:
             )
 
     def describe(self) -> dict[str, int]:
-        return {"index": self.index, "count": self.count, "forwarded": self.forwarded}
+        described = {"index": self.index, "count": self.count, "forwarded": self.forwarded}
+        if self.handoff is not None:
+            described.update(self.handoff.describe())
+        return described
 
     # -- forwarding -----------------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 """The forward of ``--workers 2`` (``shards/router.py``): every framing of a request and of an answer
 survives the relay. Each test learns which worker accepted its connection (``/healthz`` names the shard)
-and then uses only a stream of the *other* shard, so every request below is forwarded."""
+and then uses only a stream of the *other* shard, so every request below is forwarded: the server runs
+with ``--no-connection-handoff`` (else the connection would move to the owner, ``shards/handoff.py``,
+whose tests are ``test_handoff.py``). Over TLS connections never move."""
 
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ BIG = 300 * 1024  # more than the relay's 64 KiB reads, so the answer streams in
 
 @pytest.fixture
 def connection(server_factory) -> Iterator[http.client.HTTPConnection]:  # type: ignore[no-untyped-def]
-    """One keep-alive connection to a ``--workers 2`` server."""
-    server: ServerProcess = server_factory(extra_args=("--workers", "2"))
+    """One keep-alive connection to a ``--workers 2`` server that forwards (never hands over)."""
+    server: ServerProcess = server_factory(extra_args=("--workers", "2", "--no-connection-handoff"))
     connection = http.client.HTTPConnection(server.host, server.port, timeout=30)
     yield connection
     connection.close()
