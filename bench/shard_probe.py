@@ -14,16 +14,20 @@ process's CPU, all threads), and the client's CPU per request.
 
 With ``--workers``: the server's own ``--workers 1`` against ``--workers N`` instead (decision 0009's first
 step): one port, the kernel spreading the producers' connections over the workers, a request for
-another worker's stream forwarded to it (``shards/router.py``), so about (N-1)/N of the requests pay a
-forward. Server CPU counts the parent and every worker.
+another worker's stream forwarded to it (``shards/router.py``) or its connection handed to it
+(``shards/handoff.py``). Server CPU counts the parent and every worker. ``--server-src DIR`` (repeatable,
+with ``--workers``) runs the server of another checkout too (``PYTHONPATH=DIR/server``), e.g. main's
+forward against this checkout's hand-off, in the same rounds.
 
-Run: ``.venv/bin/python bench/shard_probe.py [--shards 2] [--seconds 8] [--rounds 2] [--workers]``
+Run: ``.venv/bin/python bench/shard_probe.py [--shards 2] [--seconds 8] [--rounds 2] [--workers
+[--server-src /work/main --server-src .]]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
 import sys
@@ -64,16 +68,25 @@ async def small_on_shards(servers: list[sb.Server], seconds: float) -> dict:
     }
 
 
-def run_one(kind: str, shards: int, seconds: float, workdir: Path, workers: bool = False) -> dict:
+def run_one(
+    kind: str, shards: int, seconds: float, workdir: Path, workers: bool = False, src: str = "."
+) -> dict:
     if workers:  # one server with --workers N: its own routing, on one port
         servers = [sb.Server(kind, workdir, ("--workers", str(shards)))]
     else:
         servers = [sb.Server(kind, workdir) for _ in range(shards)]
+    saved = os.environ.get("PYTHONPATH")
     try:
+        # the server (and its workers, which inherit the environment) from checkout ``src``
+        os.environ["PYTHONPATH"] = str(Path(src).resolve() / "server")
         for server in servers:
             server.start()
         return asyncio.run(small_on_shards(servers, seconds))
     finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
         for server in servers:
             server.stop()
 
@@ -88,19 +101,25 @@ def main() -> None:
         action="store_true",
         help="ours with --workers 1 against --workers N (the server routes), no floor",
     )
+    parser.add_argument(
+        "--server-src",
+        action="append",
+        help="with --workers: the checkout whose server to run (repeatable; default: this one)",
+    )
     args = parser.parse_args()
     kinds = (sb.OURS,) if args.workers else (sb.OURS, sb.FLOOR)
-    configs = [(kind, n) for kind in kinds for n in (1, args.shards)]
-    results: dict[tuple[str, int], list[dict]] = {c: [] for c in configs}
+    sources = args.server_src if args.workers and args.server_src else ["."]
+    configs = [(kind, n, src) for kind in kinds for src in sources for n in (1, args.shards)]
+    results: dict[tuple[str, int, str], list[dict]] = {c: [] for c in configs}
     workdir = Path(tempfile.mkdtemp(prefix="durastream-shards-"))
     try:
         for round_no in range(args.rounds):
             order = configs if round_no % 2 == 0 else configs[::-1]
-            for kind, n in order:
-                result = run_one(kind, n, args.seconds, workdir, args.workers)
-                results[(kind, n)].append(result)
+            for kind, n, src in order:
+                result = run_one(kind, n, args.seconds, workdir, args.workers, src)
+                results[(kind, n, src)].append(result)
                 print(
-                    f"round {round_no + 1}: {kind} x{n}: "
+                    f"round {round_no + 1}: {kind} ({src}) x{n}: "
                     + ", ".join(f"{k} {v:,.1f}" for k, v in result.items()),
                     flush=True,
                 )
@@ -108,17 +127,17 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     print()
     print(
-        "| server | processes (--workers if given) | appends/s | server CPU us/request | cores busy | client CPU us/request |"
+        "| server (checkout) | processes (--workers if given) | appends/s | server CPU us/request | cores busy | client CPU us/request |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
-    for kind, n in configs:
-        runs = results[(kind, n)]
+    for kind, n, src in configs:
+        runs = results[(kind, n, src)]
 
         def med(key: str, runs: list[dict] = runs) -> float:
             return statistics.median(r[key] for r in runs)
 
         print(
-            f"| {kind} | {n} | {med('requests_per_s'):,.0f} | {med('server_cpu_us_per_request'):.0f}"
+            f"| {kind} ({src}) | {n} | {med('requests_per_s'):,.0f} | {med('server_cpu_us_per_request'):.0f}"
             f" | {med('server_cores'):.2f} | {med('client_cpu_us_per_request'):.0f} |"
         )
 
