@@ -249,6 +249,11 @@ def test_pipelined_requests_for_both_shards_in_one_write(
         first, second = (other, own) if other_first else (own, other)
         sock.sendall(_post(first, b"one") + _post(second, b"two") + _post(first, b"three"))
         assert [status for status, _ in _answers(sock, 3)] == [204, 204, 204]
+        # other-first: the three requests moved with the connection (the second was forwarded back
+        # from there, as it came while the first was being answered); own-first: nothing moved
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        [(_, body)] = _answers(sock, 1)
+        assert json.loads(body)["shard"]["index"] == (1 - here if other_first else here)
     assert content(workers, first) == b"onethree"
     assert content(workers, second) == b"two"
 
