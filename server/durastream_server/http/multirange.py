@@ -23,9 +23,10 @@ import functools
 import json
 from collections.abc import Iterator
 from itertools import chain
+from operator import eq, itemgetter
 from typing import TYPE_CHECKING, Any, Final
 
-from durastream_server.engine import contenttype
+from durastream_server.engine import contenttype, multiread
 from durastream_server.engine.api import LimitRequest
 from durastream_server.errors import BadRequest, Forbidden, MethodNotAllowed, ProtocolError
 from durastream_server.http import frames, responses
@@ -141,9 +142,15 @@ async def _serve_reads(
     # Nothing to check a range for (no scoped token, no frames-lines): the ranges as they are, not
     # a generator step each.
     plain = request.token is None and not lines
-    results = await engine.read_range_answers(
-        ranges if plain else checked(), budget, overhead=overhead
-    )
+    if not lines:
+        got = await engine.read_range_frames(
+            ranges if plain else checked(), budget, overhead=overhead
+        )
+        header = _frames_header(ranges, got)
+        body = await engine.offload(got.columns.messages, frames.encode_columns, got.columns)
+        await _send(request, header, body)
+        return
+    results = await engine.read_range_answers(checked(), budget, overhead=overhead)
     entries: list[str] = []
     pieces: list[MessageRun | MessageSlice] = []
     count = 0
@@ -161,8 +168,37 @@ async def _serve_reads(
             f'"end_reached":{"true" if next_offset == end else "false"}}}'
         )
     body = await engine.offload(count, functools.partial(frames.encode, lines=lines), pieces)
-    header = ('{"ranges":[' + ",".join(entries) + "]}").encode()
-    header += b" " * (-(len(MAGIC) + 4 + len(header)) % 8)  # the frames body starts 8-aligned
+    await _send(request, ",".join(entries), body)
+
+
+# A range's header entry as ``_entry`` writes it (the text json.dumps gives: an offset is the
+# server's own token, digits and '_'), filled by ``str.format`` at C level for a whole answer.
+_ENTRY: Final = '{{"messages":{},"next_offset":"{}","end_reached":{}}}'
+_JSON_BOOL: Final = ("false", "true")
+
+
+def _frames_header(ranges: list[tuple[str, str, str]], got: multiread.FramesRead) -> str:
+    """The header entries of a ``format=frames`` answer, in range order: each answered range's
+    message count, next offset and whether it reached its end, or its error."""
+    counts = got.counts
+    offsets = got.offsets
+    if -1 not in counts:  # no error: every entry by C-level passes, not a Python step each
+        reached = map(eq, offsets, map(itemgetter(2), ranges))
+        return ",".join(map(_ENTRY.format, counts, offsets, map(_JSON_BOOL.__getitem__, reached)))
+    entries: list[str] = []
+    for (_, _, end), count, offset in zip(ranges, counts, offsets, strict=False):
+        if isinstance(offset, ProtocolError):
+            entries.append(json.dumps(_error(offset), separators=(",", ":")))
+        else:
+            entries.append(_ENTRY.format(count, offset, _JSON_BOOL[offset == end]))
+    return ",".join(entries)
+
+
+async def _send(request: Request, entries: str, body: bytes) -> None:
+    """The answer: magic, the header's length, the header (the ranges' entries), padded so that
+    the frames body starts 8-aligned, then the body."""
+    header = ('{"ranges":[' + entries + "]}").encode()
+    header += b" " * (-(len(MAGIC) + 4 + len(header)) % 8)
     prefix = MAGIC + len(header).to_bytes(4, "little") + header
     await responses.send_response(
         request.send,
