@@ -1149,7 +1149,10 @@ class StreamLog:
         else:
             files = self._ctx.pack_files
             assert files is not None, "a packed log with extents in a data directory without packs"
-            view = PackedView.of(self.id, extents, self._file_end, files)
+            # ``PackedView.of`` written out (a call less a range).
+            view = _new_tuple(
+                PackedView, (self.id, extents.rows(), self._file_end, files, files.done)
+            )
         # ``tuple.__new__``: a NamedTuple's own ``__new__`` is Python (~0.3 us more).
         return _new_tuple(DiskRead, (view, self._ctx.cache, scan_from, start, cap))
 
