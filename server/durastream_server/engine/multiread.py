@@ -22,7 +22,12 @@ data still in the hot tail) or whose read failed in the thread is read by ``Engi
 itself, in order, so every answer and every error is the one a single read gives.
 
 The HTTP answer needs only each range's messages and next offset: ``read_answers`` gives those as an
-``Answer`` tuple, without the ``MessagesResult`` (and stream info) that ``read_ranges`` builds. The
+``Answer`` tuple, without the ``MessagesResult`` (and stream info) that ``read_ranges`` builds. A
+``format=frames`` answer (what the connector asks for) goes further, ``read_frames``: each one-record
+range's messages are parsed straight into the columns of the frames body (``storage/columns.py``:
+the payloads side by side, the lengths, a count, a time and a shift a record), and its next offset is
+the range's own end token when it stops there, so a range costs two integers in the answer, not a
+list, a run, a payload copy, an answer tuple and a minted token (docs/benchmarks.md, Run 20). The
 thread's reads do not evict cached files (``FdCache.acquire(evict=False)``): 10,000 streams read once
 each would otherwise push the files of busy streams out of the cache.
 """
