@@ -1126,6 +1126,13 @@ class Engine:
         messages and next offset) without the rest of a ``MessagesResult``."""
         return await multiread.read_answers(self, ranges, max_bytes, overhead)
 
+    async def read_range_frames(
+        self, ranges: Iterable[multiread.Range | ProtocolError], max_bytes: int, *, overhead: int
+    ) -> multiread.FramesRead:
+        """``read_range_answers`` gathered for one ``format=frames`` body: each range's count
+        and next offset (or error), the messages as columns (``multiread.read_frames``)."""
+        return await multiread.read_frames(self, ranges, max_bytes, overhead)
+
     def plan_messages(
         self, path: str, offset: str, end_offset: str, now: float | None = None
     ) -> multiread.Planned | None:
@@ -1224,7 +1231,10 @@ class Engine:
                     else:
                         if read is None:
                             return group, item, True
-                        planned = multiread.new_planned(inc, start, end_offset, read)
+                        # An ASCII token of this shape is the one ``format_offset(end)`` mints.
+                        planned = multiread.new_planned(
+                            inc, start, end_offset, read, end if end_offset.isascii() else -1
+                        )
                 if not fast:
                     try:
                         planned = plan(path, offset, end_offset, now)

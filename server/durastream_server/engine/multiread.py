@@ -22,7 +22,12 @@ data still in the hot tail) or whose read failed in the thread is read by ``Engi
 itself, in order, so every answer and every error is the one a single read gives.
 
 The HTTP answer needs only each range's messages and next offset: ``read_answers`` gives those as an
-``Answer`` tuple, without the ``MessagesResult`` (and stream info) that ``read_ranges`` builds. The
+``Answer`` tuple, without the ``MessagesResult`` (and stream info) that ``read_ranges`` builds. A
+``format=frames`` answer (what the connector asks for) goes further, ``read_frames``: each one-record
+range's messages are parsed straight into the columns of the frames body (``storage/columns.py``:
+the payloads side by side, the lengths, a count, a time and a shift a record), and its next offset is
+the range's own end token when it stops there, so a range costs two integers in the answer, not a
+list, a run, a payload copy, an answer tuple and a minted token (docs/benchmarks.md, Run 20). The
 thread's reads do not evict cached files (``FdCache.acquire(evict=False)``): 10,000 streams read once
 each would otherwise push the files of busy streams out of the cache.
 """
@@ -37,8 +42,14 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 from durastream_server.engine.api import MessagesResult, ReadRequest
 from durastream_server.errors import ProtocolError
 from durastream_server.offsets import format_offset, parse_position
+from durastream_server.storage.columns import MessageColumns
 from durastream_server.storage.log import DiskRead, ReadChunk
-from durastream_server.storage.reader import Preread, parse_one_record, preread_records
+from durastream_server.storage.reader import (
+    Preread,
+    parse_one_record,
+    parse_record_into,
+    preread_records,
+)
 from durastream_server.storage.records import MessageRun, MessageSlice
 
 if TYPE_CHECKING:
@@ -61,6 +72,10 @@ class Planned(NamedTuple):
     start: int
     end: str  # the end token: a range is read to its end when the read stops at it
     read: DiskRead | ReadChunk
+    # The end token's position when the token is the one ``format_offset`` mints for it (checked
+    # when planned): a read that stops there is answered with ``end`` itself, not a new token. -1:
+    # not known, the stop is formatted.
+    end_at: int = -1
 
 
 class Answer(NamedTuple):
@@ -77,10 +92,12 @@ class Answer(NamedTuple):
 _new_tuple = tuple.__new__  # a NamedTuple's own ``__new__`` is Python: ~0.3 us more a range
 
 
-def new_planned(inc: Incarnation, start: int, end: str, read: DiskRead | ReadChunk) -> Planned:
-    """``Planned(inc, start, end, read)``, built without the NamedTuple's Python ``__new__``
-    (``Engine.plan_group`` makes one a range)."""
-    return _new_tuple(Planned, (inc, start, end, read))
+def new_planned(
+    inc: Incarnation, start: int, end: str, read: DiskRead | ReadChunk, end_at: int
+) -> Planned:
+    """``Planned(inc, start, end, read, end_at)``, built without the NamedTuple's Python
+    ``__new__`` (``Engine.plan_group`` makes one a range)."""
+    return _new_tuple(Planned, (inc, start, end, read, end_at))
 
 
 # What the thread does with one planned entry: its answer, or the ProtocolError the loop found.
@@ -89,20 +106,115 @@ _Entry = tuple[Range, Planned | ProtocolError]
 Entry = _Entry  # a planned range, as ``Engine.plan_group`` gives it
 
 
+class FramesRead:
+    """What a multi-range ``format=frames`` answer is built from (``read_frames``): per answered
+    range, in order, its message count (-1 for a failed range) and its next offset (or the
+    ProtocolError that failed it), and all their messages as columns (``storage/columns.py``):
+    two integers' worth a range, not an answer object, a list and a run."""
+
+    __slots__ = ("counts", "offsets", "columns")
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+        self.offsets: list[str | ProtocolError] = []
+        self.columns = MessageColumns()
+
+    def add(self, result: MessagesResult | ProtocolError) -> None:
+        """A range read alone (``Engine.read_messages``) or failed."""
+        if isinstance(result, ProtocolError):
+            self.counts.append(-1)
+            self.offsets.append(result)
+            return
+        self.columns.add(result.slices)
+        self.counts.append(result.count)
+        self.offsets.append(result.next_offset)
+
+
 async def read_ranges(
     engine: Engine, ranges: Iterable[Range | ProtocolError], max_bytes: int, overhead: int
 ) -> list[MessagesResult | ProtocolError]:
     """``Engine.read_messages`` of each range in order, ``max_bytes`` shared by all (each message also
     costing ``overhead``), stopping when it is spent or a range is cut short: results for a prefix of
     ``ranges``. An entry of ``ranges`` that is already a ProtocolError is answered with it."""
-    return await _read_ranges(engine, ranges, max_bytes, overhead, lean=False)  # type: ignore[return-value]
+    sink = _Results(engine, lean=False)
+    await _read_ranges(engine, ranges, max_bytes, overhead, sink)
+    return sink.results  # type: ignore[return-value]
 
 
 async def read_answers(
     engine: Engine, ranges: Iterable[Range | ProtocolError], max_bytes: int, overhead: int
 ) -> list[Answer | ProtocolError]:
     """``read_ranges``, each read answered by its ``Answer`` alone."""
-    return await _read_ranges(engine, ranges, max_bytes, overhead, lean=True)  # type: ignore[return-value]
+    sink = _Results(engine, lean=True)
+    await _read_ranges(engine, ranges, max_bytes, overhead, sink)
+    return sink.results  # type: ignore[return-value]
+
+
+async def read_frames(
+    engine: Engine, ranges: Iterable[Range | ProtocolError], max_bytes: int, overhead: int
+) -> FramesRead:
+    """``read_answers`` gathered as a ``FramesRead``: the same ranges answered, the same messages
+    in the same order, the same offsets and errors, with each one-record range's messages parsed
+    straight into the columns of the frames body."""
+    sink = _Frames()
+    await _read_ranges(engine, ranges, max_bytes, overhead, sink)
+    return sink.out
+
+
+class _Sink:
+    """Where ``_read_ranges`` puts what it reads: ``read`` reads a planned group (in a worker
+    thread, or on the loop when no range touches a file), ``settle`` takes its answers on the
+    loop, ``alone`` takes a range read alone."""
+
+    def read(self, group: Sequence[_Entry], budget: int, overhead: int) -> tuple[int, int, bool]:
+        """The reads of a prefix of ``group`` under ``budget`` (``_read_planned``): how many, the
+        budget left and whether reading must stop."""
+        raise NotImplementedError
+
+    def settle(self, group: Sequence[_Entry], done: int) -> None:
+        """On the loop, after ``read``."""
+
+    def alone(self, result: MessagesResult | ProtocolError) -> None:
+        raise NotImplementedError
+
+
+class _Results(_Sink):
+    """A result a range: ``MessagesResult`` (or its ``Answer`` alone, ``lean``) or the error."""
+
+    def __init__(self, engine: Engine, *, lean: bool) -> None:
+        self.engine = engine
+        self.lean = lean
+        self.results: list[MessagesResult | Answer | ProtocolError] = []
+        self._raws: list[_Raw] = []
+
+    def read(self, group: Sequence[_Entry], budget: int, overhead: int) -> tuple[int, int, bool]:
+        raws, budget, stopped = _read_planned(group, budget, overhead)
+        self._raws = raws
+        return len(raws), budget, stopped
+
+    def settle(self, group: Sequence[_Entry], done: int) -> None:
+        raws, self._raws = self._raws, []
+        if self.lean:
+            self.results.extend(raws)
+        else:
+            engine = self.engine
+            self.results.extend(
+                _result(engine, entry, raw) for entry, raw in zip(group, raws, strict=False)
+            )
+
+    def alone(self, result: MessagesResult | ProtocolError) -> None:
+        self.results.append(_lean(result) if self.lean else result)
+
+
+class _Frames(_Sink):
+    def __init__(self) -> None:
+        self.out = FramesRead()
+
+    def read(self, group: Sequence[_Entry], budget: int, overhead: int) -> tuple[int, int, bool]:
+        return _read_planned_frames(group, budget, overhead, self.out)
+
+    def alone(self, result: MessagesResult | ProtocolError) -> None:
+        self.out.add(result)
 
 
 async def _read_ranges(
@@ -110,41 +222,32 @@ async def _read_ranges(
     ranges: Iterable[Range | ProtocolError],
     max_bytes: int,
     overhead: int,
-    *,
-    lean: bool,
-) -> list[MessagesResult | Answer | ProtocolError]:
-    results: list[MessagesResult | Answer | ProtocolError] = []
+    sink: _Sink,
+) -> None:
     budget = max_bytes
     items = iter(ranges)
     while budget > 0:
         group, alone, more = _plan(engine, items)
         while group and budget > 0:
-            raws, budget, stopped = await _read_group(engine, group, budget, overhead)
-            if lean:
-                results.extend(raws)
-            else:
-                results.extend(
-                    _result(engine, entry, raw) for entry, raw in zip(group, raws, strict=False)
-                )
+            done, budget, stopped = await _read_group(engine, sink, group, budget, overhead)
+            sink.settle(group, done)
             if stopped:
-                return results
-            if len(raws) == len(group):
+                return
+            if done == len(group):
                 break
             # The thread's read of this one failed: read it alone for the answer a single read gets.
-            failed = group[len(raws)][0]
-            result, budget, stopped = await _read_alone(engine, failed, budget, overhead)
-            results.append(_lean(result) if lean else result)
+            result, budget, stopped = await _read_alone(engine, group[done][0], budget, overhead)
+            sink.alone(result)
             if stopped:
-                return results
-            group = group[len(raws) + 1 :]
+                return
+            group = group[done + 1 :]
         if alone is not None and budget > 0:
             result, budget, stopped = await _read_alone(engine, alone, budget, overhead)
-            results.append(_lean(result) if lean else result)
+            sink.alone(result)
             if stopped:
-                return results
+                return
         if not more:
             break
-    return results
 
 
 def _plan(
@@ -157,14 +260,14 @@ def _plan(
 
 
 async def _read_group(
-    engine: Engine, group: Sequence[_Entry], budget: int, overhead: int
-) -> tuple[list[_Raw], int, bool]:
-    """The reads of ``group`` in one worker-thread trip (on the loop if none touches a file)."""
+    engine: Engine, sink: _Sink, group: Sequence[_Entry], budget: int, overhead: int
+) -> tuple[int, int, bool]:
+    """``sink.read`` of ``group`` in one worker-thread trip (on the loop if none touches a file)."""
     if any(type(planned) is Planned and type(planned.read) is DiskRead for _, planned in group):
         return await asyncio.get_running_loop().run_in_executor(
-            engine.read_executor, _read_planned, group, budget, overhead
+            engine.read_executor, sink.read, group, budget, overhead
         )
-    read = _read_planned(group, budget, overhead)
+    read = sink.read(group, budget, overhead)
     await asyncio.sleep(0)  # one group per loop turn, even when nothing needs a thread
     return read
 
@@ -229,6 +332,66 @@ def _read_planned(
         if next_offset != planned.end:
             return raws, budget, True
     return raws, budget, False
+
+
+def _read_planned_frames(
+    group: Sequence[_Entry], budget: int, overhead: int, out: FramesRead
+) -> tuple[int, int, bool]:
+    """``_read_planned`` into ``out`` (blocking): the same reads, checks, budget and stops, with
+    each one-record range's messages parsed straight into ``out.columns``
+    (``reader.parse_record_into``) and its next offset the range's own end token where it stops
+    there (``Planned.end_at``). Returns how many entries of ``group`` it answered, the budget left
+    and whether reading must stop; fewer than ``group`` without a stop: the next one's read raised
+    (the caller reads it alone)."""
+    prefetched = _preread(group, budget)
+    columns = out.columns
+    counts = out.counts
+    offsets = out.offsets
+    done = 0
+    for (_, planned), buf in zip(group, prefetched, strict=True):
+        if budget <= 0:
+            return done, budget, True
+        if type(planned) is not Planned:
+            counts.append(-1)
+            offsets.append(planned)  # type: ignore[arg-type]
+            done += 1
+            continue
+        read = planned.read
+        if type(read) is ReadChunk:
+            count = 0
+            next_position = read.next_position
+            cost = 1
+        else:
+            try:
+                count = (
+                    0
+                    if buf is None
+                    else parse_record_into(
+                        columns, buf, read.scan_from, read.start, read.cap, budget, overhead
+                    )
+                )
+                if count:
+                    next_position = read.cap
+                    cost = next_position - read.start + overhead * count
+                else:
+                    # Many files, each read once: they do not evict the cached files of busy streams.
+                    slices, next_position, count = read.run(
+                        budget, True, True, overhead, evict=False
+                    )
+                    columns.add(slices)
+                    cost = spent(slices, count, overhead)
+            except Exception:  # noqa: BLE001 - the single read raises the right error
+                return done, budget, False
+        next_offset = (
+            planned.end if next_position == planned.end_at else format_offset(next_position)
+        )
+        counts.append(count)
+        offsets.append(next_offset)
+        done += 1
+        budget -= cost
+        if next_offset != planned.end:
+            return done, budget, True
+    return done, budget, False
 
 
 def _preread(group: Sequence[_Entry], budget: int) -> list[Preread | None]:

@@ -28,6 +28,7 @@ from itertools import accumulate, chain, islice, repeat
 from operator import add, attrgetter, contains, mul, sub
 from typing import Final
 
+from durastream_server.storage.columns import MessageColumns
 from durastream_server.storage.records import MessageRun, MessageSlice
 
 CONTENT_TYPE: Final = "application/vnd.durastream.frames"
@@ -88,6 +89,20 @@ def _encode_only_runs(runs: Sequence[MessageRun]) -> bytes:
     timestamps = b"".join(map(mul, map(_I64.pack, map(_TIMESTAMP, runs)), counts))
     head = HEADER.pack(MAGIC, n, 0, 0)
     return b"".join([head, _le(positions), timestamps, _le(boundaries), *values])
+
+
+def encode_columns(columns: MessageColumns) -> bytes:
+    """The plain frames body of ``columns`` (a multi-range read's messages, gathered as columns
+    while reading: ``storage/columns.py``), by C-level passes only: the boundaries accumulate the
+    lengths, each message's position is its boundary plus its run's shift, a run's time is repeated
+    for its messages, and the values are the buffer the read filled."""
+    n = columns.messages
+    boundaries = array("Q", accumulate(columns.lengths, initial=0))
+    shifts = chain.from_iterable(map(repeat, columns.shifts, columns.counts))
+    positions = array("Q", map(add, islice(boundaries, n), shifts))
+    timestamps = b"".join(map(mul, map(_I64.pack, columns.times), columns.counts))
+    head = HEADER.pack(MAGIC, n, 0, 0)
+    return b"".join([head, _le(positions), timestamps, _le(boundaries), columns.values])
 
 
 def _encode_runs(items: Sequence[MessageSlice | MessageRun], *, lines: bool) -> bytes:

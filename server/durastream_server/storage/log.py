@@ -1131,11 +1131,13 @@ class StreamLog:
         ``_read_cap``, ``_hot_covers`` and ``_disk_read`` with ``_view`` written out in one body: a
         multi-range read plans one a range on the loop (10,000 for a packed Spark task), and those
         calls were ~1 us of its ~5 us of planning."""
-        if self._deleted:
+        rare = self._rare  # ``_deleted`` and ``base`` read without their properties' calls
+        if rare is not None and rare._deleted:
             self._check_open()
         tail = self.durable_tail
-        if not self.base <= start <= tail:
-            raise InvalidPosition(f"position {start} is outside [{self.base}, {tail}]")
+        base = self.header.fork_position
+        if not base <= start <= tail:
+            raise InvalidPosition(f"position {start} is outside [{base}, {tail}]")
         cap = end if end < tail else tail
         if cap <= start:
             return ReadChunk((), start)
@@ -1149,7 +1151,10 @@ class StreamLog:
         else:
             files = self._ctx.pack_files
             assert files is not None, "a packed log with extents in a data directory without packs"
-            view = PackedView.of(self.id, extents, self._file_end, files)
+            # ``PackedView.of`` written out (a call less a range).
+            view = _new_tuple(
+                PackedView, (self.id, extents.rows(), self._file_end, files, files.done)
+            )
         # ``tuple.__new__``: a NamedTuple's own ``__new__`` is Python (~0.3 us more).
         return _new_tuple(DiskRead, (view, self._ctx.cache, scan_from, start, cap))
 

@@ -14,6 +14,7 @@ from itertools import accumulate, islice, repeat
 
 from durastream_server.storage import codec
 from durastream_server.storage.codec import APPEND_FIXED_SIZE, FRAME, CorruptRecord, Kind
+from durastream_server.storage.columns import MessageColumns
 from durastream_server.storage.crc import crc32
 from durastream_server.storage.files import FdCache, pread_exact
 from durastream_server.storage.records import AppendEntry, MessageRun, MessageSlice
@@ -250,6 +251,55 @@ def parse_one_record(
 
     ``at``/``stop``: the record is parsed where it lies in a ``pread`` of several neighbouring
     records (``preread_records``), not from a copy of its own."""
+    found = _one_record(
+        buf, scan_from, start, cap, max_bytes, overhead, at, len(buf) if stop < 0 else stop
+    )
+    if found is None:
+        return None
+    lengths, ts, payload_at, rec_end = found
+    return [MessageRun(start, buf[payload_at:rec_end], lengths, ts)], cap, len(lengths)
+
+
+def parse_record_into(
+    out: MessageColumns,
+    pre: Preread,
+    scan_from: int,
+    start: int,
+    cap: int,
+    max_bytes: int,
+    overhead: int,
+) -> int:
+    """``parse_one_record`` of a ``preread_records`` item with its messages put straight into
+    ``out``'s columns (a multi-range frames read): the same checks and the same checksum, no list,
+    run or payload copy of its own. Returns the record's message count, or 0 (``out`` untouched)
+    where ``parse_one_record`` gives None. Raises ``CorruptRecord`` on a checksum mismatch."""
+    buf, at, stop = pre
+    found = _one_record(buf, scan_from, start, cap, max_bytes, overhead, at, stop)
+    if found is None:
+        return 0
+    lengths, ts, payload_at, rec_end = found
+    out.lengths.extend(lengths)
+    values = out.values
+    out.shifts.append(start - len(values))
+    out.counts.append(len(lengths))
+    out.times.append(ts)
+    values += memoryview(buf)[payload_at:rec_end]
+    return len(lengths)
+
+
+def _one_record(
+    buf: bytes,
+    scan_from: int,
+    start: int,
+    cap: int,
+    max_bytes: int,
+    overhead: int,
+    at: int,
+    stop: int,
+) -> tuple[tuple[int, ...], int, int, int] | None:
+    """The APPEND record at ``buf[at:stop]`` if it is exactly ``[start, cap)``, whole messages
+    within ``max_bytes``, checksum verified: its messages' lengths, its append time and where its
+    payload starts and ends in ``buf``. None when it is anything else."""
     magic, version, kind, body_len, crc, position, ts, n, meta_len, _ = _HEAD.unpack_from(buf, at)
     rec_end = at + FRAME_SIZE + body_len
     payload_len = body_len - APPEND_FIXED_SIZE - meta_len
@@ -259,7 +309,7 @@ def parse_one_record(
         or kind != _APPEND
         or position != start
         or position + payload_len != cap
-        or rec_end > (len(buf) if stop < 0 else stop)
+        or rec_end > stop
         or n < 1
         or payload_len + n * overhead > max(1, max_bytes)
     ):
@@ -270,12 +320,23 @@ def parse_one_record(
     if n == 1:
         if not payload_len:
             return None
-        lengths: tuple[int, ...] = (payload_len,)
-    else:
-        lengths = struct.unpack_from(f"<{n}I", buf, payload_at - 4 * n)
-        if min(lengths) == 0:
-            return None
-    return [MessageRun(start, buf[payload_at:rec_end], lengths, ts)], cap, n
+        return (payload_len,), ts, payload_at, rec_end
+    lengths = _lengths(n).unpack_from(buf, payload_at - 4 * n)
+    if 0 in lengths:
+        return None
+    return lengths, ts, payload_at, rec_end
+
+
+_LENGTHS: dict[int, struct.Struct] = {}  # a record's message lengths table, by message count
+
+
+def _lengths(n: int) -> struct.Struct:
+    found = _LENGTHS.get(n)
+    if found is None:
+        if len(_LENGTHS) >= 256:  # counts vary little in practice; keep the map bounded anyway
+            _LENGTHS.clear()
+        found = _LENGTHS[n] = struct.Struct(f"<{n}I")
+    return found
 
 
 Preread = tuple[bytes, int, int]  # a pread's bytes, where one record's bytes start and stop in them

@@ -12,7 +12,8 @@ from durastream_server.engine import multiread
 from durastream_server.engine.api import CreateRequest, LimitRequest, MessagesResult, ReadRequest
 from durastream_server.engine.engine import Engine
 from durastream_server.errors import NotFound, ProtocolError
-from durastream_server.offsets import format_offset
+from durastream_server.http import frames
+from durastream_server.offsets import format_offset, parse_position
 from durastream_server.storage import scans
 from durastream_server.storage.records import MessageRun
 
@@ -211,6 +212,47 @@ def test_answers_of_a_multi_range_response_are_those_of_single_reads(tmp_path: P
         assert len(got) < len(ranges)  # the budget of 1 stopped after the first range's message
 
     run(tmp_path, scenario)
+
+
+def test_a_frames_read_gathers_what_the_answers_give(tmp_path: Path) -> None:
+    """``read_range_frames`` (the messages parsed straight into the frames body's columns) answers
+    every kind of range, under every budget, with the counts, offsets and errors of
+    ``read_range_answers``, and its body is the one ``frames.encode`` makes of their messages."""
+
+    async def scenario(engine: Engine) -> None:
+        ranges = await every_kind_of_range(engine)
+        # An end token of the canonical shape in other decimal digits ('٣' is 3): parsed like its
+        # ASCII twin, but a read that stops there is answered with the minted token, not this one.
+        # Last: the read stops there (its answer's offset is not its end), after every other kind.
+        path, start, end = ranges[11]
+        ranges.append((path, start, end[:17] + end[17:].translate(ARABIC_INDIC)))
+        for budget in (BIG, 2000, 900, 1):
+            expected = await engine.read_range_answers(iter(ranges), budget, overhead=OVERHEAD)
+            got = await engine.read_range_frames(iter(ranges), budget, overhead=OVERHEAD)
+            assert len(got.counts) == len(got.offsets) == len(expected)
+            pieces = []
+            for count, offset, answer in zip(got.counts, got.offsets, expected, strict=True):
+                if isinstance(answer, ProtocolError):
+                    assert count == -1 and type(offset) is type(answer)
+                    assert (offset.status, offset.code, offset.message) == (  # type: ignore[union-attr]
+                        answer.status,
+                        answer.code,
+                        answer.message,
+                    )
+                    continue
+                assert isinstance(answer, multiread.Answer)
+                assert (count, offset) == (answer.count, answer.next_offset)
+                pieces.extend(answer.slices)
+            assert frames.encode_columns(got.columns) == frames.encode(pieces, lines=False)
+            if budget == BIG:
+                assert len(got.counts) == len(ranges)
+                assert got.offsets[-1] == format_offset(parse_position(end)) != ranges[-1][2]
+                assert got.counts[-1] == 5
+
+    run(tmp_path, scenario)
+
+
+ARABIC_INDIC = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")
 
 
 def test_a_read_of_more_streams_than_the_fd_cache_holds_evicts_no_cached_file(

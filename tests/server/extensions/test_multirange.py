@@ -9,6 +9,9 @@ from typing import Any
 import pytest
 import requests
 
+from durastream_server.errors import BadRequest
+from durastream_server.http import multirange
+from durastream_server.subscriptions import jsonbody
 from tests.server.extensions.support import (
     TEXT,
     TIMEOUT,
@@ -258,3 +261,60 @@ def test_a_bad_range_field_is_named_with_what_is_wrong(
     assert message.startswith("entry 0: ") and says in message, message
     if set(entry) < {"path", "offset", "end"}:
         assert "it is missing" in message
+
+
+def _general_reads(body: bytes) -> tuple[list[tuple[str, str, str]], str]:
+    """What the reads resource made of a body before ``_plain_reads`` (and still makes of any
+    body that is not plain): its ranges and format, or the BadRequest it raises."""
+    document = jsonbody.loads(body)
+    items = multirange._list(document, "ranges", multirange._READS_SHAPE, ("format",))
+    fmt = document.get("format", "frames")
+    if fmt not in multirange.FORMATS:
+        raise BadRequest(f"bad format {fmt!r}")
+    return multirange._ranges(items), fmt
+
+
+_OK = {"path": "a/b", "offset": "-1", "end": "0000000000000000_0000000000000042"}
+_BODIES = [
+    json.dumps({"ranges": [_OK] * 3}).encode(),
+    json.dumps({"ranges": [_OK], "format": "frames-lines"}).encode(),
+    b' {"ranges" : [ {"end":"x","offset":"1","path":"p"} ] }\n',
+    b'{"ranges":[{"path":"a","path":"b","offset":"-1","end":"x"}]}',  # the last one wins, as json
+    json.dumps({"ranges": [{**_OK, "extra": {"deep": [[[1]]]}}]}).encode(),  # accepted, ignored
+    json.dumps({"ranges": [_OK], "extra": 1}).encode(),
+    json.dumps({"ranges": [_OK], "format": "raw"}).encode(),
+    json.dumps({"ranges": [_OK], "format": 1}).encode(),
+    json.dumps({"ranges": []}).encode(),
+    json.dumps({"ranges": [_OK] * 10_001}).encode(),
+    json.dumps({"ranges": [{"path": "a", "offset": "-1"}]}).encode(),
+    json.dumps({"ranges": [{**_OK, "path": ""}]}).encode(),
+    json.dumps({"ranges": [{**_OK, "path": 7}]}).encode(),
+    json.dumps({"ranges": [{**_OK, "path": "a\x00b"}]}).encode(),
+    json.dumps({"ranges": [{**_OK, "end": "9" * 4097}]}).encode(),
+    json.dumps({"ranges": [{**_OK, "path": "caf\u00e9"}]}).encode(),  # a \u escape
+    b'{"ranges":[{"path":"\\ud800","offset":"-1","end":"x"}]}',  # an unpaired surrogate
+    b'{"ranges":[{"path":"a\xff","offset":"-1","end":"x"}]}',  # not UTF-8
+    b'\xef\xbb\xbf{"ranges":[{"path":"a","offset":"-1","end":"x"}]}',  # a BOM
+    b'{"ranges":[{"path":"a","offset":"-1","end":"x"}]} trailing',
+    b'{"ranges":["a"]}',
+    b"[]",
+    b"not json",
+]
+
+
+@pytest.mark.parametrize("body", _BODIES)
+def test_a_plain_reads_body_is_read_as_the_general_parse_reads_it(body: bytes) -> None:
+    """``_plain_reads`` (msgspec against the documented shape) takes a body only when the general
+    parse gives the same ranges and format; any other body (None) goes through the general parse,
+    which accepts it or answers its error as before."""
+    try:
+        expected: Any = _general_reads(body)
+    except (BadRequest, ValueError) as exc:
+        expected = exc
+    got = multirange._plain_reads(body)
+    if isinstance(expected, Exception):
+        assert got is None, (body[:80], expected)
+    elif got is not None:
+        assert got == expected
+    plain = body in _BODIES[:4]
+    assert (got is not None) == plain, body[:80]

@@ -12,10 +12,12 @@ import pytest
 
 from durastream_server.storage import DataDir, StreamLog
 from durastream_server.storage.codec import CorruptRecord
+from durastream_server.storage.columns import MessageColumns
 from durastream_server.storage.log import DiskRead
 from durastream_server.storage.packview import PackedView
 from durastream_server.storage.reader import (
     parse_one_record,
+    parse_record_into,
     preread_records,
     read_one_record,
     read_range,
@@ -60,6 +62,28 @@ def _lean(read: DiskRead, max_bytes: int) -> tuple[list, int, int] | None:
     )
 
 
+def _fields(columns: MessageColumns) -> tuple:
+    return (
+        bytes(columns.values),
+        list(columns.lengths),
+        columns.shifts,
+        columns.counts,
+        columns.times,
+    )
+
+
+def _record_bytes(read: DiskRead) -> bytes:
+    """What ``read_one_record`` would ``pread`` for a directory stream's read: its last segment's
+    bytes from the record it scans from to the view's end."""
+    view = read.segments
+    assert type(view) is SegmentView
+    fd = os.open(view.path(view.bases[-1]), os.O_RDONLY)
+    try:
+        return os.pread(fd, view.end - read.scan_from, read.scan_from - view.bases[-1])
+    finally:
+        os.close(fd)
+
+
 def test_one_record_is_read_as_read_range_reads_it(tmp_path: Path) -> None:
     async def go() -> None:
         dd = await open_dd(tmp_path)
@@ -97,6 +121,12 @@ def test_other_reads_are_left_to_read_range(tmp_path: Path) -> None:
             for name, (start, end, budget) in cases.items():
                 read = await _disk_read(log, start, end)
                 assert _lean(read, budget) is None, name
+                # Into columns: not this read either, and the columns are left as they were.
+                buf = _record_bytes(read)
+                columns = MessageColumns()
+                args = (read.scan_from, read.start, read.cap, budget, OVERHEAD)
+                assert parse_record_into(columns, (buf, 0, len(buf)), *args) == 0, name
+                assert _fields(columns) == _fields(MessageColumns()), name
                 assert read.run(budget, True, True, OVERHEAD) == _general(read, budget), name
             # The budget cuts the first record: the general read returns a part of it.
             cut = await _disk_read(log, 0, first_end)
@@ -129,6 +159,7 @@ def test_neighbouring_records_are_read_by_one_pread_and_parsed_in_place(tmp_path
             got = preread_records([(r.segments, r.scan_from) for r in reads], reads[0].cache)
             assert all(item is not None for item in got)
             assert len({id(item[0]) for item in got if item is not None}) == 1  # one pread
+            columns, expected = MessageColumns(), MessageColumns()
             for read, item in zip(reads, got, strict=True):
                 assert item is not None
                 buf, at, stop = item
@@ -137,6 +168,13 @@ def test_neighbouring_records_are_read_by_one_pread_and_parsed_in_place(tmp_path
                     buf, read.scan_from, read.start, read.cap, 1 << 20, OVERHEAD, at, stop
                 )
                 assert lean is not None and lean == _general(read, 1 << 20)
+                expected.add(lean[0])
+                count = parse_record_into(
+                    columns, item, read.scan_from, read.start, read.cap, 1 << 20, OVERHEAD
+                )
+                assert count == lean[2]
+            # Straight into columns: the same messages, positions and times as the runs give.
+            assert _fields(columns) == _fields(expected)
         finally:
             await dd.close()
 
@@ -171,6 +209,10 @@ def test_a_damaged_record_among_neighbours_fails_alone(tmp_path: Path) -> None:
                 if read is victim:
                     with pytest.raises(CorruptRecord, match="checksum"):
                         parse_one_record(*args)
+                    columns = MessageColumns()
+                    with pytest.raises(CorruptRecord, match="checksum"):
+                        parse_record_into(columns, item, *args[1:6])
+                    assert _fields(columns) == _fields(MessageColumns())  # nothing added
                     with pytest.raises(CorruptRecord, match="checksum"):
                         read.run(1 << 20, True, True, OVERHEAD, evict=False)
                 else:
@@ -207,6 +249,7 @@ def test_directory_streams_are_read_without_caching_their_files(tmp_path: Path) 
             got = preread_records([(r.segments, r.scan_from) for r in reads], cache)
             assert set(cache._open) == keys_before and cached.refs == refs_before
             assert len(os.listdir("/proc/self/fd")) == fds_before
+            columns, expected = MessageColumns(), MessageColumns()
             for read, item in zip(reads, got, strict=True):
                 if read.segments is gone:
                     assert item is None
@@ -219,6 +262,13 @@ def test_directory_streams_are_read_without_caching_their_files(tmp_path: Path) 
                     buf, read.scan_from, read.start, read.cap, 1 << 20, OVERHEAD, at, stop
                 )
                 assert lean is not None and lean == _general(read, 1 << 20)
+                expected.add(lean[0])
+                count = parse_record_into(
+                    columns, item, read.scan_from, read.start, read.cap, 1 << 20, OVERHEAD
+                )
+                assert count == lean[2]
+            # Straight into columns: the same messages, positions and times as the runs give.
+            assert _fields(columns) == _fields(expected)
         finally:
             await dd.close()
 
