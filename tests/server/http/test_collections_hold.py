@@ -192,13 +192,15 @@ def test_a_multi_range_read_runs_under_the_hold(
         for i, path in enumerate(paths):
             await create(engine, path)
             await append(engine, path, f"m{i}".encode())
-        read_answers = engine.read_range_answers
+        # format=frames (the default) reads into columns (read_range_frames); frames-lines would
+        # read answers (read_range_answers).
+        read_frames = engine.read_range_frames
 
         async def noting(*args: Any, **kwargs: Any) -> Any:  # the real read, the threshold noted
             during.add((gc.get_threshold()[0], BULK.depth))
-            return await read_answers(*args, **kwargs)
+            return await read_frames(*args, **kwargs)
 
-        engine.read_range_answers = noting  # type: ignore[method-assign]
+        engine.read_range_frames = noting  # type: ignore[method-assign]
         ranges = [
             {"path": path, "offset": "-1", "end": engine.head(path).next_offset} for path in paths
         ]
