@@ -419,3 +419,46 @@ def test_ensure_answers_each_path_at_its_place_whatever_the_others_are(
     assert results[102]["created"] is False  # listed twice: created by its first entry
     assert [r["created"] for r in results[103:]] == [True] * 100
     assert all(requests.head(durastream_server.stream_url(p)).status_code == 200 for p in paths)
+
+
+def test_inline_commits_of_one_header_set_are_judged_once_each_as_alone() -> None:
+    """``SharedAppendHeaders``: entries with the same headers (a routed sink's partition) share the
+    judged producer tuple, each with its own path and body; an entry without a body, or with headers
+    that are refused, gets exactly the error it gets alone (the body's names its own index)."""
+    from durastream_server.errors import BadRequest
+    from durastream_server.http.bulk import SharedAppendHeaders, _inline_commit
+
+    def headers(pid: str, key: str = "k", seq: str = "0") -> dict[str, str]:
+        return {
+            "content-type": JSON,
+            "durastream-commit-key": key,
+            "producer-id": pid,
+            "producer-epoch": "3",
+            "producer-seq": seq,
+        }
+
+    shared = SharedAppendHeaders()
+    first = shared.inline_commit("s/0", headers("a"), b"[0]", 0)
+    second = shared.inline_commit("s/1", headers("a"), b"[1]", 1)
+    other = shared.inline_commit("s/1", headers("b"), b"[2]", 2)
+    assert (second.path, second.body) == ("s/1", b"[1]")
+    assert second.producer is first.producer  # judged once for the set
+    assert second == _inline_commit("s/1", headers("a"), b"[1]", 1)  # what it is alone
+    assert other.producer is not None and other.producer.producer_id == "b"
+    for index, entry_headers, body in (
+        (3, headers("a"), b""),  # an accepted set, but no body
+        (4, headers("a", key="bad key!"), b"[1]"),
+        (5, headers("a", seq="-1"), b"[1]"),
+        (6, headers("a", key="bad key!"), b"[1]"),  # a refused set is never kept
+    ):
+        try:
+            _inline_commit("s/2", entry_headers, body, index)
+        except BadRequest as alone:
+            expected = alone.message
+        try:
+            shared.inline_commit("s/2", entry_headers, body, index)
+        except BadRequest as error:
+            assert error.message == expected  # as alone (an empty body's names its index)
+            assert index != 3 or f"requests[{index}]" in expected
+        else:
+            raise AssertionError(f"entry {index} was accepted")
