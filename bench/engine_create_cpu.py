@@ -7,8 +7,11 @@ directory, on uvloop as the server runs:
     ``ensure`` ran them), then the same paths again (existing streams);
 ``ensure``  one bulk ``ensure`` of ``--bulk`` new streams through ``bulk.serve_ensure`` (the body parse,
     the entries, the answer document: all of it but the socket);
+``ensure racing``  two bulk ``ensure`` of ``--bulk`` other new streams at once, as a routed sink's two
+    tasks ensure the same streams (figures per entry of both);
 ``commits new``  one bulk ``commits`` of an inline commit (10 rows) to each of those streams: their first
-    data (the routed sink's request after its ``ensure``);
+    data (the routed sink's request after its ``ensure``), two producers (the sink's two partitions)
+    taking turns, so the entries' headers come in two sets as the sink's do;
 ``commits existing``  another to each of them, streams that now have data (a later batch, or the sink's
     second partition).
 
@@ -59,7 +62,7 @@ def request(body, content_type):
 def commits_body(paths, key, seq):
     return bulk.encode_requests([
         (path, {"Content-Type": "application/json", "Durastream-Commit-Key": key,
-                "Producer-Id": f"w{i}", "Producer-Epoch": "0", "Producer-Seq": str(seq)},
+                "Producer-Id": f"w{i % 2}", "Producer-Epoch": "0", "Producer-Seq": str(seq)},
          json.dumps([{"i": i, "n": n, "pad": "0123456789abcdef"} for n in range(10)]).encode())
         for i, path in enumerate(paths)])
 
@@ -121,6 +124,14 @@ async def main():
                 with timed(figures, "ensure", BULK):
                     answer = await bulk.serve_ensure(engine, request(body, "application/json"), MAX_BODY)
                 assert all(r.get("created") for r in answer["results"]), answer["results"][:3]
+                racing = [f"r/s{i:06d}" for i in range(BULK)]
+                body = json.dumps({"streams": racing, "content_type": "application/json"}).encode()
+                with timed(figures, "ensure racing", 2 * BULK):
+                    answers = await asyncio.gather(*(
+                        bulk.serve_ensure(engine, request(body, "application/json"), MAX_BODY)
+                        for _ in range(2)))
+                made = [r.get("created") for answer in answers for r in answer["results"]]
+                assert made.count(True) == BULK and made.count(False) == BULK, made[:3]
                 for name, key, seq in (("commits new", "k0", 0), ("commits existing", "k1", 1)):
                     body = commits_body(paths, key, seq)
                     with timed(figures, name, BULK):

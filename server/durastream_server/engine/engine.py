@@ -134,6 +134,8 @@ DEFAULT_SWEEP_INTERVAL = 0.25  # seconds between expiry sweeps
 # Append bodies below this are hashed and validated on the loop without a coroutine (``append_nowait``);
 # larger ones are hashed in a worker thread while they are validated.
 INLINE_BODY_BYTES = 16 * 1024
+# A create without TTL or expiry (a bulk ``ensure``'s): the lifetime its configuration is compared by.
+_PLAIN_LIFETIME = expiry.Lifetime()
 SELECTION_INLINE_PATHS = 1000  # larger selections are sorted and hashed in the read executor
 
 
@@ -446,16 +448,21 @@ class Engine:
         stream (issue 16; docs/decisions/0008-bulk-writes.md, "Batched creates"). Each entry's result
         (or protocol error) is in the list, in order; one failing does not fail the others.
 
-        A path with a create already in flight (a ``PUT``, another batch, or the same path listed
-        twice) or with an incarnation (expired, soft-deleted) takes ``create_nowait``'s serialized
-        path instead, and a serialized create of a path in a batch waits for the batch first, so of
-        concurrent creates of one path exactly one makes it, as before (hazard 37). Like
+        A path another batch is making (two of a routed sink's tasks ensure the same new streams at
+        once) waits for that batch, then is answered as the serialized create would answer it: the
+        stream it made (200, its configuration compared), or, if that batch did not make it,
+        ``create_nowait``. Any other path with a create already in flight (a ``PUT``, or the same
+        path listed twice) or with an incarnation (expired, soft-deleted) takes ``create_nowait``'s
+        serialized path, and a serialized create of a path in a batch waits for the batch first, so
+        of concurrent creates of one path exactly one makes it, as before (hazard 37). Like
         ``create_nowait``, the batch runs in a task nobody cancels: a stream is never made durable
         without being registered."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         batched: list[int] = []
         others: list[tuple[int, asyncio.Future[CreateResult]]] = []
+        # Paths another batch is making: waited for together, not a task and a lock each.
+        waiting: list[tuple[int, asyncio.Future[None]]] = []
         headers: list[StreamHeader] = []
         kind = contenttype.for_create(content_type)
         now = self._clock()
@@ -465,7 +472,11 @@ class Engine:
         locked = self._create_locks
         corrupt = self._data.corrupt  # refused by the serialized path, with its reason
         for index, path in enumerate(paths):
-            if path in by_path or path in in_flight or locked.held(path) or path in corrupt:
+            other = in_flight.get(path)
+            if other is not None and other is not done:
+                waiting.append((index, other))
+                continue
+            if path in by_path or other is not None or locked.held(path) or path in corrupt:
                 others.append(
                     (index, self.create_nowait(CreateRequest(path=path, content_type=content_type)))
                 )
@@ -473,16 +484,20 @@ class Engine:
             in_flight[path] = done
             batched.append(index)
             headers.append(StreamHeader(path=path, content_type=kind, created_at_ms=created_ms))
-        task = loop.create_task(self._create_batch(paths, batched, headers, others, done, now))
+        task = loop.create_task(
+            self._create_batch(paths, content_type, batched, headers, others, waiting, done, now)
+        )
         self._creating.add(task)  # type: ignore[arg-type]
         return task
 
     async def _create_batch(
         self,
         paths: list[str],
+        content_type: str,
         batched: list[int],
         headers: list[StreamHeader],
         others: list[tuple[int, asyncio.Future[CreateResult]]],
+        waiting: list[tuple[int, asyncio.Future[None]]],
         done: asyncio.Future[None],
         now: float,
     ) -> list[CreateResult | BaseException]:
@@ -509,12 +524,48 @@ class Engine:
             if not done.done():
                 done.set_result(None)
             self._creating.discard(asyncio.current_task())  # type: ignore[arg-type]
+        if waiting:
+            for batch in {id(batch): batch for _, batch in waiting}.values():
+                await asyncio.shield(batch)  # set in the other batch's ``finally``: never fails
+            for index, _ in waiting:
+                path = paths[index]
+                try:
+                    made = await self._made_by_other_batch(path, content_type)
+                except Exception as exc:
+                    results[index] = exc
+                    continue
+                if made is not None:
+                    results[index] = made
+                else:
+                    others.append(
+                        (index, self.create_nowait(CreateRequest(path, content_type=content_type)))
+                    )
         for index, future in others:
             try:
                 results[index] = await future
             except Exception as exc:
                 results[index] = exc
         return results
+
+    async def _made_by_other_batch(self, path: str, content_type: str) -> CreateResult | None:
+        """After the batch that was making ``path`` is done: what ``_create_locked`` answers for a
+        stream that exists (its configuration compared: a mismatch is the same 409 as ``PUT``'s),
+        or ``None`` when the path is anything but a plain live stream (the batch failed to make
+        it, or a create is again in flight): then the serialized ``create_nowait`` decides."""
+        existing = self._registry.by_path.get(path)
+        if (
+            existing is None
+            or existing.soft_deleted
+            or existing.expired(self._clock())
+            or path in self._bulk_creating
+            or self._create_locks.held(path)
+        ):
+            return None
+        self._check_same_config(
+            existing, CreateRequest(path, content_type=content_type), _PLAIN_LIFETIME, 0
+        )
+        await existing.log.flush()
+        return CreateResult(created=False, info=self._info(existing))
 
     async def _create_serialized(
         self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int

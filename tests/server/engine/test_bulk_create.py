@@ -11,7 +11,7 @@ import pytest
 
 from durastream_server.engine.api import AppendRequest, AppendResult, CreateResult
 from durastream_server.engine.engine import Engine
-from durastream_server.errors import NotFound, StorageFailure, StreamClosed
+from durastream_server.errors import ConfigMismatch, NotFound, StorageFailure, StreamClosed
 from durastream_server.storage import catalog
 from durastream_server.storage.datadir import Durability, _create_failed, _NewStream
 from durastream_server.storage.records import ProducerTuple, StreamHeader
@@ -249,3 +249,64 @@ def test_a_batch_of_appends_keeps_a_hot_tail_only_for_parked_readers(
         assert not logs["h/3"].idle
 
     _run(tmp_path, durability, scenario)
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+def test_a_batch_of_paths_another_batch_is_making_waits_for_it(
+    tmp_path: Path, durability: Durability
+) -> None:
+    """Two of a routed sink's tasks ensure the same new streams at once: the second batch waits for
+    the first (no task or lock per path: its batch is its only task) and answers each path as the
+    serialized create would: the stream the first made (200), or the same 409 as ``PUT`` when the
+    content type differs; exactly one stream is made per path (hazard 37)."""
+    paths = [f"w/{i}" for i in range(200)]
+
+    async def scenario(engine: Engine) -> None:
+        first = engine.create_batch_nowait(paths, "application/json")
+        second = engine.create_batch_nowait(paths[:150], "application/json")
+        third = engine.create_batch_nowait(paths[150:], "text/plain")
+        assert len(engine._creating) == 3  # the three batches' tasks, none per path
+        made, found, refused = await first, await second, await third
+        assert all(isinstance(r, CreateResult) and r.created for r in made)
+        assert all(isinstance(r, CreateResult) and not r.created for r in found)
+        assert (
+            [r.info.storage_id for r in found]
+            == [  # type: ignore[union-attr]
+                r.info.storage_id  # type: ignore[union-attr]
+                for r in made[:150]
+            ]
+        )
+        assert all(isinstance(r, ConfigMismatch) and r.status == 409 for r in refused)
+        assert "content type" in str(refused[0])
+        assert not engine._creating and not engine._bulk_creating
+
+    _run(tmp_path, durability, scenario)
+
+
+def test_a_path_another_batch_failed_to_make_is_created_by_the_waiting_one(
+    tmp_path: Path,
+) -> None:
+    """When the batch a path waited for did not make it (here: the data directory refused the
+    first batch's streams), the waiting batch decides by the serialized create: it makes it."""
+
+    async def scenario(engine: Engine) -> None:
+        data = engine._data
+        real = data.create_streams
+        calls = 0
+
+        async def refuse_first(headers: list[StreamHeader]) -> list[object]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return [StorageFailure("refused for the test")] * len(headers)
+            return await real(headers)
+
+        data.create_streams = refuse_first  # type: ignore[method-assign]
+        first = engine.create_batch_nowait(["x/a", "x/b"], "text/plain")
+        second = engine.create_batch_nowait(["x/a", "x/b"], "text/plain")
+        failed, made = await first, await second
+        assert all(isinstance(r, StorageFailure) for r in failed)
+        assert all(isinstance(r, CreateResult) and r.created for r in made)
+        assert engine.head("x/a").content_type == "text/plain"
+
+    _run(tmp_path, Durability.FSYNC, scenario)
