@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
+from durastream_server.frozen import quick_init
 from durastream_server.offsets import format_offset
 from durastream_server.storage.records import MessageRun, MessageSlice, ProducerTuple
 
 _T = TypeVar("_T")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CreateRequest:
     path: str
@@ -31,6 +33,7 @@ class CreateRequest:
     fork_sub_offset: int | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StreamInfo:
     """What HEAD (and create) report about a stream."""
@@ -44,12 +47,14 @@ class StreamInfo:
     expires_at: str | None  # RFC 3339
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class CreateResult:
     created: bool  # False: idempotent match of an existing stream (200)
     info: StreamInfo
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AppendRequest:
     path: str
@@ -65,6 +70,7 @@ class AppendRequest:
     key: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     next_offset: str

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
+from durastream_server.frozen import quick_init
+
 # What one message costs beyond its bytes wherever bytes are budgeted (read chunks, the in-memory tail,
 # staged handles): each message has objects, lengths and metadata of its own, so a budget that counted
 # payload alone would let a stream of 1-byte messages put millions of them into one read or request.
@@ -35,6 +37,7 @@ class CommittedHandle(NamedTuple):
     expires_at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class StreamHeader:
     """Immutable configuration of one stream incarnation; the first record of its log."""
@@ -57,6 +60,7 @@ class StreamHeader:
     append_time_floor_ms: int = 0
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AppendEntry:
     """One committed append request: zero or more messages, optionally closing the stream.
