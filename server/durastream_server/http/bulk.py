@@ -41,6 +41,8 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+import msgspec
+
 from durastream_server.engine import contenttype
 from durastream_server.engine.api import (
     AppendRequest,
@@ -80,6 +82,8 @@ _REQUESTS_SHAPE: Final = (
 )
 
 _T = TypeVar("_T")
+_ENCODER: Final = msgspec.json.Encoder()
+RESOURCES: Final = frozenset({"ensure", "stages", "commits"})
 
 
 async def serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
@@ -404,6 +408,14 @@ async def _requests(body: bytes) -> list[tuple[str, dict[str, str], bytes]]:
             "exactly what follows the header"
         )
     return entries
+
+
+def answer_body(document: dict[str, Any]) -> bytes:
+    """A bulk answer's JSON body: msgspec's encoder, the same bytes as ``json.dumps`` with
+    ``separators=(",", ":")`` and ``ensure_ascii=False`` for these documents (strings, integers,
+    booleans, ``None``), in a fifteenth of the time: ~1.1 us less per entry, 10,000 entries an
+    answer (docs/benchmarks.md, sink "Run 12")."""
+    return _ENCODER.encode(document)
 
 
 def encode_requests(entries: list[tuple[str, dict[str, str], bytes]]) -> bytes:

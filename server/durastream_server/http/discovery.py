@@ -97,7 +97,11 @@ class ExtensionResources:
         else:
             values = query_values(request.query_string, changes.PARAMETERS)
             document = await changes.serve_changes(self._engine, self._live, request, values)
-        body = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+        body = (
+            bulk.answer_body(document)
+            if name in bulk.RESOURCES
+            else json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+        )
         headers = [
             ("Content-Type", "application/json"),
             ("Cache-Control", responses.CACHE_NO_STORE),

@@ -462,3 +462,20 @@ def test_inline_commits_of_one_header_set_are_judged_once_each_as_alone() -> Non
             assert index != 3 or f"requests[{index}]" in expected
         else:
             raise AssertionError(f"entry {index} was accepted")
+
+
+def test_bulk_answers_are_the_bytes_json_dumps_gives() -> None:
+    """``answer_body`` (msgspec) writes a bulk answer as the stdlib encoder did: compact, UTF-8 as
+    is, control characters escaped, every value type a bulk answer holds."""
+    from durastream_server.http.bulk import answer_body
+
+    document = {
+        "results": [
+            {"status": 200, "headers": {"Stream-Next-Offset": "0_1", "Producer-Seq": "0"}},
+            {"content_type": "application/json", "next_offset": "0_0", "closed": False},
+            {"created": True, "none": None, "count": 2**53 - 1},
+            {"status": 409, "headers": {}, "error": {"code": "X", "message": 'é\u2028\x01/"\\ ✓'}},
+        ]
+    }
+    expected = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    assert answer_body(document) == expected
