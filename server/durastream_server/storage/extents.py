@@ -172,29 +172,27 @@ def coalesce(entries: list[WalEntry]) -> list[WalEntry]:
     """One stream's packed entries of a file, in order, merged where their records follow each other
     (``offset`` is the logical position in the virtual segment 0): a checkpoint writes a stream's
     rounds of one WAL file into its pack as one entry, so the stream has one extent there. The
-    records are the same bytes; only the entry framing between them goes."""
-    out: list[WalEntry] = []
+    records are the same bytes; only the entry framing between them goes.
+
+    Linear: each run's records and end are kept as it grows (re-summing and re-copying the run at
+    every entry made a stream of 5,000 rounds cost 250 ms of the checkpoint)."""
+    runs: list[tuple[WalEntry, list[bytes | bytearray | memoryview], int]] = []
     for entry in entries:
-        size = sum(len(r) for r in entry.records)
-        if out:
-            last = out[-1]
-            last_size = sum(len(r) for r in last.records)
-            if (
-                last.log_id == entry.log_id
-                and last.kind == entry.kind
-                and last.offset + last_size == entry.offset
-            ):
-                out[-1] = WalEntry(
-                    last.log_id,
-                    last.segment,
-                    last.offset,
-                    [*last.records, *entry.records],
-                    last.kind,
-                )
+        size = sum(map(len, entry.records))
+        if runs:
+            first, records, end = runs[-1]
+            if first.log_id == entry.log_id and first.kind == entry.kind and end == entry.offset:
+                records += entry.records
+                runs[-1] = (first, records, end + size)
                 continue
         if size:
-            out.append(entry)
-    return out
+            runs.append((entry, [*entry.records], entry.offset + size))
+    return [
+        first
+        if len(records) == len(first.records)
+        else WalEntry(first.log_id, first.segment, first.offset, records, first.kind)
+        for first, records, _ in runs
+    ]
 
 
 def records_offsets(entries: list[WalEntry], base: int = 0) -> list[int]:

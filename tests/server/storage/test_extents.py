@@ -141,6 +141,19 @@ def test_coalesce_keeps_entries_apart_that_do_not_follow_each_other() -> None:
     assert coalesce([_entry(0, b""), a]) == [a]
 
 
+def test_coalesce_merges_long_runs_whole_and_in_order() -> None:
+    """A stream written in many rounds of one WAL file (a hot stream between checkpoints): one entry
+    per run of following records, every record in order, an empty entry merged in place, another
+    log's entry or a gap starting a new run."""
+    rounds = [_entry(i * 3, bytes([65 + i % 26]) * 3) for i in range(2000)]
+    gap = _entry(2000 * 3 + 5, b"zz")
+    other = _entry(2000 * 3 + 7, b"yy", log_id="other")
+    merged = coalesce([*rounds[:10], _entry(30, b""), *rounds[10:], gap, other])
+    assert [(e.log_id, e.offset) for e in merged] == [(ID, 0), (ID, 6005), ("other", 6007)]
+    assert b"".join(merged[0].records) == b"".join(r.records[0] for r in rounds)
+    assert merged[1] is gap and merged[2] is other
+
+
 def test_an_idle_packed_streams_extents_take_well_under_issue_17s_budget() -> None:
     """Issue 17: <= 2 KiB RSS per idle stream, all of it. The extents of 10,000 streams of 3 extents
     each (a pack, two WAL files not yet retired) are measured with tracemalloc (their allocations,
