@@ -373,21 +373,24 @@ async def _requests(body: bytes) -> list[tuple[str, dict[str, str], bytes]]:
     if not isinstance(listed, list) or not 1 <= len(listed) <= MAX_ENTRIES:
         raise BadRequest(f"'requests' must be a list of 1 to {MAX_ENTRIES} entries")
     entries: list[tuple[str, dict[str, str], bytes]] = []
+    # Entries with the same headers (a routed sink's partition: all of its entries) share one
+    # checked, lower-cased dict; only checked ones are kept. Nobody changes an entry's headers.
+    checked: dict[tuple[tuple[Any, Any], ...], dict[str, str]] = {}
     view = memoryview(body)
     at = 8 + size
     for index, item in enumerate(listed):
-        if not isinstance(item, dict) or not {"path", "headers"} <= set(item) <= {
-            "path",
-            "headers",
-            "bytes",
-        }:
+        if not (
+            isinstance(item, dict)
+            and "path" in item
+            and "headers" in item
+            and len(item) == 2 + ("bytes" in item)  # no other field
+        ):
             raise BadRequest(
                 f'requests[{index}] must be an object {{"path": ..., "headers": {{...}}, "bytes": n}}'
             )
         headers = item["headers"]
-        if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-        ):
+        lowered = _checked_headers(headers, checked)
+        if lowered is None:
             raise BadRequest(f"requests[{index}].headers must map header names to strings")
         length = item.get("bytes", 0)
         if not isinstance(length, int) or isinstance(length, bool) or length < 0:
@@ -399,7 +402,6 @@ async def _requests(body: bytes) -> list[tuple[str, dict[str, str], bytes]]:
                 f"requests[{index}].bytes ({length}) runs past the end of the body; the bodies "
                 "together must be exactly what follows the header"
             )
-        lowered = {name.lower(): value for name, value in headers.items()}
         entries.append((item["path"], lowered, bytes(view[at : at + length])))
         at += length
     if at != len(body):
@@ -408,6 +410,25 @@ async def _requests(body: bytes) -> list[tuple[str, dict[str, str], bytes]]:
             "exactly what follows the header"
         )
     return entries
+
+
+def _checked_headers(
+    headers: Any, checked: dict[tuple[tuple[Any, Any], ...], dict[str, str]]
+) -> dict[str, str] | None:
+    """An entry's headers with lower-cased names, or None if they are not a JSON object of strings;
+    the same dict for headers equal to ones already ``checked`` (a look-up instead of a check)."""
+    if not isinstance(headers, dict):
+        return None
+    key = tuple(headers.items())
+    try:
+        lowered = checked.get(key)
+    except TypeError:  # a value that cannot be hashed (a list, an object): not a string either
+        return None
+    if lowered is None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in key):
+            return None
+        lowered = checked[key] = {name.lower(): value for name, value in key}
+    return lowered
 
 
 def answer_body(document: dict[str, Any]) -> bytes:

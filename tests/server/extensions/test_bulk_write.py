@@ -479,3 +479,41 @@ def test_bulk_answers_are_the_bytes_json_dumps_gives() -> None:
     }
     expected = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
     assert answer_body(document) == expected
+
+
+def test_entries_with_the_same_headers_share_one_checked_dict_and_bad_ones_are_named() -> None:
+    """``_requests``: equal headers are checked and lower-cased once (the entries share the dict);
+    headers that are not an object of strings, even after equal good ones, are refused naming the
+    entry; an entry with a field besides path, headers and bytes is refused."""
+    import asyncio
+
+    import pytest
+
+    from durastream_server.errors import BadRequest
+    from durastream_server.http.bulk import MAGIC, _requests
+
+    good = {"Content-Type": JSON, "Producer-Id": "p"}
+    entries = asyncio.run(
+        _requests(encode_requests([("a", good, b"1"), ("b", dict(good), b"22"), ("c", {}, b"")]))
+    )
+    assert [(p, b) for p, _, b in entries] == [("a", b"1"), ("b", b"22"), ("c", b"")]
+    assert entries[0][1] == {"content-type": JSON, "producer-id": "p"}
+    assert entries[0][1] is entries[1][1]
+
+    def body(items: list[dict[str, Any]]) -> bytes:
+        header = json.dumps({"requests": items}).encode()
+        return MAGIC + len(header).to_bytes(4, "little") + header
+
+    for bad, named in (
+        ({"Producer-Id": ["p"]}, "requests[1].headers"),  # unhashable
+        ({"Producer-Id": 5}, "requests[1].headers"),
+        (["Producer-Id"], "requests[1].headers"),
+    ):
+        items = [{"path": "a", "headers": good}, {"path": "b", "headers": bad}]
+        with pytest.raises(BadRequest, match=named.replace("[", r"\[").replace("]", r"\]")):
+            asyncio.run(_requests(body(items)))
+    extra = [{"path": "a", "headers": good, "bytes": 0, "more": 1}]
+    with pytest.raises(BadRequest, match=r"requests\[0\] must be an object"):
+        asyncio.run(_requests(body(extra)))
+    with pytest.raises(BadRequest, match=r"requests\[0\] must be an object"):
+        asyncio.run(_requests(body([{"path": "a", "bytes": 0, "more": 1}])))
