@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import queue
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -136,14 +138,45 @@ class PackedPartition(InputPartition):
             # Equal texts as one object: pickle writes each once, then memo references.
             seen: dict[object, object] = {}
             column[:] = [seen.setdefault(value, value) for value in column]
+        if columns:
+            columns = (*columns[:2], _packed_ends(columns[2]), *columns[3:])  # type: ignore[arg-type]
         return _packed_from_columns, (columns, self.route, self.extensions)
 
 
+def _packed_ends(ends: list[str]) -> list[str] | tuple[str, list[int]]:
+    """The ends column, pickled small: when every end is a token of one generation
+    (``GGGGGGGGGGGGGGGG_PPPPPPPPPPPPPPPP``, nearly always: a server's streams share one), that
+    generation and each end's position as an int. A 33-character token pickles to ~37 bytes, an
+    int to ~5: for 10,000 ranges the task's pickle falls from ~640 KB to ~300 KB, which Spark
+    copies from the planning worker through the JVM to the task's worker. Anything else stays as
+    it is."""
+    if not ends:
+        return ends
+    first = _TOKEN.fullmatch(ends[0])
+    if first is None:
+        return ends
+    generation = first[1]
+    # Checked in C: every end 33 characters long, and their concatenation nothing but tokens of
+    # this generation (so each end, aligned on 33, is one).
+    if set(map(len, ends)) != {33}:
+        return ends
+    if re.fullmatch(f"(?:{generation}_[0-9]{{16}})*", "".join(ends)) is None:
+        return ends
+    positions = list(map(int, map(operator.itemgetter(slice(17, None)), ends)))
+    return generation, positions
+
+
 def _packed_from_columns(
-    columns: tuple[list[object], ...], route: str, extensions: Extensions
+    columns: tuple[object, ...], route: str, extensions: Extensions
 ) -> PackedPartition:
     """``PackedPartition.__reduce__``'s inverse."""
-    segments = tuple(map(Segment, *columns)) if columns else ()
+    if not columns:
+        return PackedPartition((), route, extensions)
+    ends = columns[2]
+    if isinstance(ends, tuple):  # ``_packed_ends``: a generation and positions
+        generation, positions = ends
+        ends = [f"{generation}_{position:016d}" for position in positions]
+    segments = tuple(map(Segment, *columns[:2], ends, *columns[3:]))  # type: ignore[call-overload]
     return PackedPartition(segments, route, extensions)
 
 
@@ -411,6 +444,9 @@ def _block(chunk: ReadChunk, read_format: str, is_json: bool) -> MessageBlock:
     values = split_json_array(chunk.body) if is_json else [chunk.body]
     return ValuesBlock([v for v in values if v or is_json], chunk.offset)
 
+
+# An offset token: 16 ASCII digits of generation, ``_``, 16 of position (``protocol/models.py``).
+_TOKEN = re.compile(r"([0-9]{16})_([0-9]{16})")
 
 _DONE = object()
 
