@@ -26,7 +26,6 @@ import operator
 import queue
 import re
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from durastream_spark.protocol.frames import decode_frames
 from durastream_spark.protocol.jsonarray import split_json_array
 from durastream_spark.protocol.models import (
     FRAMES,
+    OFFSET_TOKEN,
     RAW,
     MultiReadChunk,
     ReadChunk,
@@ -152,7 +152,7 @@ def _packed_ends(ends: list[str]) -> list[str] | tuple[str, list[int]]:
     it is."""
     if not ends:
         return ends
-    first = _TOKEN.fullmatch(ends[0])
+    first = OFFSET_TOKEN.fullmatch(ends[0])
     if first is None:
         return ends
     generation = first[1]
@@ -302,68 +302,33 @@ class RangeScanner:
                     at += count
                 raise
 
-        def answered(
-            converters: ThreadPoolExecutor,
-            window: list[Segment],
-            offsets: list[str],
-            chunk: MultiReadChunk,
-        ) -> int:
-            """Book one response of ``window`` (from ``offsets``): its lost ranges reported, the
-            offset of a range cut short moved on, its batch queued; how many ranges it finished."""
-            runs: list[tuple[str, int]] = []
-            for i, answer in enumerate(chunk.ranges):
-                segment = window[i]
-                if answer.error is not None:
-                    self._lost(segment, answer.error)
-                    continue
-                runs.append((segment.stream, answer.messages))
-                if not answer.end_reached:
-                    if answer.next_offset == offsets[i]:
-                        raise MalformedResponse(
-                            f"stream '{segment.stream}': a read from {offsets[i]} bounded by "
-                            f"{segment.end} made no progress"
-                        )
-                    offsets[i] = answer.next_offset  # cut short: continued by the next request
-            last = chunk.ranges[-1]
-            pipeline.put(converters.submit(convert, chunk, runs))
-            return len(chunk.ranges) - (0 if last.end_reached or last.error else 1)
-
-        def request(window: list[Segment], offsets: list[str]) -> MultiReadChunk:
-            return client.read_ranges(
-                [(seg.stream, offsets[i], seg.end) for i, seg in enumerate(window)], FRAMES
-            )
-
         def follow(converters: ThreadPoolExecutor) -> None:
-            """The task's windows are fixed up front, and ``REQUESTS_IN_FLIGHT`` of them are asked
-            for at once: the server plans one on its loop while its thread reads another. A window
-            the server cut short is finished (from where it stopped) before the next window's
-            answer is booked, so the rows come in the same order as one request at a time."""
-            windows = _windows(partition.segments)
-            requests = ThreadPoolExecutor(REQUESTS_IN_FLIGHT, thread_name_prefix="durastream-ask")
-            try:
-                asked: deque[tuple[list[Segment], list[str], Future[MultiReadChunk]]] = deque()
-                upcoming = iter(windows)
-
-                def ask_next() -> None:
-                    window = next(upcoming, None)
-                    if window is not None:
-                        offsets = [segment.start for segment in window]
-                        asked.append((window, offsets, requests.submit(request, window, offsets)))
-
-                for _ in range(REQUESTS_IN_FLIGHT):
-                    ask_next()
-                while asked and not pipeline.stopped:
-                    window, offsets, reply = asked.popleft()
-                    ask_next()
-                    chunk = reply.result()
-                    while not pipeline.stopped:
-                        done = answered(converters, window, offsets, chunk)
-                        del window[:done], offsets[:done]
-                        if not window:
-                            break
-                        chunk = request(window, offsets)
-            finally:
-                requests.shutdown(wait=True, cancel_futures=True)
+            pending = list(partition.segments)
+            offsets = [segment.start for segment in pending]
+            while pending and not pipeline.stopped:
+                window = _window(pending)
+                chunk = client.read_ranges(
+                    [(seg.stream, offsets[i], seg.end) for i, seg in enumerate(window)], FRAMES
+                )
+                runs: list[tuple[str, int]] = []
+                for i, answer in enumerate(chunk.ranges):
+                    segment = window[i]
+                    if answer.error is not None:
+                        self._lost(segment, answer.error)
+                        continue
+                    runs.append((segment.stream, answer.messages))
+                    if not answer.end_reached:
+                        if answer.next_offset == offsets[i]:
+                            raise MalformedResponse(
+                                f"stream '{segment.stream}': a read from {offsets[i]} bounded by "
+                                f"{segment.end} made no progress"
+                            )
+                        offsets[i] = answer.next_offset  # cut short: continued by the next request
+                last = chunk.ranges[-1]
+                done = len(chunk.ranges) - (0 if last.end_reached or last.error else 1)
+                del pending[:done], offsets[:done]
+                if not pipeline.put(converters.submit(convert, chunk, runs)):
+                    return
 
         yield from pipeline.drain(follow)
 
@@ -409,27 +374,14 @@ def stream_column(runs: list[tuple[str, int]]) -> pa.Array:
     return names.take(indices)
 
 
-def _windows(segments: tuple[Segment, ...]) -> list[list[Segment]]:
-    """The task's segments cut into consecutive windows of at most ``WINDOW_RANGES`` ranges and
-    about ``WINDOW_BYTES`` (a window ends at the range that reaches it)."""
-    windows: list[list[Segment]] = []
-    current: list[Segment] = []
+def _window(pending: list[Segment]) -> list[Segment]:
     size = 0
-    for segment in segments:
-        current.append(segment)
+    for count, segment in enumerate(pending[:WINDOW_RANGES], 1):
         size += segment.bytes + 24 * segment.messages
-        if size >= WINDOW_BYTES or len(current) == WINDOW_RANGES:
-            windows.append(current)
-            current, size = [], 0
-    if current:
-        windows.append(current)
-    return windows
+        if size >= WINDOW_BYTES:
+            return pending[:count]
+    return pending[:WINDOW_RANGES]
 
-
-# Multi-range requests of a packed task in flight at once: two let the server plan one request on its
-# event loop while its read thread reads the other (a request of 2,000 small ranges is ~20 ms, half of
-# it planning), and the client parse one answer while the next is on its way.
-REQUESTS_IN_FLIGHT = 2
 
 # Conversions running at once per task, and responses read ahead of the batch Spark is taking. Two
 # converters let one task use both cores of a small machine while it waits for Spark or the server;
@@ -444,9 +396,6 @@ def _block(chunk: ReadChunk, read_format: str, is_json: bool) -> MessageBlock:
     values = split_json_array(chunk.body) if is_json else [chunk.body]
     return ValuesBlock([v for v in values if v or is_json], chunk.offset)
 
-
-# An offset token: 16 ASCII digits of generation, ``_``, 16 of position (``protocol/models.py``).
-_TOKEN = re.compile(r"([0-9]{16})_([0-9]{16})")
 
 _DONE = object()
 
