@@ -36,7 +36,7 @@ def _token_parts(offset: str) -> tuple[str, int] | None:
     """``(generation, position)`` of a token, ``("", 0)`` for ``-1``, ``None`` for anything else."""
     if offset == START_OFFSET:
         return "", 0
-    token = OFFSET_TOKEN.fullmatch(offset)
+    token = _TOKEN.fullmatch(offset)
     if token is None:
         return None
     return token[1], int(token[2])
@@ -44,7 +44,7 @@ def _token_parts(offset: str) -> tuple[str, int] | None:
 
 # A token: 16 ASCII digits of generation, ``_``, 16 of position. One C match per offset (a batch over
 # 10,000 streams reads 20,000 of them while it plans).
-OFFSET_TOKEN = re.compile(r"([0-9]{16})_([0-9]{16})")
+_TOKEN = re.compile(r"([0-9]{16})_([0-9]{16})")
 
 
 def normalize_content_type(value: str | None) -> str:

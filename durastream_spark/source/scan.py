@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import operator
 import queue
-import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,7 +46,6 @@ from durastream_spark.protocol.frames import decode_frames
 from durastream_spark.protocol.jsonarray import split_json_array
 from durastream_spark.protocol.models import (
     FRAMES,
-    OFFSET_TOKEN,
     RAW,
     MultiReadChunk,
     ReadChunk,
@@ -138,45 +135,14 @@ class PackedPartition(InputPartition):
             # Equal texts as one object: pickle writes each once, then memo references.
             seen: dict[object, object] = {}
             column[:] = [seen.setdefault(value, value) for value in column]
-        if columns:
-            columns = (*columns[:2], _packed_ends(columns[2]), *columns[3:])  # type: ignore[arg-type]
         return _packed_from_columns, (columns, self.route, self.extensions)
 
 
-def _packed_ends(ends: list[str]) -> list[str] | tuple[str, list[int]]:
-    """The ends column, pickled small: when every end is a token of one generation
-    (``GGGGGGGGGGGGGGGG_PPPPPPPPPPPPPPPP``, nearly always: a server's streams share one), that
-    generation and each end's position as an int. A 33-character token pickles to ~37 bytes, an
-    int to ~5: for 10,000 ranges the task's pickle falls from ~640 KB to ~300 KB, which Spark
-    copies from the planning worker through the JVM to the task's worker. Anything else stays as
-    it is."""
-    if not ends:
-        return ends
-    first = OFFSET_TOKEN.fullmatch(ends[0])
-    if first is None:
-        return ends
-    generation = first[1]
-    # Checked in C: every end 33 characters long, and their concatenation nothing but tokens of
-    # this generation (so each end, aligned on 33, is one).
-    if set(map(len, ends)) != {33}:
-        return ends
-    if re.fullmatch(f"(?:{generation}_[0-9]{{16}})*", "".join(ends)) is None:
-        return ends
-    positions = list(map(int, map(operator.itemgetter(slice(17, None)), ends)))
-    return generation, positions
-
-
 def _packed_from_columns(
-    columns: tuple[object, ...], route: str, extensions: Extensions
+    columns: tuple[list[object], ...], route: str, extensions: Extensions
 ) -> PackedPartition:
     """``PackedPartition.__reduce__``'s inverse."""
-    if not columns:
-        return PackedPartition((), route, extensions)
-    ends = columns[2]
-    if isinstance(ends, tuple):  # ``_packed_ends``: a generation and positions
-        generation, positions = ends
-        ends = [f"{generation}_{position:016d}" for position in positions]
-    segments = tuple(map(Segment, *columns[:2], ends, *columns[3:]))  # type: ignore[call-overload]
+    segments = tuple(map(Segment, *columns)) if columns else ()
     return PackedPartition(segments, route, extensions)
 
 

@@ -188,36 +188,3 @@ def test_a_packed_partition_unpickles_equal_to_itself() -> None:
         assert again.route == FRAMES_ROUTE and again.extensions.multi_range
     empty = PackedPartition((), FRAMES_ROUTE, Extensions(()))
     assert pickle.loads(pickle.dumps(empty)) == empty
-
-
-@pytest.mark.parametrize(
-    "odd_end",
-    [
-        None,  # every end a token of one generation: pickled as positions
-        "0000000000000001_0000000000000050",  # another generation
-        "0000000000000000_000000000000005",  # one digit short
-        "0000000000000000_00000000000000\uff15\uff10",  # fullwidth digits: not a token
-        "now",
-    ],
-)
-def test_a_packed_partitions_ends_unpickle_exactly(odd_end: str | None) -> None:
-    """The ends column is pickled as one generation and integer positions only when every end is a
-    token of that generation; any other end keeps the column as it is. Either way the partition
-    unpickles equal to itself, each end the same text."""
-    import pickle
-
-    from durastream_spark.source.scan import PackedPartition, Segment
-
-    ends = [f"0000000000000000_{i * 91:016d}" for i in range(300)]
-    if odd_end is not None:
-        ends[137] = odd_end
-    segments = tuple(
-        Segment(f"ten/s{i:05d}", "-1", end, "application/json", 0, 91) for i, end in enumerate(ends)
-    )
-    packed = PackedPartition(segments, FRAMES_ROUTE, Extensions((("multi-range", 1),)))
-    blob = pickle.dumps(packed)
-    again = pickle.loads(blob)
-    assert again == packed
-    assert [segment.end for segment in again.segments] == ends
-    as_texts = pickle.dumps(tuple(map(list, zip(*segments, strict=True))))
-    assert (len(blob) < len(as_texts) * 0.7) is (odd_end is None)
