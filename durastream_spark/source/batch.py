@@ -27,6 +27,7 @@ from durastream_spark.source.partitions import Partitioner
 from durastream_spark.source.planner import batch_ranges
 from durastream_spark.source.scan import RangeScanner
 from durastream_spark.source.time_resolution import TimeResolver
+from durastream_spark.worker_heap import collections_held
 
 
 class StreamsNotFound(DurastreamError):
@@ -44,6 +45,10 @@ class DurableStreamBatchReader(DataSourceReader):
         self.scanner = RangeScanner(options.connection, self.layout, self.data_loss)
 
     def partitions(self) -> list[InputPartition]:
+        with collections_held():  # ~50,000 tuples for 10,000 streams, all alive until returned
+            return self._partitions()
+
+    def _partitions(self) -> list[InputPartition]:
         client = StreamClient(self.options.connection)
         selection = self.options.selection
         if selection.pattern is not None:

@@ -85,6 +85,7 @@ from durastream_spark.source.progress import BatchSummary, Lag
 from durastream_spark.source.scan import RangeScanner
 from durastream_spark.source.time_resolution import TimeResolver
 from durastream_spark.source.tracker import Refresh, Tracker, tracker_for
+from durastream_spark.worker_heap import collections_held
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +159,10 @@ class _StreamReaderBase(DataSourceStreamReader):
         max_bytes: int | None,
         minimum: TriggerMinimum | None = None,
     ) -> dict:
-        return self.driver.next_end(
-            SourceOffset.from_dict(start), max_messages, max_bytes, minimum
-        ).to_dict()
+        with collections_held():  # a snapshot of every stream: a tuple or more each, all kept
+            return self.driver.next_end(
+                SourceOffset.from_dict(start), max_messages, max_bytes, minimum
+            ).to_dict()
 
     def _all_tails(self) -> dict:
         """Spark 4.0/4.1: no start offset given; every stream's tail (streams never seen start at 0)."""
@@ -177,9 +179,10 @@ class _StreamReaderBase(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         driver = self.driver
         driver.last_batch = None
-        planned = list(
-            driver.partitions(SourceOffset.from_dict(start), SourceOffset.from_dict(end))
-        )
+        with collections_held():  # tuples a range, all alive until the tasks are returned
+            planned = list(
+                driver.partitions(SourceOffset.from_dict(start), SourceOffset.from_dict(end))
+            )
         figures = self.options.figures
         if figures.directory is not None and driver.last_batch is not None:
             # keyed by the batch's end offset, which Spark reports in the progress (figures.py)

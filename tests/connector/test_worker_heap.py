@@ -40,3 +40,50 @@ def test_freezes_once_and_later_garbage_is_still_collected() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_the_collector_is_held_while_planning_and_restored_after() -> None:
+    """``collections_held``: no automatic collection inside, nested and concurrent holds counted,
+    and the collector left as the first hold found it (enabled, or disabled by the caller), also
+    when the planning raises."""
+    import gc
+    import threading
+
+    from durastream_spark.worker_heap import collections_held
+
+    assert gc.isenabled()
+    inside = threading.Event()
+    leave = threading.Event()
+
+    def other_planner() -> None:
+        with collections_held():
+            inside.set()
+            leave.wait(timeout=30)
+
+    with collections_held():
+        assert not gc.isenabled()
+        planner = threading.Thread(target=other_planner)
+        planner.start()
+        assert inside.wait(timeout=30)
+        with collections_held():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other planner still holds it
+    leave.set()
+    planner.join(timeout=30)
+    assert gc.isenabled()
+
+    try:
+        with collections_held():
+            raise ValueError("planning failed")
+    except ValueError:
+        pass
+    assert gc.isenabled()
+
+    gc.disable()
+    try:
+        with collections_held():
+            pass
+        assert not gc.isenabled()  # the caller's choice is kept
+    finally:
+        gc.enable()

@@ -26,7 +26,7 @@ from durastream_spark.protocol.extensions import (
     LOOKUPS_PATH,
     READS_PATH,
 )
-from durastream_spark.source import batch_reader, stream_reader
+from durastream_spark.source import batch_reader, scan, stream_reader
 from durastream_spark.source.arrow import DEFAULT_SCHEMA
 from durastream_spark.source.scan import PackedPartition
 from tests.spark.source.support import (
@@ -414,3 +414,25 @@ def test_spark_reads_tasks_packed_by_byte_positions_exactly(
     assert 3 <= frame.rdd.getNumPartitions() <= 4
     rows = [row.asDict() for row in frame.select("stream", "value").collect()]
     assert by_stream(rows) == expected_rows(paths)  # every message once, none from elsewhere
+
+
+def test_a_packed_task_whose_answers_are_cut_short_reads_its_rows_in_order(
+    server_factory, exchanges, monkeypatch
+) -> None:
+    """A packed task asks for its ranges a window at a time, and the server cuts answers short at
+    its chunk size: every range is still read whole, once, continued where its answer stopped,
+    and the rows come in order (the task's ranges in turn, each in offset order)."""
+    server = server_factory(extra_args=["--chunk-bytes", "300"])  # ~3 of these messages an answer
+    streams = Streams(server)
+    paths, options = filled(server, streams, "windows", maxBytesPerPartition=1 << 20)
+    monkeypatch.setattr(scan, "WINDOW_RANGES", 7)  # 240 ranges: 35 windows or more
+    reader = batch_reader(options, DEFAULT_SCHEMA)
+    partitions = reader.partitions()
+    assert [type(p) for p in partitions] == [PackedPartition]
+
+    exchanges.clear()
+    rows = read_all(reader, partitions)
+    reads = [url for _, url in exchanges if READS_PATH in url]
+    assert len(reads) > len(paths) // 7 + 1  # some answers were cut short and continued
+    wanted = [(path, value) for path, values in expected_rows(paths).items() for value in values]
+    assert [(row["stream"], bytes(row["value"])) for row in rows] == wanted
