@@ -36,11 +36,10 @@ HEADER_VALUE: Final = ", ".join(f"{name}={version}" for name, version in EXTENSI
 SERVER: Final = f"durastream-server/{__version__}"
 
 
-# Extensions whose requests span streams: a server with ``--workers`` > 1 answers them 501 (each worker
-# sees only its shard, shards/router.py), so it does not advertise them and clients fall back.
-ACROSS_STREAMS: Final = frozenset(
-    ("listing", "staged-append", "changes", "multi-range", "bulk-write")
-)
+# Extensions whose requests span streams and that a server with ``--workers`` > 1 does not serve yet:
+# its workers answer them 501 (each sees only its shard, shards/router.py), so it does not advertise
+# them and clients fall back. (The listing spans streams too, but is served: shards/fanout.py.)
+NOT_WITH_WORKERS: Final = frozenset(("staged-append", "changes", "multi-range", "bulk-write"))
 
 
 def advertisement(withheld: frozenset[str] = frozenset()) -> tuple[str, str]:
@@ -51,6 +50,7 @@ def advertisement(withheld: frozenset[str] = frozenset()) -> tuple[str, str]:
     return HEADER, ", ".join(kept)
 
 
-def discovery_document() -> dict[str, Any]:
-    """The body of ``GET {root}/__ds/x-durastream/extensions``."""
-    return {"server": SERVER, "extensions": dict(EXTENSIONS)}
+def discovery_document(withheld: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The body of ``GET {root}/__ds/x-durastream/extensions`` (less ``withheld``, as the header)."""
+    kept = {name: version for name, version in EXTENSIONS.items() if name not in withheld}
+    return {"server": SERVER, "extensions": kept}

@@ -254,7 +254,7 @@ def shard_router(config: ServerConfig) -> ShardRouter | None:
         return None
     # Every worker answers these 501 (shards/router.py): advertising them would keep clients
     # from falling back (docs/extensions.md, "Advertisement").
-    responses.withhold_extensions(extensions.ACROSS_STREAMS)
+    responses.withhold_extensions(extensions.NOT_WITH_WORKERS)
     return ShardRouter(config.shard_index, config.workers, config.shard_sockets, tls=config.tls)
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from durastream_server import extensions
 from durastream_server.config import ServerConfig
 from durastream_server.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
 from durastream_server.http import (
@@ -39,6 +40,7 @@ from durastream_server.logformat import REQUEST_ID
 from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.metrics.exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from durastream_server.metrics.exposition import Exporter
+from durastream_server.shards.fanout import ListingFanOut
 
 if TYPE_CHECKING:
     from durastream_server.engine.census import Census
@@ -180,9 +182,7 @@ class DurastreamApp:
                     backend.engine, self._live, self.config, self.metrics
                 )
                 self._exporter = Exporter(self.metrics, self._census)
-                self._extensions = discovery.ExtensionResources(
-                    backend.engine, self._live, self.config.max_body_bytes, self.config.chunk_bytes
-                )
+                self._extensions = self._extension_resources(backend.engine)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.begin_drain()
@@ -488,6 +488,19 @@ class DurastreamApp:
             # A malformed source: the create refuses it as it always does.
             with contextlib.suppress(paths.InvalidPath):
                 await engine.prepare(paths.forked_from_path(source))
+
+    def _extension_resources(self, engine: Engine) -> discovery.ExtensionResources:
+        """The ``__ds/x-durastream`` resources; with ``--workers`` N > 1, the listing fanned out to
+        every shard and the extension document without what the workers do not serve."""
+        router = self._router
+        return discovery.ExtensionResources(
+            engine,
+            self._live,
+            self.config.max_body_bytes,
+            self.config.chunk_bytes,
+            fan_out=None if router is None else ListingFanOut(router),
+            withheld=frozenset() if router is None else extensions.NOT_WITH_WORKERS,
+        )
 
     async def _census(self) -> Census:
         """What the backend holds, for a scrape (asked then: not every backend offers it)."""

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
     from durastream_server.http.handlers import Request
     from durastream_server.http.live import LiveReaders
+    from durastream_server.shards.fanout import ListingFanOut
 
 NAMESPACE: Final = "x-durastream"
 DEFAULT_LIMIT: Final = 1000
@@ -56,12 +57,23 @@ class ExtensionResources:
     """The resources under ``{root}/__ds/x-durastream/``; built once per server, like the handlers."""
 
     def __init__(
-        self, engine: Engine, live: LiveReaders, max_body_bytes: int, chunk_bytes: int
+        self,
+        engine: Engine,
+        live: LiveReaders,
+        max_body_bytes: int,
+        chunk_bytes: int,
+        *,
+        fan_out: ListingFanOut | None = None,
+        withheld: frozenset[str] = frozenset(),
     ) -> None:
         self._engine = engine
         self._live = live
         self._max_body_bytes = max_body_bytes
         self._chunk_bytes = chunk_bytes
+        # --workers N > 1: the listing merges every shard's page (shards/fanout.py), and the
+        # extension document leaves out what the workers do not serve, as the header does.
+        self._fan_out = fan_out
+        self._withheld = withheld
 
     async def handle(self, request: Request, subpath: str) -> None:
         name = subpath[len(NAMESPACE) + 1 :]
@@ -91,9 +103,9 @@ class ExtensionResources:
                 f"{request.method} is not supported here; use GET", headers={"Allow": "GET, HEAD"}
             )
         elif name == "extensions":
-            document = extensions.discovery_document()
+            document = extensions.discovery_document(self._withheld)
         elif name == "streams":
-            document = _listing(self._engine, request.query_string)
+            document = await self._listing(request)
         else:
             values = query_values(request.query_string, changes.PARAMETERS)
             document = await changes.serve_changes(self._engine, self._live, request, values)
@@ -110,6 +122,15 @@ class ExtensionResources:
             request.send, 200, headers, body, head=request.method == "HEAD"
         )
 
+    async def _listing(self, request: Request) -> dict[str, Any]:
+        """This server's page: this shard's alone with one worker (or when another worker asks for
+        its part), else every shard's, merged."""
+        document, limit = _listing(self._engine, request.query_string)
+        fan_out = self._fan_out
+        if fan_out is None or fan_out.is_shard_page(request):
+            return document
+        return await fan_out.merged(request, document, limit)
+
 
 def listing_query(query_string: bytes) -> dict[str, str]:
     """The listing's query parameters; ``InvalidParameter`` names what is wrong. (The auth check reads
@@ -117,8 +138,9 @@ def listing_query(query_string: bytes) -> dict[str, str]:
     return query_values(query_string, ("prefix", "pattern", "after", "limit"))
 
 
-def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
-    """One page of live streams, sorted by path; ``next`` is the ``after`` of the following page.
+def _listing(engine: Engine, query_string: bytes) -> tuple[dict[str, Any], int]:
+    """One page of live streams, sorted by path; ``next`` is the ``after`` of the following page; and
+    the page's limit.
 
     The page reads a range of the engine's sorted paths: ``prefix`` and the pattern's literal prefix
     (``events/*`` -> ``events/``) bound it, and at most ``limit + EXAMINE_ALLOWANCE`` paths of it are
@@ -132,8 +154,9 @@ def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
     if pattern is not None:
         match = pattern.matches
         narrower = _narrower(prefix, pattern.literal_prefix())
+        limit = bounded_int(values, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
         if narrower is None:  # no path can start with both
-            return {"streams": [], "next": None}
+            return {"streams": [], "next": None}, limit
         prefix = narrower
     after = values.get("after")
     limit = bounded_int(values, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
@@ -151,7 +174,7 @@ def _listing(engine: Engine, query_string: bytes) -> dict[str, Any]:
             for item in page.streams
         ],
         "next": page.next,
-    }
+    }, limit
 
 
 def _narrower(a: str, b: str) -> str | None:

@@ -12,9 +12,11 @@ producer pay the forward once: between requests, a connection whose next request
 stream moves to its owner. What cannot move (TLS, pipelined requests, a request line not yet complete,
 an owner not answering, a connection moved recently) is forwarded here.
 
-Requests across streams (``__ds/`` resources: listing, change feed, subscriptions, ``bulk-write``,
-multi-range reads; staged appends, whose handles may name many streams) are answered 501 by every
-worker: fanning out to every shard is not built yet. A fork must hash to its source's shard (409).
+The listing (``__ds/x-durastream/streams``) is served by the worker that receives it, which asks every
+other worker for its shard's page (``fetch``) and merges them (``fanout.py``). The other requests across
+streams (``__ds/`` resources: change feed, subscriptions, ``bulk-write``, multi-range reads; staged
+appends, whose handles may name many streams) are answered 501 by every worker: fanning them out is not
+built yet. A fork must hash to its source's shard (409).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ _HOP_BY_HOP: Final = frozenset(
 _TXN_HEADERS: Final = (txn.TXN, txn.COMMIT, txn.ABORT, txn.TTL)  # staged appends (handles)
 _FORKED_FROM: Final = b"stream-forked-from"
 _STREAM_PREFIX: Final = paths.STREAM_PREFIX.encode()
+# ``__ds/`` resources served with N > 1: the extension document (this worker's, which every worker
+# shares) and the listing (every shard's page, merged: fanout.py).
+_SERVED_ACROSS: Final = frozenset(("x-durastream/extensions", "x-durastream/streams"))
 _READ_BYTES: Final = 64 * 1024
 # Idle connections kept open to each other shard (one is opened per concurrently forwarded request).
 _POOL_SIZE: Final = 32
@@ -142,9 +147,9 @@ class ShardRouter:
     ) -> None:
         """Raise for what a server with ``--workers`` > 1 does not serve yet (each worker sees only its
         own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
-        if target.kind is paths.RouteKind.SUBSCRIPTIONS:
+        if target.kind is paths.RouteKind.SUBSCRIPTIONS and target.target not in _SERVED_ACROSS:
             raise NotWithWorkers(
-                "this resource spans many streams (listing, change feed, subscriptions, bulk-write, "
+                "this resource spans many streams (change feed, subscriptions, bulk-write, "
                 f"multi-range reads), which a server started with {FLAG} {self.count} does not serve "
                 f"yet; start the server with {FLAG} 1 for it"
             )
@@ -173,6 +178,12 @@ class ShardRouter:
                 f"{source_shard}: with {FLAG} {self.count} a fork must hash to its source's shard "
                 f"(forks across shards are not built yet); choose another fork path or use {FLAG} 1"
             )
+
+    def from_worker(self, server: tuple[str, int | None] | None) -> bool:
+        """Whether a request with this ASGI ``server`` came over this worker's Unix socket (from
+        another worker), not from the public port: uvicorn gives such a request no server port, or no
+        server address at all, depending on its version (``as_received``)."""
+        return server is None or server[1] is None
 
     def describe(self) -> dict[str, int]:
         described = {"index": self.index, "count": self.count, "forwarded": self.forwarded}
@@ -214,17 +225,50 @@ class ShardRouter:
         finally:
             if watcher is not None:
                 watcher.cancel()
+        self._release(owner, upstream, keep)
+
+    async def fetch(self, owner: int, head: bytes) -> tuple[int, bytes]:
+        """Send ``head`` (a complete GET, no body) to ``owner``'s worker: its answer's status and
+        whole body (a fan-out's part, ``fanout.py``). A kept-open connection that fails (the owner
+        restarted since it was pooled) is retried once on a new one; ``ShardUnavailable`` (503) when
+        the owner does not answer."""
+        for pooled in (True, False):
+            try:
+                upstream = await self._take(owner, pooled=pooled)
+            except OSError as exc:
+                logger.warning("the worker of shard %d is not answering (%s): 503", owner, exc)
+                raise _unavailable(owner) from None
+            collected = _Collected()
+            try:
+                upstream.writer.write(head)
+                await upstream.writer.drain()
+                keep = await _Answer(upstream.reader, collected.send, head=False).relay()
+            except _RELAY_ERRORS as exc:
+                upstream.close()
+                if pooled:
+                    continue
+                logger.warning("the worker of shard %d dropped a fan-out request (%s)", owner, exc)
+                raise _unavailable(owner) from None
+            except BaseException:
+                upstream.close()
+                raise
+            self._release(owner, upstream, keep)
+            return collected.status, b"".join(collected.body)
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _release(self, owner: int, upstream: _Upstream, keep: bool) -> None:
+        """Pool ``upstream`` for the next request to ``owner`` if it may carry one, else close it."""
         if keep and upstream.alive() and len(self._idle[owner]) < _POOL_SIZE:
             upstream.idle_since = time.monotonic()
             self._idle[owner].append(upstream)
         else:
             upstream.close()
 
-    async def _take(self, owner: int) -> _Upstream:
-        """A kept-open connection to ``owner``, else a new one (waiting up to ``OWNER_WAIT_SECONDS``
-        for a restarting worker's socket)."""
+    async def _take(self, owner: int, *, pooled: bool = True) -> _Upstream:
+        """A kept-open connection to ``owner`` (unless not ``pooled``), else a new one (waiting up to
+        ``OWNER_WAIT_SECONDS`` for a restarting worker's socket)."""
         idle = self._idle[owner]
-        while idle:
+        while pooled and idle:
             upstream = idle.pop()
             if upstream.fresh():
                 return upstream
@@ -371,6 +415,22 @@ class _Answer:
         while chunk := await reader.read(_READ_BYTES):
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+class _Collected:
+    """An ASGI ``send`` that keeps an answer instead of sending it (``ShardRouter.fetch``)."""
+
+    __slots__ = ("status", "body")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.body: list[bytes] = []
+
+    async def send(self, message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        elif message.get("body"):
+            self.body.append(message["body"])
 
 
 async def _close_on_disconnect(receive: Receive, upstream: _Upstream) -> None:

@@ -1,10 +1,11 @@
 """The connector against ``durastream-server --workers 2`` (decision 0009, first step).
 
-A worker serves only its shard and answers what spans streams (listing, staged appends, bulk writes,
-multi-range reads) 501, and does not advertise those extensions. The connector must then do what it does
+A worker serves only its shard and answers what spans streams (staged appends, bulk writes, multi-range
+reads, the change feed) 501, and does not advertise those extensions. The connector must then do what it does
 on a server without them: the sink writes in ordered mode, exactly once across a failed task attempt,
 with each row's stream owned by either worker (so about half of the requests are forwarded); a batch
-read of explicit streams reads them one at a time; a ``pattern`` read fails loudly, naming the flag.
+read of explicit streams reads them one at a time; the listing is fanned out to every shard, so a
+``pattern`` read finds every stream; the rest answers 501 naming the flag.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import sys
 
 import pytest
+import requests
 from pyspark.sql import functions as F
 
 from durastream_server.shards.layout import shard_of
 from tests.spark.sink.probe import fail_first_attempt
 from tests.spark.sink.support import assert_exactly_once, read_stream, unique
+from tests.spark.source.support import BatchCollector, run_available_now
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.skipif(
@@ -73,9 +76,40 @@ def test_a_routed_write_with_a_failed_attempt_is_exactly_once_and_reads_back(
     assert sorted(r.n for r in read.collect()) == list(range(ROWS))
 
 
-def test_a_pattern_read_fails_naming_the_flag(sink_spark, workers_server) -> None:
+def test_a_pattern_read_lists_every_shard_and_reads_each_row_once(
+    sink_spark, workers_server, tmp_path
+) -> None:
+    """The listing is fanned out to every shard (shards/fanout.py): a ``pattern`` batch read finds the
+    streams of both workers and reads them with the fallbacks of a server without multi-range."""
     root = workers_server.base_url + "/v1/stream"
-    with pytest.raises(Exception, match="--workers 2"):
-        sink_spark.read.format("durastream").option("url", root).option(
-            "pattern", "anything/*"
-        ).load().count()
+    base = unique("pattern")
+    streams = [f"{base}/s{k}" for k in range(TARGETS)]
+    assert {shard_of(s, 2) for s in streams} == {0, 1}
+    rows = [(f'{{"m":"{k}-{n}"}}', s) for k, s in enumerate(streams) for n in range(5)]
+    sink_spark.createDataFrame(rows, "value string, stream string").write.format(
+        "durastream"
+    ).option("url", root).mode("append").save()
+    read = (
+        sink_spark.read.format("durastream")
+        .option("url", root)
+        .option("pattern", f"{base}/*")
+        .load()
+        .select(F.col("stream"), F.col("value").cast("string").alias("value"))
+    )
+    expected = sorted((value, stream) for value, stream in rows)
+    assert sorted((r.value, r.stream) for r in read.collect()) == expected
+
+    # streaming, Trigger.AvailableNow: the same rows, each once (the tracker lists, no change feed)
+    collector = BatchCollector(
+        lambda frame: frame.select("stream", F.col("value").cast("string").alias("value"))
+    )
+    run_available_now(
+        sink_spark, {"url": root, "pattern": f"{base}/*"}, str(tmp_path / "cp"), collector
+    )
+    assert sorted((r["value"], r["stream"]) for r in collector.rows) == expected
+
+
+def test_what_spans_streams_and_is_not_built_is_refused_naming_the_flag(workers_server) -> None:
+    response = requests.get(workers_server.stream_url("__ds/x-durastream/changes"))
+    assert response.status_code == 501
+    assert "--workers 2" in response.json()["error"]["message"]
