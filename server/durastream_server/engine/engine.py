@@ -952,7 +952,12 @@ class Engine:
                 state, producer, digest, refuse_forgotten=request.refuse_forgotten
             )
             if isinstance(decision, producers.Duplicate):
-                return asyncio.get_running_loop().create_task(self._duplicate(inc, decision))
+                # The barrier now, with the decision: the task runs a loop turn later, when a heal
+                # may have replaced the state the decision was made on (``durable_barrier``).
+                barrier = inc.log.durable_barrier()
+                return asyncio.get_running_loop().create_task(
+                    self._duplicate(inc, decision, barrier)
+                )
         if (
             request.stream_seq is not None
             and state.last_stream_seq is not None
@@ -1013,9 +1018,16 @@ class Engine:
             headers={"Stream-Closed": "true", "Stream-Next-Offset": final},
         )
 
-    async def _duplicate(self, inc: Incarnation, decision: producers.Duplicate) -> AppendResult:
-        """Answer a producer retry, but only once what it duplicates is durable."""
-        await inc.log.flush()
+    async def _duplicate(
+        self,
+        inc: Incarnation,
+        decision: producers.Duplicate,
+        barrier: asyncio.Future[None] | None = None,
+    ) -> AppendResult:
+        """Answer a producer retry, but only once what it duplicates is durable: ``barrier``, the
+        log's ``durable_barrier`` taken with the decision (without it, the decision was made in the
+        caller's current step, and the barrier is taken now, before any ``await``)."""
+        await (inc.log.durable_barrier() if barrier is None else barrier)
         return AppendResult(
             next_offset=format_offset(inc.log.durable_tail),
             closed=inc.log.state.closed,

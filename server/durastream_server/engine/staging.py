@@ -97,7 +97,12 @@ class EngineSide(Protocol):
         self, inc: Incarnation, request: AppendRequest, digest: bytes
     ) -> AppendResult: ...
 
-    async def _duplicate(self, inc: Incarnation, decision: producers.Duplicate) -> AppendResult: ...
+    async def _duplicate(
+        self,
+        inc: Incarnation,
+        decision: producers.Duplicate,
+        barrier: asyncio.Future[None] | None = None,
+    ) -> AppendResult: ...
 
     def _notify_appended(
         self, durable: asyncio.Future[None], path: str, next_offset: str

@@ -20,7 +20,10 @@ import pytest
 
 from durastream_server import errors
 from durastream_server.config import ServerConfig
+from durastream_server.engine.api import AppendRequest, AppendResult, CreateRequest, ReadRequest
 from durastream_server.server import Backend
+from durastream_server.storage import log as storage_log
+from durastream_server.storage.records import ProducerTuple
 from tests.server.http.test_app_inprocess import _call, _started
 
 from ._util import append, entry, header, open_dd, read_all, run
@@ -162,6 +165,63 @@ def test_http_writers_get_507_with_a_json_body_then_succeed_when_space_returns(
             assert status == 200, (status, body)  # written, not a 204 "duplicate" of the failure
             status, _, body = await _call(app, "GET", path, [], query=b"offset=-1")
             assert status == 200 and body == b"ab"
+        finally:
+            await backend.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_retry_decided_a_duplicate_on_the_poisoned_state_is_not_acknowledged_by_the_heal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poisoned log's state still holds the failed append, so a producer's retry of it is decided
+    a duplicate; if the heal lands between that decision and the wait for durability, the healed
+    log (nothing pending, the append forgotten) must not let the retry be answered 204: that was a
+    lost append (the chaos soak: a 204, then 409 gaps). The retry is decided in the loop turn just
+    before the heal's last step, as a request arriving then is."""
+    disk = DiskFull(monkeypatch)
+
+    def producer(seq: int) -> AppendRequest:
+        return AppendRequest("s", "text/plain", b"%d;" % seq, producer=ProducerTuple("p", 0, seq))
+
+    async def scenario() -> None:
+        config = ServerConfig(data_dir=tmp_path / "data", packed_appends=False)
+        backend = await Backend.open(config)
+        engine = backend.engine
+        try:
+            await engine.create(CreateRequest("s", content_type="text/plain"))
+            await engine.append(producer(0))  # the stream has its directory: heals from it
+            disk.full = True
+            with pytest.raises(errors.InsufficientStorage):
+                await engine.append(producer(1))
+            disk.full = False
+            decided: list[asyncio.Future[AppendResult]] = []
+            real = storage_log.StreamLog._drop_hot
+
+            def retry_then_drop_hot(log: storage_log.StreamLog) -> None:
+                # The heal's last step, before it replaces the state: a retry decided now is decided
+                # on the poisoned state, and its answer is awaited after the heal.
+                if log.poisoned and not decided:
+                    decided.append(engine.append_nowait(producer(1)))
+                real(log)
+
+            monkeypatch.setattr(storage_log.StreamLog, "_drop_hot", retry_then_drop_hot)
+            deadline = time.monotonic() + HEAL_DEADLINE_SECONDS
+            while not decided:
+                assert time.monotonic() < deadline, "the log did not heal by itself"
+                await asyncio.sleep(0.01)
+            with pytest.raises(errors.InsufficientStorage):
+                await decided[0]  # 507, not a 204 for an append that is not on disk
+            written = await engine.append(producer(1))  # now decided on the healed state
+            assert not written.duplicate
+            assert (await engine.append(producer(2))).producer_seq == 2
+        finally:
+            await backend.close()
+        backend = await Backend.open(config)
+        try:
+            await backend.engine.recovered()  # streams recover in the background after a start
+            read = await backend.engine.read(ReadRequest("s", offset="-1", max_bytes=1 << 20))
+            assert read.body == b"0;1;2;"
         finally:
             await backend.close()
 
