@@ -942,8 +942,11 @@ class Engine:
         task answering a closed stream or a duplicate. Nothing awaited, nothing staged."""
         state = inc.log.state
         if state.closed:
+            # The barrier now, as for a duplicate: a poisoned log's state may hold a close that
+            # failed, and a heal before the task runs would reopen the stream under it.
+            barrier = inc.log.durable_barrier()
             return asyncio.get_running_loop().create_task(
-                self._append_to_closed(inc, request, digest)
+                self._append_to_closed(inc, request, digest, barrier)
             )
         messages = request_messages(inc, request_type, parsed, request.body, self.max_messages)
         producer = request.producer
@@ -987,8 +990,17 @@ class Engine:
         return entry, answer
 
     async def _append_to_closed(
-        self, inc: Incarnation, request: AppendRequest, digest: bytes
+        self,
+        inc: Incarnation,
+        request: AppendRequest,
+        digest: bytes,
+        barrier: asyncio.Future[None] | None = None,
     ) -> AppendResult:
+        """An append to a stream found closed: a duplicate of the closing request or of an earlier
+        one (204), else 409. ``barrier``: the log's ``durable_barrier`` taken when the stream was
+        found closed; it fails (507) if that closed state was a poisoned log's, ahead of the disk."""
+        if barrier is not None:
+            await barrier
         log = inc.log
         state = log.state
         producer = request.producer

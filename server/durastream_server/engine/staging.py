@@ -94,7 +94,11 @@ class EngineSide(Protocol):
     def _touch(self, inc: Incarnation) -> None: ...
 
     async def _append_to_closed(
-        self, inc: Incarnation, request: AppendRequest, digest: bytes
+        self,
+        inc: Incarnation,
+        request: AppendRequest,
+        digest: bytes,
+        barrier: asyncio.Future[None] | None = None,
     ) -> AppendResult: ...
 
     async def _duplicate(

@@ -226,3 +226,45 @@ def test_a_retry_decided_a_duplicate_on_the_poisoned_state_is_not_acknowledged_b
             await backend.close()
 
     asyncio.run(scenario())
+
+
+def test_an_append_found_closed_by_a_failed_close_is_not_refused_after_the_heal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append-and-close that failed for space leaves the poisoned log's state closed; an append
+    decided on that state just before the heal's last step must not be answered 409 "closed" once
+    the heal has reopened the stream (a writer would stop for good): 507, and its retry is written."""
+    disk = DiskFull(monkeypatch)
+
+    async def scenario() -> None:
+        backend = await Backend.open(ServerConfig(data_dir=tmp_path / "data", packed_appends=False))
+        engine = backend.engine
+        try:
+            await engine.create(CreateRequest("s", content_type="text/plain"))
+            await engine.append(AppendRequest("s", "text/plain", b"a"))
+            disk.full = True
+            with pytest.raises(errors.InsufficientStorage):
+                await engine.append(AppendRequest("s", "text/plain", b"b", close=True))
+            disk.full = False
+            decided: list[asyncio.Future[AppendResult]] = []
+            real = storage_log.StreamLog._drop_hot
+
+            def append_then_drop_hot(log: storage_log.StreamLog) -> None:
+                if log.poisoned and not decided:  # decided on the failed close's state
+                    decided.append(engine.append_nowait(AppendRequest("s", "text/plain", b"c")))
+                real(log)
+
+            monkeypatch.setattr(storage_log.StreamLog, "_drop_hot", append_then_drop_hot)
+            deadline = time.monotonic() + HEAL_DEADLINE_SECONDS
+            while not decided:
+                assert time.monotonic() < deadline, "the log did not heal by itself"
+                await asyncio.sleep(0.01)
+            with pytest.raises(errors.InsufficientStorage):
+                await decided[0]  # 507, not a 409 for a stream that is open
+            await engine.append(AppendRequest("s", "text/plain", b"c"))
+            read = await engine.read(ReadRequest("s", offset="-1", max_bytes=1 << 20))
+            assert read.body == b"ac" and not read.info.closed
+        finally:
+            await backend.close()
+
+    asyncio.run(scenario())
