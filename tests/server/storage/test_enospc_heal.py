@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,27 @@ def test_http_writers_get_507_with_a_json_body_then_succeed_when_space_returns(
     asyncio.run(scenario())
 
 
+async def _decided_in_the_heals_last_step(
+    monkeypatch: pytest.MonkeyPatch, decide: Callable[[], asyncio.Future[AppendResult]]
+) -> asyncio.Future[AppendResult]:
+    """``decide()`` called in the heal's last step, before it replaces the poisoned state: a request
+    arriving then is decided on that state, and its answer is awaited after the heal."""
+    decided: list[asyncio.Future[AppendResult]] = []
+    real = storage_log.StreamLog._drop_hot
+
+    def decide_then_drop_hot(log: storage_log.StreamLog) -> None:
+        if log.poisoned and not decided:
+            decided.append(decide())
+        real(log)
+
+    monkeypatch.setattr(storage_log.StreamLog, "_drop_hot", decide_then_drop_hot)
+    deadline = time.monotonic() + HEAL_DEADLINE_SECONDS
+    while not decided:
+        assert time.monotonic() < deadline, "the log did not heal by itself"
+        await asyncio.sleep(0.01)
+    return decided[0]
+
+
 def test_a_retry_decided_a_duplicate_on_the_poisoned_state_is_not_acknowledged_by_the_heal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -195,23 +217,11 @@ def test_a_retry_decided_a_duplicate_on_the_poisoned_state_is_not_acknowledged_b
             with pytest.raises(errors.InsufficientStorage):
                 await engine.append(producer(1))
             disk.full = False
-            decided: list[asyncio.Future[AppendResult]] = []
-            real = storage_log.StreamLog._drop_hot
-
-            def retry_then_drop_hot(log: storage_log.StreamLog) -> None:
-                # The heal's last step, before it replaces the state: a retry decided now is decided
-                # on the poisoned state, and its answer is awaited after the heal.
-                if log.poisoned and not decided:
-                    decided.append(engine.append_nowait(producer(1)))
-                real(log)
-
-            monkeypatch.setattr(storage_log.StreamLog, "_drop_hot", retry_then_drop_hot)
-            deadline = time.monotonic() + HEAL_DEADLINE_SECONDS
-            while not decided:
-                assert time.monotonic() < deadline, "the log did not heal by itself"
-                await asyncio.sleep(0.01)
+            retry = await _decided_in_the_heals_last_step(
+                monkeypatch, lambda: engine.append_nowait(producer(1))
+            )
             with pytest.raises(errors.InsufficientStorage):
-                await decided[0]  # 507, not a 204 for an append that is not on disk
+                await retry  # 507, not a 204 for an append that is not on disk
             written = await engine.append(producer(1))  # now decided on the healed state
             assert not written.duplicate
             assert (await engine.append(producer(2))).producer_seq == 2
@@ -246,21 +256,11 @@ def test_an_append_found_closed_by_a_failed_close_is_not_refused_after_the_heal(
             with pytest.raises(errors.InsufficientStorage):
                 await engine.append(AppendRequest("s", "text/plain", b"b", close=True))
             disk.full = False
-            decided: list[asyncio.Future[AppendResult]] = []
-            real = storage_log.StreamLog._drop_hot
-
-            def append_then_drop_hot(log: storage_log.StreamLog) -> None:
-                if log.poisoned and not decided:  # decided on the failed close's state
-                    decided.append(engine.append_nowait(AppendRequest("s", "text/plain", b"c")))
-                real(log)
-
-            monkeypatch.setattr(storage_log.StreamLog, "_drop_hot", append_then_drop_hot)
-            deadline = time.monotonic() + HEAL_DEADLINE_SECONDS
-            while not decided:
-                assert time.monotonic() < deadline, "the log did not heal by itself"
-                await asyncio.sleep(0.01)
+            append = await _decided_in_the_heals_last_step(  # on the failed close's state
+                monkeypatch, lambda: engine.append_nowait(AppendRequest("s", "text/plain", b"c"))
+            )
             with pytest.raises(errors.InsufficientStorage):
-                await decided[0]  # 507, not a 409 for a stream that is open
+                await append  # 507, not a 409 for a stream that is open
             await engine.append(AppendRequest("s", "text/plain", b"c"))
             read = await engine.read(ReadRequest("s", offset="-1", max_bytes=1 << 20))
             assert read.body == b"ac" and not read.info.closed
