@@ -940,6 +940,11 @@ class Engine:
     ) -> tuple[AppendEntry, AppendResult] | asyncio.Future[AppendResult]:
         """Precedence steps 3 to 7 (raising their errors): the entry to stage and its answer, or the
         task answering a closed stream or a duplicate. Nothing awaited, nothing staged."""
+        if inc.log.poisoned:
+            # Its state may be ahead of the disk (the failed batch is still folded in): nothing is
+            # decided on it. A Stream-Seq or producer check would refuse the retry of the failed
+            # append for good (409); it gets the storage error, and is decided again once healed.
+            raise inc.log.failure_error()
         state = inc.log.state
         if state.closed:
             # The barrier now, as for a duplicate: a poisoned log's state may hold a close that

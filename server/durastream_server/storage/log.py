@@ -387,6 +387,10 @@ class StreamLog:
     def poisoned(self) -> bool:
         return self._failure is not None
 
+    def failure_error(self) -> errors.StorageFailure:
+        """What a poisoned log answers (507 ``InsufficientStorage`` for a full disk, else 503)."""
+        return self._error()
+
     def _write_target(self) -> WriteTarget:
         """Made per batch, not kept: a log that is not written to holds none (issue 17)."""
         ctx = self._ctx

@@ -268,3 +268,43 @@ def test_an_append_found_closed_by_a_failed_close_is_not_refused_after_the_heal(
             await backend.close()
 
     asyncio.run(scenario())
+
+
+def test_a_retry_while_the_log_is_poisoned_gets_507_not_a_stream_seq_409(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until it heals, a poisoned log's state still holds the failed append's ``Stream-Seq``: a retry
+    checked against it would get 409 (not greater than the last), a refusal for good. It gets the
+    storage error (507) instead, and once healed the retry is written."""
+    disk = DiskFull(monkeypatch)
+    monkeypatch.setattr(storage_log, "HEAL_FIRST_DELAY", 0.5)  # poisoned while the retry comes
+
+    def request() -> AppendRequest:
+        return AppendRequest("s", "text/plain", b"b", stream_seq="0002")
+
+    async def scenario() -> None:
+        backend = await Backend.open(ServerConfig(data_dir=tmp_path / "data", packed_appends=False))
+        engine = backend.engine
+        try:
+            await engine.create(CreateRequest("s", content_type="text/plain"))
+            await engine.append(AppendRequest("s", "text/plain", b"a", stream_seq="0001"))
+            disk.full = True
+            with pytest.raises(errors.InsufficientStorage):
+                await engine.append(request())
+            disk.full = False
+            with pytest.raises(errors.InsufficientStorage):  # poisoned: not a Stream-Seq 409
+                await engine.append(request())
+            deadline = time.monotonic() + HEAL_DEADLINE_SECONDS
+            while True:  # the writer retries until the log has healed
+                try:
+                    await engine.append(request())
+                    break
+                except errors.InsufficientStorage:
+                    assert time.monotonic() < deadline, "the log did not heal by itself"
+                    await asyncio.sleep(0.02)
+            read = await engine.read(ReadRequest("s", offset="-1", max_bytes=1 << 20))
+            assert read.body == b"ab"
+        finally:
+            await backend.close()
+
+    asyncio.run(scenario())
