@@ -131,8 +131,7 @@ class ShardRouter:
         server address at all, depending on its version), as plain HTTP, but its client reached the public listener, which
         speaks TLS when the server does: answers that name URLs (a create's ``Location``) must say
         https then."""
-        server = scope.get("server")
-        if server is None or server[1] is None:
+        if self.from_worker(scope.get("server")):
             scope["scheme"] = self._public_scheme
 
     def direct_allowed(self, method: str, scope: Scope) -> bool:
@@ -182,7 +181,7 @@ class ShardRouter:
     def from_worker(self, server: tuple[str, int | None] | None) -> bool:
         """Whether a request with this ASGI ``server`` came over this worker's Unix socket (from
         another worker), not from the public port: uvicorn gives such a request no server port, or no
-        server address at all, depending on its version (``as_received``)."""
+        server address at all, depending on its version."""
         return server is None or server[1] is None
 
     def describe(self) -> dict[str, int]:
