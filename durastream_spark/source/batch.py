@@ -45,7 +45,8 @@ class DurableStreamBatchReader(DataSourceReader):
         self.scanner = RangeScanner(options.connection, self.layout, self.data_loss)
 
     def partitions(self) -> list[InputPartition]:
-        with collections_held():  # ~50,000 tuples for 10,000 streams, all alive until returned
+        # A tuple a stream or so (``StreamRange``; columns elsewhere), all alive until returned.
+        with collections_held():
             return self._partitions()
 
     def _partitions(self) -> list[InputPartition]:
