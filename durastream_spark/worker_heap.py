@@ -45,9 +45,9 @@ _resume = False  # whether the collector was enabled when the first of them star
 def collections_held() -> Iterator[None]:
     """No automatic collection while the driver plans a batch (the collector is enabled again after).
 
-    Planning a batch over 10,000 streams makes ~50,000 small tuples that all stay alive until the
+    Planning a batch over 10,000 streams made ~50,000 small tuples that all stay alive until the
     plan is returned (a ``StreamState``, ``StreamRange``, ``RangeSize``, ``Piece`` and ``Segment`` a
-    stream): each young collection walks the survivors again, and the older generations' collections
+    stream; a batch read of small streams now plans from columns, a ``StreamRange`` a stream): each young collection walks the survivors again, and the older generations' collections
     walk the whole heap of the planning process. Measured for 10,000 streams: in Spark's planning
     worker 0.045 -> 0.040 s CPU; in a plain Python process driving the reader API (the fan-out
     benchmark's scratch driver) 0.095 -> 0.037 s (why the two differ was not found). The planning

@@ -180,6 +180,16 @@ class StreamInfo(NamedTuple):
     closed: bool
 
 
+class StreamColumns(NamedTuple):
+    """Live streams from the listing extension as aligned columns (``StreamInfo``'s fields, in its
+    order): a batch read of 10,000 streams plans from columns, not a tuple a stream."""
+
+    paths: list[str]
+    content_types: list[str]
+    next_offsets: list[str]
+    closed: list[bool]
+
+
 @dataclass(frozen=True)
 class StageResult:
     """The handle's totals after a stage request (staged data is invisible until committed)."""

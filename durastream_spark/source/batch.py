@@ -45,7 +45,8 @@ class DurableStreamBatchReader(DataSourceReader):
         self.scanner = RangeScanner(options.connection, self.layout, self.data_loss)
 
     def partitions(self) -> list[InputPartition]:
-        with collections_held():  # ~50,000 tuples for 10,000 streams, all alive until returned
+        # A tuple a stream or so (``StreamRange``; columns elsewhere), all alive until returned.
+        with collections_held():
             return self._partitions()
 
     def _partitions(self) -> list[InputPartition]:
@@ -59,8 +60,9 @@ class DurableStreamBatchReader(DataSourceReader):
             pattern=selection.pattern,
             exclude_prefix=self.options.pin_prefix,
         )
-        states = catalog.snapshot()
-        missing = [path for path in selection.streams if path not in states]
+        listed = catalog.snapshot_columns()  # columns: no object a stream (10,000 of them)
+        tails = dict(zip(listed.paths, listed.next_offsets, strict=True))
+        missing = [path for path in selection.streams if path not in tails]
         if missing:
             url = self.options.connection.url
             fix = stream_root_hint(url) or "check the names, or create the streams first"
@@ -68,7 +70,6 @@ class DurableStreamBatchReader(DataSourceReader):
                 f"Stream(s) {', '.join(repr(p) for p in missing)} (option 'streams') do not exist under "
                 f"{url}: {fix}."
             )
-        tails = {path: state.tail for path, state in states.items()}
         times = TimeResolver(self.options, client)
         times.check_supported()
         ranges = batch_ranges(
@@ -81,7 +82,7 @@ class DurableStreamBatchReader(DataSourceReader):
             ending_option=self.options.ending_option,
         )
         partitioner = Partitioner(self.options, client, self.layout, self.data_loss)
-        content_types = {path: state.content_type for path, state in states.items()}
+        content_types = dict(zip(listed.paths, listed.content_types, strict=True))
         return list(partitioner.partitions(ranges, content_types))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

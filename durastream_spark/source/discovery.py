@@ -23,9 +23,11 @@ import re
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
+from operator import methodcaller
 from typing import TYPE_CHECKING, NamedTuple
 
 from durastream_spark.errors import ExtensionNotSupported, StreamGone, StreamNotFound
+from durastream_spark.protocol.models import StreamColumns
 
 if TYPE_CHECKING:  # the client imports the package root: importing it here would be circular
     from durastream_spark.protocol.client import StreamClient
@@ -142,13 +144,21 @@ class StreamCatalog:
     def snapshot(self) -> dict[str, StreamState]:
         """``{path: StreamState}`` of every selected stream that exists now (sorted by path)."""
         if self.pattern is not None and self.client.extensions().listing:
-            selected = self._selector()
-            found = {
-                info.path: StreamState(info.path, info.next_offset, info.closed, info.content_type)
-                for info in self.client.list_streams(pattern=self.pattern, page_size=LISTING_PAGE)
-                if selected(info.path)  # defensive: the server filtered already
-            }
-        elif self.pattern is not None:
+            columns = self.snapshot_columns()
+            return dict(
+                zip(
+                    columns.paths,
+                    map(
+                        StreamState,
+                        columns.paths,
+                        columns.next_offsets,
+                        columns.closed,
+                        columns.content_types,
+                    ),
+                    strict=True,
+                )
+            )
+        if self.pattern is not None:
             wake = (self.exclude_prefix or "__durastream/") + "__wake"
             paths = self.client.subscription_streams(whole_segment_glob(self.pattern), wake)
             selected = self._selector()
@@ -156,6 +166,47 @@ class StreamCatalog:
         else:
             found = self._heads(self.streams)
         return {path: found[path] for path in sorted(found)}
+
+    def snapshot_columns(self) -> StreamColumns:
+        """``snapshot()`` as columns (sorted by path, each path once): a batch read of 10,000
+        streams plans from columns, without a ``StreamState`` a stream. From the listing extension
+        when the selection is a pattern and the server has it; else built from ``snapshot()``."""
+        if self.pattern is None or not self.client.extensions().listing:
+            states = self.snapshot()
+            return StreamColumns(
+                list(states),
+                [state.content_type for state in states.values()],
+                [state.tail for state in states.values()],
+                [state.closed for state in states.values()],
+            )
+        listed = self.client.list_stream_columns(pattern=self.pattern, page_size=LISTING_PAGE)
+        paths = listed.paths
+        # Defensive: the server filtered already (and lists by path, each once); the columns are
+        # only rebuilt when it did not.
+        keep = self._matches(paths)
+        ordered = all(map(str.__lt__, paths, paths[1:]))  # sorted and without repeats
+        if keep is None and ordered:
+            return listed
+        chosen: dict[str, int] = {}  # a repeated path: the last entry wins, as in a dict
+        for index, path in enumerate(paths):
+            if keep is None or keep[index]:
+                chosen[path] = index
+        rows = [chosen[path] for path in sorted(chosen)]
+        return StreamColumns(*([column[i] for i in rows] for column in listed))
+
+    def _matches(self, paths: list[str]) -> list[bool] | None:
+        """Which ``paths`` the selection takes, or None for all of them (the common answer: one
+        C-level regex pass over the listing, no Python call a path)."""
+        whole = _whole_regex(self.pattern) if self.pattern is not None else None
+        excluded = self.exclude_prefix
+        if (
+            whole is not None
+            and all(map(whole.fullmatch, paths))
+            and (excluded is None or not any(map(methodcaller("startswith", excluded), paths)))
+        ):
+            return None
+        keep = list(map(self._selector(), paths))
+        return None if all(keep) else keep
 
     def _selector(self) -> Callable[[str], bool]:
         """The test of one path, built once per snapshot: a listing of 10,000 streams checks each

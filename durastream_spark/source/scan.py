@@ -24,7 +24,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -113,37 +113,75 @@ class Segment(NamedTuple):
         )
 
 
+class SegmentColumns(NamedTuple):
+    """The ranges of a packed task as columns, one tuple a field of ``Segment``, aligned: what the
+    driver plans (``partitions.py`` builds them by slicing the batch's columns, no object a range)
+    and what Spark pickles (a few C-level tuples of strings and small integers, not 10,000 tuples)."""
+
+    streams: tuple[str, ...]
+    starts: tuple[str, ...]
+    ends: tuple[str, ...]
+    content_types: tuple[str, ...]
+    messages: tuple[int, ...]
+    bytes: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class PackedPartition(InputPartition):
-    """A task of many small ranges (``packing.py``), in path order. Frozen and picklable."""
+    """A task of many small ranges (``packing.py``), in path order, held as columns. Frozen and
+    picklable."""
 
-    segments: tuple[Segment, ...]
+    columns: SegmentColumns
     route: str
     extensions: Extensions
 
+    @classmethod
+    def of(cls, segments: Iterable[Segment], route: str, extensions: Extensions) -> PackedPartition:
+        """The partition of these ``segments`` (tests, and tasks planned range by range)."""
+        listed = tuple(segments)
+        if not listed:
+            return cls(SegmentColumns((), (), (), (), (), ()), route, extensions)
+        return cls(SegmentColumns(*map(tuple, zip(*listed, strict=True))), route, extensions)
+
     @property
     def streams(self) -> tuple[str, ...]:
-        return tuple(segment.stream for segment in self.segments)
+        return self.columns.streams
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The ranges one tuple each (the task's fallback without multi-range reads, and tests)."""
+        return tuple(map(Segment, *self.columns))
+
+    def segment(self, index: int) -> Segment:
+        return Segment(*(column[index] for column in self.columns))
+
+    def __len__(self) -> int:
+        return len(self.columns.streams)
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        """Pickled as columns. Spark pickles every partition on the driver and unpickles it in the
-        task; 10,000 ``Segment`` tuples pickled one by one (``__getnewargs__`` each, every content
-        type written again) cost 0.05-0.2 s of the planning, six columns of C-level lists about
-        a tenth of that. The partition unpickles equal to this one (same segments, same order)."""
-        columns = tuple(map(list, zip(*self.segments, strict=True)))
-        for column in columns[1:2] + columns[3:4]:  # the starts (mostly "-1"), the content types
-            # Equal texts as one object: pickle writes each once, then memo references.
-            seen: dict[object, object] = {}
-            column[:] = [seen.setdefault(value, value) for value in column]
-        return _packed_from_columns, (columns, self.route, self.extensions)
+        """Pickled as its columns. Spark pickles every partition on the driver and unpickles it in
+        the task. Equal starts (mostly "-1") and content types are made one object each first, so
+        pickle writes each text once and memo references after it. The partition unpickles equal to
+        this one (same ranges, same order)."""
+        streams, starts, ends, content_types, messages, sizes = self.columns
+        return _packed_from_columns, (
+            (streams, _interned(starts), ends, _interned(content_types), messages, sizes),
+            self.route,
+            self.extensions,
+        )
+
+
+def _interned(column: tuple[str, ...]) -> tuple[str, ...]:
+    """``column`` with equal texts as one object (pickle then writes each text once)."""
+    seen: dict[str, str] = {}
+    return tuple([seen.setdefault(value, value) for value in column])
 
 
 def _packed_from_columns(
-    columns: tuple[list[object], ...], route: str, extensions: Extensions
+    columns: tuple[tuple[object, ...], ...], route: str, extensions: Extensions
 ) -> PackedPartition:
     """``PackedPartition.__reduce__``'s inverse."""
-    segments = tuple(map(Segment, *columns)) if columns else ()
-    return PackedPartition(segments, route, extensions)
+    return PackedPartition(SegmentColumns(*columns), route, extensions)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -269,30 +307,32 @@ class RangeScanner:
                 raise
 
         def follow(converters: ThreadPoolExecutor) -> None:
-            pending = list(partition.segments)
-            offsets = [segment.start for segment in pending]
-            while pending and not pipeline.stopped:
-                window = _window(pending)
+            # The task's ranges as the partition holds them (columns): the next one to ask for is
+            # ``at``, and ``offsets`` where each is read from (a range cut short goes on from there).
+            streams, _, ends, _, messages, sizes = partition.columns
+            offsets = list(partition.columns.starts)
+            at, total = 0, len(streams)
+            while at < total and not pipeline.stopped:
+                stop = at + _window(messages, sizes, at)
                 chunk = client.read_ranges(
-                    [(seg.stream, offsets[i], seg.end) for i, seg in enumerate(window)], FRAMES
+                    list(zip(streams[at:stop], offsets[at:stop], ends[at:stop], strict=True)),
+                    FRAMES,
                 )
                 runs: list[tuple[str, int]] = []
-                for i, answer in enumerate(chunk.ranges):
-                    segment = window[i]
+                for i, answer in enumerate(chunk.ranges, at):
                     if answer.error is not None:
-                        self._lost(segment, answer.error)
+                        self._lost(partition.segment(i), answer.error)
                         continue
-                    runs.append((segment.stream, answer.messages))
+                    runs.append((streams[i], answer.messages))
                     if not answer.end_reached:
                         if answer.next_offset == offsets[i]:
                             raise MalformedResponse(
-                                f"stream '{segment.stream}': a read from {offsets[i]} bounded by "
-                                f"{segment.end} made no progress"
+                                f"stream '{streams[i]}': a read from {offsets[i]} bounded by "
+                                f"{ends[i]} made no progress"
                             )
                         offsets[i] = answer.next_offset  # cut short: continued by the next request
                 last = chunk.ranges[-1]
-                done = len(chunk.ranges) - (0 if last.end_reached or last.error else 1)
-                del pending[:done], offsets[:done]
+                at += len(chunk.ranges) - (0 if last.end_reached or last.error else 1)
                 if not pipeline.put(converters.submit(convert, chunk, runs)):
                     return
 
@@ -340,13 +380,16 @@ def stream_column(runs: list[tuple[str, int]]) -> pa.Array:
     return names.take(indices)
 
 
-def _window(pending: list[Segment]) -> list[Segment]:
+def _window(messages: Sequence[int], sizes: Sequence[int], at: int) -> int:
+    """How many ranges from ``at`` one request asks for: up to ``WINDOW_RANGES``, fewer when their
+    planned bytes (and 24 a message of framing) reach ``WINDOW_BYTES``."""
     size = 0
-    for count, segment in enumerate(pending[:WINDOW_RANGES], 1):
-        size += segment.bytes + 24 * segment.messages
+    stop = min(len(sizes), at + WINDOW_RANGES)
+    for count, i in enumerate(range(at, stop), 1):
+        size += sizes[i] + 24 * messages[i]
         if size >= WINDOW_BYTES:
-            return pending[:count]
-    return pending[:WINDOW_RANGES]
+            return count
+    return stop - at
 
 
 # Conversions running at once per task, and responses read ahead of the batch Spark is taking. Two

@@ -436,3 +436,28 @@ def test_a_packed_task_whose_answers_are_cut_short_reads_its_rows_in_order(
     assert len(reads) > len(paths) // 7 + 1  # some answers were cut short and continued
     wanted = [(path, value) for path, values in expected_rows(paths).items() for value in values]
     assert [(row["stream"], bytes(row["value"])) for row in rows] == wanted
+
+
+def test_the_snapshot_as_columns_is_the_snapshot(durastream_server, streams: Streams) -> None:
+    """The batch read plans from ``snapshot_columns`` (no object a stream): the same streams, tails,
+    closures and content types in the same order as ``snapshot``, the source's own pins left out,
+    for a one-regex pattern and a ``**`` one alike."""
+    from durastream_spark.source.discovery import StreamCatalog
+
+    base = unique("columns")
+    paths = fill(streams, base, count=30)
+    streams.append_json(paths[3], docs(0, 1), close=True)
+    streams.create(f"{base}/pins/kept")
+    streams.create(f"{base}/__pins/s0001", content_type="application/octet-stream")
+    client = streams.client
+    for pattern in (f"{base}/*", f"{base}/**"):
+        catalog = StreamCatalog(client, pattern=pattern, exclude_prefix=f"{base}/__pins")
+        states = catalog.snapshot()
+        columns = catalog.snapshot_columns()
+        assert columns.paths == list(states) and set(paths) <= set(states)
+        assert f"{base}/__pins/s0001" not in states
+        assert (f"{base}/pins/kept" in states) == (pattern.endswith("**"))
+        assert columns.next_offsets == [state.tail for state in states.values()]
+        assert columns.closed == [state.closed for state in states.values()]
+        assert states[paths[3]].closed and not states[paths[4]].closed
+        assert columns.content_types == [state.content_type for state in states.values()]

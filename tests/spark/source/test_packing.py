@@ -5,8 +5,17 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from durastream_spark.source.packing import Piece, TaskCaps, pack, parts_needed, task_caps
-from durastream_spark.source.planner import RangeSize, SplitRules
+from durastream_spark.source.measure import position_bytes, position_spans
+from durastream_spark.source.packing import (
+    Piece,
+    TaskCaps,
+    byte_caps,
+    pack,
+    pack_bytes,
+    parts_needed,
+    task_caps,
+)
+from durastream_spark.source.planner import RangeSize, SplitRules, StreamRange
 
 
 def pieces_of(sizes: list[tuple[int, int]]) -> list[Piece]:
@@ -83,3 +92,62 @@ def test_packing_is_pure_ordered_and_within_the_caps(
             and sum(p.size.messages for p in task) + nxt.messages > cap_messages
         )
         assert over_bytes or over_messages
+
+
+@given(
+    st.lists(st.integers(1, 5000), max_size=200),
+    st.integers(1, 20_000),
+    st.one_of(st.none(), st.integers(1, 9)),
+)
+def test_the_columnar_packing_makes_the_same_tasks(
+    sizes: list[int], cap_bytes: int, min_partitions: int | None
+) -> None:
+    """A batch sized by byte positions is packed as a column of integers (``pack_bytes``, caps from
+    ``byte_caps``): exactly the tasks ``pack`` makes of the same ranges as ``Piece``s, so a replay
+    planned either way reads the same tasks."""
+    pieces = pieces_of([(0, size) for size in sizes])
+    rules = SplitRules(cap_bytes, None, min_partitions)
+    caps = task_caps([piece.size for piece in pieces], rules, counted=False)
+    assert byte_caps(sum(sizes), rules) == caps
+    ends = pack_bytes(sizes, caps.bytes)
+    starts = [0, *ends][: len(ends)]
+    assert [pieces[first:last] for first, last in zip(starts, ends, strict=True)] == pack(
+        pieces, caps
+    )
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["-1", "start", "other-generation", "not-a-token", "after-end"]),
+            st.integers(0, 10**6),
+            st.integers(0, 10**6),
+        ),
+        min_size=1,
+        max_size=50,
+    )
+)
+def test_position_spans_agree_with_position_bytes(rows: list[tuple[str, int, int]]) -> None:
+    """The whole-batch column of sizes is each range's ``position_bytes`` size, or None when any
+    range's offsets do not read as positions (then the batch is sized range by range)."""
+    ranges = []
+    for i, (kind, first, size) in enumerate(rows):
+        end = f"{7:016d}_{first + size:016d}"
+        start = {
+            "-1": "-1",
+            "start": f"{7:016d}_{first:016d}",
+            "other-generation": f"{8:016d}_{first:016d}",
+            "not-a-token": "12",
+            "after-end": f"{7:016d}_{first + size + 1:016d}",
+        }[kind]
+        ranges.append(StreamRange(f"s{i:05d}", start, end))
+    found, unknown = position_bytes(ranges)
+    spans = position_spans([r.start for r in ranges], [r.end for r in ranges])
+    if unknown:
+        assert spans is None
+    else:
+        assert spans == [found[r.stream] for r in ranges]
+    assert position_spans(["-1"], [f"{7:016d}_{1:016d}\n"]) is None
+    assert (
+        position_spans(["-1", "-1"], [f"{7:016d}_{1:016d}\n{7:016d}", "_0000000000000001"]) is None
+    )

@@ -180,11 +180,11 @@ def test_a_packed_partition_unpickles_equal_to_itself() -> None:
         Segment(stream, start, end, kind, i % 7, i * 13)
         for i, ((stream, start, end), kind) in enumerate(zip(rows, kinds, strict=True))
     )
-    packed = PackedPartition(segments, FRAMES_ROUTE, Extensions((("multi-range", 1),)))
+    packed = PackedPartition.of(segments, FRAMES_ROUTE, Extensions((("multi-range", 1),)))
     for dumps in (pickle.dumps, cloudpickle.dumps):
         again = pickle.loads(dumps(packed))
         assert again == packed
         assert [type(segment) for segment in again.segments] == [Segment] * len(segments)
         assert again.route == FRAMES_ROUTE and again.extensions.multi_range
-    empty = PackedPartition((), FRAMES_ROUTE, Extensions(()))
+    empty = PackedPartition.of((), FRAMES_ROUTE, Extensions(()))
     assert pickle.loads(pickle.dumps(empty)) == empty
