@@ -51,17 +51,24 @@ class TimerWatch:
         del self.loop.call_later  # the loop's own method again
 
 
+async def _twenty_whole_appends(conn: Conn) -> TimerWatch:
+    """Create the stream, then send 20 appends each in one write (the server reads each whole),
+    watching the timers armed meanwhile; the watch is returned still installed (a ``with`` ends it)."""
+    conn.send(b"PUT /v1/stream/t HTTP/1.1\r\nHost: localhost\r\n")
+    conn.send(b"Content-Type: application/json\r\nContent-Length: 0\r\n\r\n")
+    assert status(await conn.response()) == 201
+    watch = TimerWatch(asyncio.get_running_loop()).__enter__()
+    for _ in range(20):
+        conn.send(APPEND + BODY)
+        assert status(await conn.response()) == 204
+    return watch
+
+
 def test_whole_requests_arm_no_timer_and_split_ones_still_do(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path, direct=True) as (_, port):
             conn = await Conn.open(port)
-            conn.send(b"PUT /v1/stream/t HTTP/1.1\r\nHost: localhost\r\n")
-            conn.send(b"Content-Type: application/json\r\nContent-Length: 0\r\n\r\n")
-            assert status(await conn.response()) == 201
-            with TimerWatch(asyncio.get_running_loop()) as watch:
-                for _ in range(20):
-                    conn.send(APPEND + BODY)  # one write: the server reads it whole
-                    assert status(await conn.response()) == 204
+            with await _twenty_whole_appends(conn) as watch:
                 whole = [name for name in watch.armed if name in GUARD_DEADLINES]
                 # Headers now, the body only once they were answered by nothing: a body timer must
                 # run while the body is missing (a trickling client is cut off by it).
@@ -94,13 +101,7 @@ def test_keep_alive_arms_one_timer_per_idle_period_and_still_closes_idle_connect
     async def scenario() -> None:
         async with running(tmp_path, direct=True, keep_alive=0.5) as (_, port):
             conn = await Conn.open(port)
-            conn.send(b"PUT /v1/stream/t HTTP/1.1\r\nHost: localhost\r\n")
-            conn.send(b"Content-Type: application/json\r\nContent-Length: 0\r\n\r\n")
-            assert status(await conn.response()) == 201
-            with TimerWatch(asyncio.get_running_loop()) as watch:
-                for _ in range(20):
-                    conn.send(APPEND + BODY)
-                    assert status(await conn.response()) == 204
+            with await _twenty_whole_appends(conn) as watch:
                 armed = [name for name in watch.armed if name in KEEP_ALIVE]
                 # Busy across more than two keep-alive periods: requests paced under the period.
                 for _ in range(6):
