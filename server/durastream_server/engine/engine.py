@@ -907,27 +907,12 @@ class Engine:
         if not isinstance(checked, tuple):
             return checked
         entry, answer = checked
-        durable = inc.log.stage(entry)
-        next_offset = answer.next_offset
         result: asyncio.Future[AppendResult] = loop.create_future()
-        path = inc.path if entry.size else None
-
-        def durable_done(fut: asyncio.Future[None]) -> None:
-            failure = None if fut.cancelled() else fut.exception()
-            if failure is None and path is not None:
-                # Observers hear of the append once it is durable, even if the request went away
-                # meanwhile: the data is committed either way.
-                self._emit("on_appended", path, next_offset)
-            if result.done():
-                return  # the caller went away
-            if failure is not None:
-                result.set_exception(failure)
-            elif fut.cancelled():
-                result.cancel()
-            else:
-                result.set_result(answer)
-
-        durable.add_done_callback(durable_done)
+        # The round settles the result itself (``_Settles``): no future of the log's per append, no
+        # done callback and no loop turn between the commit and the answer's own callbacks.
+        settles = _Settles(result, answer, inc.path if entry.size else None, self._emit)
+        inc.log.stage_to(entry, settles)
+        settles.staged = True
         return result
 
     def _checked_append(
@@ -1820,6 +1805,62 @@ def _small_digest(request: AppendRequest, request_type: contenttype.ContentType 
             request_type.essence if request_type else None, request.body, request.close
         )
     return b""
+
+
+class _Settles:
+    """An ``_append_staged`` entry's completion, where the round expects its future (``done``,
+    ``set_result``, ``set_exception``, as ``storage/batch.Slot``): once the entry is durable,
+    observers hear of the append and ``result`` gets its answer, in the round's own callback. Before,
+    the log's future per entry woke a done callback a loop turn later, which then settled ``result``:
+    a future, a closure and a loop turn per append (issue 17, h49)."""
+
+    __slots__ = ("_answer", "_emit", "_path", "_result", "_settled", "staged")
+
+    def __init__(
+        self,
+        result: asyncio.Future[AppendResult],
+        answer: AppendResult,
+        path: str | None,
+        emit: Callable[..., None],
+    ) -> None:
+        self._result = result
+        self._answer = answer
+        self._path = path  # None: nothing appended (a close alone), nothing to tell
+        self._emit = emit
+        # False while ``stage_to`` runs: a refusal there (the log's storage error) settles the
+        # result a loop turn later, as the log's failed future did, so the caller never sees an
+        # append that was handed to the log as refused before it started.
+        self.staged = False
+        self._settled = False
+
+    def done(self) -> bool:
+        # Its own flag, not the result's: a result the caller cancelled (gone away) is done, and
+        # observers must still hear of the append once durable.
+        return self._settled
+
+    def set_result(self, _: None) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        # Observers hear of the append once it is durable, even if the request went away
+        # meanwhile (its result cancelled): the data is committed either way.
+        if self._path is not None:
+            self._emit("on_appended", self._path, self._answer.next_offset)
+        if not self._result.done():
+            self._result.set_result(self._answer)
+
+    def set_exception(self, exc: BaseException) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        if not self.staged:
+            asyncio.get_running_loop().call_soon(self._fail, exc)
+        else:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._result.done():
+            self._result.set_exception(exc)
 
 
 class _AppendSlot(Slot):

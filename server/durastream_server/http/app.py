@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, MutableMapping
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from durastream_server import extensions
 from durastream_server.config import ServerConfig
@@ -115,13 +114,41 @@ class _TrackedSend:
         await self._send(message)
 
 
-class _DirectAnswer(NamedTuple):
-    """How a direct request's engine result becomes its answer (``StreamHandlers``' pieces of the
-    request's kind): ``lines``, the pre-encoded wire lines the responder writes (None: the ordinary
-    send), and ``parts``, the status and headers that send takes."""
+class _DirectAnswer:
+    """How a direct request's engine result becomes its answer, and the engine future's done
+    callback that writes it: ``lines(subject, result)``, the pre-encoded wire lines the responder
+    writes (None: the ordinary send), and ``parts(subject, result)``, the status and headers that
+    send takes (``StreamHandlers``' pieces of the request's kind; ``subject``: the append, or the
+    create's request). One object per request, where two partials, a tuple and a closure were."""
 
-    lines: Callable[[Any], tuple[int, bytes] | None]
-    parts: Callable[[Any], tuple[int, responses.Headers]]
+    __slots__ = ("_app", "_request", "_tracked", "_started", "_lines", "_parts", "_subject")
+
+    def __init__(
+        self,
+        app: DurastreamApp,
+        request: Request,
+        tracked: _TrackedSend,
+        started: float,
+        lines: Callable[[Any, Any], tuple[int, bytes] | None],
+        parts: Callable[[Any, Any], tuple[int, responses.Headers]],
+        subject: Any,
+    ) -> None:
+        self._app = app
+        self._request = request
+        self._tracked = tracked
+        self._started = started
+        self._lines = lines
+        self._parts = parts
+        self._subject = subject
+
+    def lines(self, result: Any) -> tuple[int, bytes] | None:
+        return self._lines(self._subject, result)
+
+    def parts(self, result: Any) -> tuple[int, responses.Headers]:
+        return self._parts(self._subject, result)
+
+    def __call__(self, done: asyncio.Future[Any]) -> None:
+        self._app._direct_answer(self._request, self._tracked, self, done, self._started)
 
 
 class DurastreamApp:
@@ -329,15 +356,25 @@ class DurastreamApp:
                 request.route = "create"
                 future: asyncio.Future[Any] = streams.create_now(request, target.target, body)
                 answer = _DirectAnswer(
-                    functools.partial(streams.create_answer_lines, request),
-                    functools.partial(streams.create_answer, request),
+                    self,
+                    request,
+                    tracked,
+                    started,
+                    streams.create_answer_lines,
+                    streams.create_answer,
+                    request,
                 )
             else:
                 request.route = txn.route_class(headers)  # "append": no staged requests come here
                 append, future = streams.append_now(request, target.target, body)
                 answer = _DirectAnswer(
-                    functools.partial(streams.append_answer_lines, append),
-                    functools.partial(streams.append_answer, append),
+                    self,
+                    request,
+                    tracked,
+                    started,
+                    streams.append_answer_lines,
+                    streams.append_answer,
+                    append,
                 )
         except ProtocolError as exc:
             # Its traceback holds the frames it came through, and one of them the engine's failed
@@ -346,9 +383,7 @@ class DurastreamApp:
             return False
         finally:
             REQUEST_ID.reset(context)
-        future.add_done_callback(
-            lambda done: self._direct_answer(request, tracked, answer, done, started)
-        )
+        future.add_done_callback(answer)
         return True
 
     def _direct_answer(
@@ -372,11 +407,6 @@ class DurastreamApp:
                 raise RuntimeError("the request was cancelled before its commit was known")
             result = done.result()
             wire = answer.lines(result)
-            prepared = (
-                None
-                if wire is None
-                else fastpath.prepare_lines(wire[0], wire[1], request.responder.extra_headers)
-            )
         except ProtocolError as exc:
             error = self._send_error(request, tracked, *responses.protocol_error_parts(exc))
             self._spawn(self._then_finished(error, request, tracked, started))
@@ -386,7 +416,7 @@ class DurastreamApp:
             error = self._send_error(request, tracked, *responses.internal_error_parts())
             self._spawn(self._then_finished(error, request, tracked, started))
             return
-        if prepared is not None and request.responder.send(prepared):
+        if wire is not None and request.responder.send_lines(*wire):
             self.direct_answers += 1
             self._finished(request, tracked, time.perf_counter() - started)
         else:  # the connection needs more than these bytes (closing, paused): the ordinary send

@@ -202,6 +202,18 @@ def prepare_lines(status: int, lines: bytes, extra: list[tuple[bytes, bytes]]) -
     return Prepared(status, lines, b"")
 
 
+# What ``RawResponder.sent`` reports for a bodiless answer written by ``send_lines`` (its status and
+# no body bytes, for the app's metrics and access log): one per status, shared.
+_BODILESS: dict[int, Prepared] = {}
+
+
+def _bodiless(status: int) -> Prepared:
+    sent = _BODILESS.get(status)
+    if sent is None:
+        sent = _BODILESS[status] = Prepared(status, b"", b"")
+    return sent
+
+
 class RawResponder:
     """Answers one request by writing prepared bytes to its connection (see the module docstring)."""
 
@@ -228,28 +240,56 @@ class RawResponder:
     def write(self, prepared: Prepared) -> bool:
         """The first half of ``send``: put the response on the wire and mark it sent. ``finish`` must
         follow before control returns to the event loop (a burst writes all answers first)."""
+        if not self._writable():
+            return False
+        head = prepared.head(self._cycle.default_headers)
+        if head is None:
+            return False
+        return self._put((head, self.request_id_line, prepared.tail), prepared)
+
+    def send_lines(self, status: int, lines: bytes) -> bool:
+        """``send`` of a bodiless answer for this request alone (a direct append's or create's):
+        ``lines`` are its header lines, checked as ``prepare_lines`` checks them (the request's own
+        extra headers are added here). The same bytes as ``send(prepare_lines(...))``, without a
+        ``Prepared`` and its cache of heads, which only an answer written to many connections
+        uses. False: nothing was written; send it the ordinary way."""
+        if not 100 <= status < 600 or not self._writable():
+            return False
+        defaults = _default_lines(self._cycle.default_headers)
+        if defaults is None:
+            return False
+        if self.extra_headers:
+            more = _header_lines(self.extra_headers)
+            if more is None:
+                return False
+            lines += more
+        head = STATUS_LINE[status] + defaults + lines
+        if not self._put((head, self.request_id_line, b"\r\n"), _bodiless(status)):
+            return False
+        self.finish()
+        return True
+
+    def _writable(self) -> bool:
+        """Whether uvicorn's send would do no more than write the bytes (the module docstring)."""
         cycle = self._cycle
-        if (
+        return not (
             cycle.response_started
             or cycle.disconnected
             or not cycle.keep_alive
             or cycle.access_log
             or cycle.flow.write_paused
             or cycle.scope["method"] == "HEAD"
-        ):
-            return False
-        transport: asyncio.Transport = cycle.transport
-        if transport.is_closing():
-            return False
-        head = prepared.head(cycle.default_headers)
-        if head is None:
-            return False
+            or cycle.transport.is_closing()
+        )
+
+    def _put(self, pieces: tuple[bytes, bytes, bytes], sent: Prepared) -> bool:
+        cycle = self._cycle
         try:
-            transport.writelines((head, self.request_id_line, prepared.tail))
+            cycle.transport.writelines(pieces)
         except Exception:  # nothing was written; the ordinary send decides what to do
             logger.debug("fast-path write refused", exc_info=True)
             return False
-        self.sent = prepared
+        self.sent = sent
         # As uvicorn's send does for http.response.start and a final http.response.body (keep-alive).
         cycle.response_started = True
         cycle.waiting_for_100_continue = False
@@ -309,6 +349,7 @@ class FastPathMixin:
     loop: asyncio.AbstractEventLoop
     direct_app: ClassVar[DirectApp | None] = None
     _direct_waiting: tuple[Any, Any] | None = None  # (cycle, app) whose body is still arriving
+    _direct_ready: tuple[Any, Any] | None = None  # (cycle, app) whose body is complete: serve now
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         # uvicorn calls this for every request that is to run now (at the end of its headers, or when
@@ -335,8 +376,19 @@ class FastPathMixin:
         waiting = self._direct_waiting
         if waiting is not None and waiting[0] is self.cycle and not self.cycle.more_body:
             self._direct_waiting = None
-            # Not from inside the parser's callback: the answer may complete the cycle at once.
-            self.loop.call_soon(self._direct_serve, *waiting)
+            # Not from inside the parser's callback (the answer may complete the cycle at once):
+            # once ``feed_data`` returns, in ``data_received``, rather than a loop turn later (a
+            # handle per request, and the request waited behind everything else in the loop).
+            self._direct_ready = waiting
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        ready = self._direct_ready
+        if ready is not None:
+            # At most one per call: a request parsed behind one still unanswered is queued
+            # (uvicorn's pipeline), not started, so it never becomes ready here.
+            self._direct_ready = None
+            self._direct_serve(*ready)
 
     def _direct_serve(self, cycle: Any, app: Any) -> None:
         if cycle.disconnected or cycle.response_started:

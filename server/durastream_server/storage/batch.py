@@ -12,7 +12,7 @@ the outcome synchronously. The last slot settled resolves the batch's future: on
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 
 class Batch:
@@ -45,6 +45,17 @@ class Batch:
                 self.settle(index, fut.result() if failure is None else failure)
 
         future.add_done_callback(done)
+
+
+class Completion(Protocol):
+    """What a round calls on an entry's completion: an ``asyncio.Future``, a ``Slot``, or the
+    engine's ``_Settles`` (a small append's answer, settled without a future of the log's)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any) -> None: ...
+
+    def set_exception(self, exc: BaseException) -> None: ...
 
 
 class Slot:

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from durastream_server import errors
 from durastream_server.storage import catalog, codec
-from durastream_server.storage.batch import Slot
+from durastream_server.storage.batch import Completion, Slot
 from durastream_server.storage.committer import (
     PACKED_SEGMENT_BYTES,
     ROUND_BATCH_BYTES,
@@ -467,10 +467,11 @@ class StreamLog:
         self._enqueue(entry, fut)
         return fut
 
-    def stage_to(self, entry: AppendEntry, slot: Slot) -> None:
+    def stage_to(self, entry: AppendEntry, slot: Completion) -> None:
         """``stage()`` whose completion is ``slot`` (one entry of a bulk request's ``Batch``,
-        storage/batch.py) instead of a new future: settled by the same round, with the same outcome
-        (``set_result(None)`` once durable, ``set_exception`` with the storage failure)."""
+        storage/batch.py, or a small append's answer, the engine's ``_Settles``) instead of a new
+        future: settled by the same round, with the same outcome (``set_result(None)`` once
+        durable, ``set_exception`` with the storage failure)."""
         if not self._writable():
             slot.set_exception(self._error())
             return

@@ -37,10 +37,11 @@ async def running(
     long_poll_timeout: float = 20.0,
     direct: bool = False,
     limit_concurrency: int | None = None,
+    keep_alive: float = 5.0,
     **settings: object,
 ) -> AsyncIterator[tuple[DurastreamApp, int]]:
     """A real uvicorn server in-process; ``direct``: with the direct append path (as the server runs);
-    ``limit_concurrency``: uvicorn's setting of that name."""
+    ``limit_concurrency``, ``keep_alive`` (``timeout_keep_alive``): uvicorn's settings."""
     config = ServerConfig(
         data_dir=tmp_path / "data",
         long_poll_timeout=long_poll_timeout,
@@ -57,6 +58,7 @@ async def running(
         server_header=False,
         date_header=date_header,
         limit_concurrency=limit_concurrency,
+        timeout_keep_alive=keep_alive,
     )
     server = uvicorn.Server(uv_config)
     sock = server_module.bind_socket("127.0.0.1", 0)

@@ -24,6 +24,7 @@ APPEND = (
 )
 BODY = b'{"n":1}'
 GUARD_DEADLINES = ("_header_deadline", "_body_deadline")
+KEEP_ALIVE = ("_keep_alive_deadline", "timeout_keep_alive_handler")  # ours, uvicorn's
 
 
 class TimerWatch:
@@ -39,7 +40,7 @@ class TimerWatch:
 
         def call_later(delay: float, callback: Callable[..., Any], *args: Any, **kw: Any) -> Any:
             name = getattr(callback, "__name__", "")
-            if name in GUARD_DEADLINES:
+            if name in GUARD_DEADLINES or name in KEEP_ALIVE:
                 self.armed.append(name)
             return original(delay, callback, *args, **kw)
 
@@ -50,18 +51,25 @@ class TimerWatch:
         del self.loop.call_later  # the loop's own method again
 
 
+async def _twenty_whole_appends(conn: Conn) -> TimerWatch:
+    """Create the stream, then send 20 appends each in one write (the server reads each whole),
+    watching the timers armed meanwhile; the watch is returned still installed (a ``with`` ends it)."""
+    conn.send(b"PUT /v1/stream/t HTTP/1.1\r\nHost: localhost\r\n")
+    conn.send(b"Content-Type: application/json\r\nContent-Length: 0\r\n\r\n")
+    assert status(await conn.response()) == 201
+    watch = TimerWatch(asyncio.get_running_loop()).__enter__()
+    for _ in range(20):
+        conn.send(APPEND + BODY)
+        assert status(await conn.response()) == 204
+    return watch
+
+
 def test_whole_requests_arm_no_timer_and_split_ones_still_do(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with running(tmp_path, direct=True) as (_, port):
             conn = await Conn.open(port)
-            conn.send(b"PUT /v1/stream/t HTTP/1.1\r\nHost: localhost\r\n")
-            conn.send(b"Content-Type: application/json\r\nContent-Length: 0\r\n\r\n")
-            assert status(await conn.response()) == 201
-            with TimerWatch(asyncio.get_running_loop()) as watch:
-                for _ in range(20):
-                    conn.send(APPEND + BODY)  # one write: the server reads it whole
-                    assert status(await conn.response()) == 204
-                whole = list(watch.armed)
+            with await _twenty_whole_appends(conn) as watch:
+                whole = [name for name in watch.armed if name in GUARD_DEADLINES]
                 # Headers now, the body only once they were answered by nothing: a body timer must
                 # run while the body is missing (a trickling client is cut off by it).
                 conn.send(APPEND)
@@ -79,5 +87,30 @@ def test_whole_requests_arm_no_timer_and_split_ones_still_do(tmp_path: Path) -> 
                 assert status(await conn.response()) == 204
             conn.close()
         assert whole == []  # main armed two per request: 40
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_keep_alive_arms_one_timer_per_idle_period_and_still_closes_idle_connections(
+    tmp_path: Path,
+) -> None:
+    """uvicorn armed a keep-alive timer after every response (cancelled by the next request): now
+    one timer per keep-alive period, which closes a connection idle for that long and lets a busy
+    one be (it re-arms for the rest of the period, or when the next answer completes)."""
+
+    async def scenario() -> None:
+        async with running(tmp_path, direct=True, keep_alive=0.5) as (_, port):
+            conn = await Conn.open(port)
+            with await _twenty_whole_appends(conn) as watch:
+                armed = [name for name in watch.armed if name in KEEP_ALIVE]
+                # Busy across more than two keep-alive periods: requests paced under the period.
+                for _ in range(6):
+                    await asyncio.sleep(0.2)
+                    conn.send(APPEND + BODY)
+                    assert status(await conn.response()) == 204
+            assert armed == []  # the timer armed by the create still runs; main armed 20
+            # Idle now: closed once the period has passed without a request.
+            assert await conn.closed_by_server()
+            conn.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 60))
