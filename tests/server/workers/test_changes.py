@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
-import signal
 import sys
 
 import pytest
@@ -20,12 +18,11 @@ from durastream_server import extensions
 from durastream_server.errors import InvalidParameter
 from durastream_server.shards.changefeed import CompositeCursor, merge_parts, shares
 from durastream_server.shards.layout import shard_of
-from tests.server.workers.test_handoff import _exited
+from tests.server.workers.test_listing import answer_while_a_worker_is_down
 from tests.server.workers.test_workers import (
     WORKERS,
     health_of_each,
     paths_on_both_shards,
-    worker_of_shard,
 )
 from tests.support.http import poll_until
 from tests.support.server_process import ServerProcess
@@ -172,6 +169,14 @@ def test_a_selection_registered_on_any_worker_selects_on_every_shard(
         assert sorted(p for p, _ in found) == sorted(chosen)
 
 
+def _fed(server: ServerProcess, prefix: str, each: int) -> tuple[list[str], str]:
+    """``each`` streams per shard under ``prefix``, each with a message; the feed's cursor after them."""
+    streams = paths_on_both_shards(prefix + "s", each=each)
+    for path in streams:
+        _create_and_append(server, path, "x")
+    return streams, _walk(server, None, prefix=prefix)[1]
+
+
 def _parked(server: ServerProcess, count: int) -> bool:
     return sum(doc["waiters"] for doc in health_of_each(server).values()) == count
 
@@ -179,10 +184,7 @@ def _parked(server: ServerProcess, count: int) -> bool:
 def test_an_idle_wait_wakes_on_either_shards_append_and_ends_empty_at_its_bound(
     workers: ServerProcess,
 ) -> None:
-    streams = paths_on_both_shards("wait/s", each=1)
-    for path in streams:
-        _create_and_append(workers, path, "x")
-    cursor = _walk(workers, None, prefix="wait/")[1]
+    streams, cursor = _fed(workers, "wait/", each=1)
     quiet = _ask(workers, since=cursor, prefix="wait/", wait="300")
     assert (quiet["changes"], quiet["more"], quiet["reset"]) == ([], False, False)
 
@@ -202,43 +204,13 @@ def test_an_idle_wait_wakes_on_either_shards_append_and_ends_empty_at_its_bound(
 def test_the_feed_while_a_worker_is_down_is_503_then_a_reset_once_it_is_back(
     workers: ServerProcess,
 ) -> None:
-    streams = paths_on_both_shards("down/s", each=2)
-    for path in streams:
-        _create_and_append(workers, path, "x")
-    cursor = _walk(workers, None, prefix="down/")[1]
-    down_pid = worker_of_shard(workers, 1)
-    assert down_pid is not None
-    os.kill(workers.pid, signal.SIGSTOP)  # no restart while the test looks
-    try:
-        os.kill(down_pid, signal.SIGKILL)
-        poll_until(lambda: _exited(down_pid), "the worker exited", timeout=30)
-        answers: list[requests.Response] = []
-
-        def answered() -> bool:
-            try:
-                answers.append(
-                    requests.get(
-                        workers.stream_url(CHANGES),
-                        params={"since": cursor, "prefix": "down/", "wait": "1000"},
-                        timeout=60,
-                    )
-                )
-            except requests.ConnectionError:  # made while the dead worker's listener closed
-                return False
-            return True
-
-        poll_until(answered, "an answer from the surviving worker", timeout=60)
-        response = answers[0]
-        assert response.status_code == 503, response.text
-        assert response.headers["Retry-After"] == "1"
-        assert json.loads(response.content)["error"]["code"] == "SHARD_UNAVAILABLE"
-    finally:
-        os.kill(workers.pid, signal.SIGCONT)
-    poll_until(
-        lambda: worker_of_shard(workers, 1) not in (None, down_pid),
-        "the worker restarted",
-        timeout=30,
+    streams, cursor = _fed(workers, "down/", each=2)
+    response = answer_while_a_worker_is_down(
+        workers, CHANGES, {"since": cursor, "prefix": "down/", "wait": "1000"}
     )
+    assert response.status_code == 503, response.text
+    assert response.headers["Retry-After"] == "1"
+    assert json.loads(response.content)["error"]["code"] == "SHARD_UNAVAILABLE"
     poll_until(
         lambda: (
             requests.get(workers.stream_url(CHANGES), params={"since": cursor}).status_code == 200
