@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import signal
 import sys
 
 import pytest
@@ -23,6 +25,7 @@ from tests.server.workers.test_workers import (
     WORKERS,
     health_of_each,
     paths_on_both_shards,
+    worker_of_shard,
 )
 from tests.support.http import poll_until
 from tests.support.server_process import ServerProcess
@@ -226,3 +229,30 @@ def test_the_feed_while_a_worker_is_down_is_503_then_a_reset_once_it_is_back(
         found += [p for p, _ in _walk(workers, page["cursor"], prefix="down/")[0]]
     assert sorted(found) == sorted(streams)
     assert "changes" not in extensions.NOT_WITH_WORKERS
+
+
+def test_a_selection_a_restarted_worker_forgot_is_404_then_registered_again(
+    workers: ServerProcess,
+) -> None:
+    streams, _cursor = _fed(workers, "forgot/", each=2)
+    url = workers.stream_url("__ds/x-durastream/selections")
+    selection = requests.post(url, json={"streams": streams}).json()["selection"]
+    down_pid = worker_of_shard(workers, 1)
+    assert down_pid is not None
+    os.kill(down_pid, signal.SIGKILL)  # the parent restarts it, with no selection in memory
+    poll_until(
+        lambda: worker_of_shard(workers, 1) not in (None, down_pid), "the restart", timeout=30
+    )
+
+    def status() -> int:
+        return requests.get(
+            workers.stream_url(CHANGES), params={"selection": selection}
+        ).status_code
+
+    poll_until(lambda: status() == 404, "the forgotten selection answered 404", timeout=60)
+    response = requests.get(workers.stream_url(CHANGES), params={"selection": selection})
+    assert response.json()["error"]["code"] == "SELECTION_NOT_FOUND"
+    again = requests.post(url, json={"streams": streams}).json()
+    assert again == {"selection": selection, "streams": len(streams)}
+    found, _ = _walk(workers, None, selection=selection, limit="3")
+    assert sorted(p for p, _ in found) == sorted(streams)
