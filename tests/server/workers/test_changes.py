@@ -34,6 +34,8 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="worker tests re
 
 TEXT = "text/plain"
 CHANGES = "__ds/x-durastream/changes"
+WRITER = "writer-token-0123456789"
+TENANT = "tenant-token-0123456789"
 
 
 def _part(paths: list[str], cursor: str, more: bool = False) -> dict:
@@ -256,3 +258,20 @@ def test_a_selection_a_restarted_worker_forgot_is_404_then_registered_again(
     assert again == {"selection": selection, "streams": len(streams)}
     found, _ = _walk(workers, None, selection=selection, limit="3")
     assert sorted(p for p, _ in found) == sorted(streams)
+
+
+def test_every_shard_checks_the_clients_token_and_its_prefix(server_factory) -> None:  # type: ignore[no-untyped-def]
+    secured = server_factory(
+        extra_args=(*WORKERS, "--auth-token", WRITER, "--auth-token", f"{TENANT}:read-only:ten/")
+    )
+    writer = {"Authorization": f"Bearer {WRITER}"}
+    tenant = {"Authorization": f"Bearer {TENANT}"}
+    streams = paths_on_both_shards("ten/s", each=2)
+    for path in [*streams, *paths_on_both_shards("other/s", each=1)]:
+        response = requests.put(secured.stream_url(path), headers={**writer, "Content-Type": TEXT})
+        assert response.status_code == 201, response.text
+    url = secured.stream_url(CHANGES)
+    page = requests.get(url, params={"prefix": "ten/"}, headers=tenant).json()
+    assert sorted(c["path"] for c in page["changes"]) == sorted(streams)  # both shards' parts
+    assert requests.get(url, headers=tenant).status_code == 403  # no prefix: beyond its streams
+    assert requests.get(url, params={"prefix": "ten/"}).status_code == 401
