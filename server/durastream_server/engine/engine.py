@@ -1656,14 +1656,17 @@ class Engine:
         assert cursor is not None
         return await self.changes.wait(cursor, match, timeout, release, examine=examine)
 
-    async def register_selection(self, paths: list[str]) -> Selection:
-        """Remember an explicit set of paths for change queries; the same set gets the same id."""
+    async def register_selection(
+        self, paths: list[str], keep: Callable[[str], bool] | None = None
+    ) -> Selection:
+        """Remember an explicit set of paths for change queries; the same set gets the same id
+        (``keep``: only those paths are held, under the id of all of them; selections.prepare)."""
         if len(paths) > SELECTION_INLINE_PATHS:  # sorting and hashing 100k paths: off the loop
             prepared = await asyncio.get_running_loop().run_in_executor(
-                self._data.read_executor, prepare, paths
+                self._data.read_executor, prepare, paths, keep
             )
         else:
-            prepared = prepare(paths)
+            prepared = prepare(paths, keep)
         return self.selections.add(*prepared)
 
     def selection(self, id: str) -> Selection:

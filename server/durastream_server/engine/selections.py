@@ -36,10 +36,16 @@ class Selection:
         return path in self.paths
 
 
-def prepare(paths: Iterable[str]) -> tuple[str, frozenset[str], str]:
-    """The id, the set and the common prefix of ``paths`` (sorting: run it off the event loop)."""
+def prepare(
+    paths: Iterable[str], keep: Callable[[str], bool] | None = None
+) -> tuple[str, frozenset[str], str]:
+    """The id, the set and the common prefix of ``paths`` (sorting: run it off the event loop). With
+    ``keep`` (a worker of ``--workers N``: its shard's paths), the id is still that of every path, so
+    each shard registers its part of one selection under the same id."""
     distinct = sorted(set(paths))
     digest = hashlib.sha256("\n".join(distinct).encode("utf-8")).hexdigest()[:32]
+    if keep is not None:
+        distinct = [path for path in distinct if keep(path)]
     prefix = _common_prefix(distinct[0], distinct[-1]) if distinct else ""
     return digest, frozenset(distinct), prefix
 

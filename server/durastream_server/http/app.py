@@ -39,6 +39,7 @@ from durastream_server.logformat import REQUEST_ID
 from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.metrics.exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from durastream_server.metrics.exposition import Exporter
+from durastream_server.shards.changefeed import ChangesFanOut
 from durastream_server.shards.fanout import ListingFanOut
 
 if TYPE_CHECKING:
@@ -521,7 +522,8 @@ class DurastreamApp:
 
     def _extension_resources(self, engine: Engine) -> discovery.ExtensionResources:
         """The ``__ds/x-durastream`` resources; with ``--workers`` N > 1, the listing fanned out to
-        every shard and the extension document without what the workers do not serve."""
+        every shard, the change feed and selections likewise (shards/changefeed.py), and the
+        extension document without what the workers do not serve."""
         router = self._router
         return discovery.ExtensionResources(
             engine,
@@ -529,6 +531,7 @@ class DurastreamApp:
             self.config.max_body_bytes,
             self.config.chunk_bytes,
             fan_out=None if router is None else ListingFanOut(router),
+            changes_fan_out=None if router is None else ChangesFanOut(router, engine, self._live),
             withheld=frozenset() if router is None else extensions.NOT_WITH_WORKERS,
         )
 

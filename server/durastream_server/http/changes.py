@@ -9,10 +9,11 @@ that later questions name it by id instead of sending the list (``engine/selecti
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from durastream_server.errors import BadRequest, MethodNotAllowed
-from durastream_server.http.body import read_json_body
+from durastream_server.http.body import parse_json, read_body
 from durastream_server.http.live import Disconnect, LiveReaders
 from durastream_server.http.query import bounded_int, glob_parameter
 
@@ -40,7 +41,7 @@ async def serve_changes(
     if request.method not in ("GET", "HEAD"):
         raise MethodNotAllowed("use GET", headers={"Allow": "GET, HEAD"})
     since = values.get("since") or None
-    match = _matcher(engine, values)
+    match = matcher(engine, values)
     limit = bounded_int(values, "limit", DEFAULT_LIMIT, 1, MAX_LIMIT)
     wait_ms = bounded_int(values, "wait", 0, 0, MAX_WAIT_MS)
     examine = limit + EXAMINE_ALLOWANCE
@@ -78,13 +79,27 @@ async def serve_changes(
     }
 
 
-async def serve_selections(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
-    """Register ``{"streams": [path, ...]}``; answers its id and how many distinct paths it holds."""
+async def serve_selections(
+    engine: Engine,
+    request: Request,
+    max_body_bytes: int,
+    *,
+    keep: Callable[[str], bool] | None = None,
+    elsewhere: Callable[[bytes], Awaitable[int]] | None = None,
+) -> dict[str, Any]:
+    """Register ``{"streams": [path, ...]}``; answers its id and how many distinct paths it holds.
+
+    With ``--workers N`` (``shards/changefeed.py``) this worker holds only the paths ``keep`` holds
+    (its shard's), under the id of them all, and ``elsewhere`` registers the same body with the other
+    workers, answering how many paths they hold."""
     if request.method != "POST":
         raise MethodNotAllowed("register a selection with POST", headers={"Allow": "POST"})
-    document = await read_json_body(request.receive, request.headers, max_body_bytes, _SHAPE)
-    selection = await engine.register_selection(_paths(document))
-    return {"selection": selection.id, "streams": len(selection.paths)}
+    body = await read_body(request.receive, request.headers, max_body_bytes)
+    selection = await engine.register_selection(_paths(await parse_json(body, _SHAPE)), keep)
+    held = len(selection.paths)
+    if elsewhere is not None:
+        held += await elsewhere(body)
+    return {"selection": selection.id, "streams": held}
 
 
 def _paths(document: Any) -> list[str]:
@@ -107,8 +122,9 @@ def _paths(document: Any) -> list[str]:
     return paths
 
 
-def _matcher(engine: Engine, values: dict[str, str]) -> Match | None:
-    """What the selection parameters hold, all of them at once (``None``: every path)."""
+def matcher(engine: Engine, values: dict[str, str]) -> Match | None:
+    """What the selection parameters hold, all of them at once (``None``: every path); 400 or 404
+    naming a bad one."""
     tests: list[Match] = []
     prefix = values.get("prefix")
     if prefix:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
     from durastream_server.http.handlers import Request
     from durastream_server.http.live import LiveReaders
+    from durastream_server.shards.changefeed import ChangesFanOut
     from durastream_server.shards.fanout import ListingFanOut
 
 NAMESPACE: Final = "x-durastream"
@@ -64,15 +65,18 @@ class ExtensionResources:
         chunk_bytes: int,
         *,
         fan_out: ListingFanOut | None = None,
+        changes_fan_out: ChangesFanOut | None = None,
         withheld: frozenset[str] = frozenset(),
     ) -> None:
         self._engine = engine
         self._live = live
         self._max_body_bytes = max_body_bytes
         self._chunk_bytes = chunk_bytes
-        # --workers N > 1: the listing merges every shard's page (shards/fanout.py), and the
-        # extension document leaves out what the workers do not serve, as the header does.
+        # --workers N > 1: the listing merges every shard's page (shards/fanout.py), the change feed
+        # and selections span every shard (shards/changefeed.py), and the extension document leaves
+        # out what the workers do not serve, as the header does.
         self._fan_out = fan_out
+        self._changes_fan_out = changes_fan_out
         self._withheld = withheld
 
     async def handle(self, request: Request, subpath: str) -> None:
@@ -84,7 +88,7 @@ class ExtensionResources:
             )
             return
         if name == "selections":
-            document = await changes.serve_selections(self._engine, request, self._max_body_bytes)
+            document = await self._selections(request)
         elif name == "lookups":
             document = await multirange.serve_lookups(self._engine, request, self._max_body_bytes)
         elif name == "ensure":
@@ -108,7 +112,11 @@ class ExtensionResources:
             document = await self._listing(request)
         else:
             values = query_values(request.query_string, changes.PARAMETERS)
-            document = await changes.serve_changes(self._engine, self._live, request, values)
+            fan = self._changes_fan_out
+            if fan is None or fan.is_shard_part(request):
+                document = await changes.serve_changes(self._engine, self._live, request, values)
+            else:
+                document = await fan.page(request, values)
         body = (
             bulk.answer_body(document)
             if name in bulk.RESOURCES
@@ -120,6 +128,22 @@ class ExtensionResources:
         ]
         await responses.send_response(
             request.send, 200, headers, body, head=request.method == "HEAD"
+        )
+
+    async def _selections(self, request: Request) -> dict[str, Any]:
+        """Register a selection: with one worker here; else this shard's part here and the others'
+        in their workers (unless another worker asks for this shard's part alone)."""
+        fan = self._changes_fan_out
+        if fan is None:
+            return await changes.serve_selections(self._engine, request, self._max_body_bytes)
+        elsewhere = None
+        if not fan.is_shard_part(request):
+
+            async def elsewhere(body: bytes) -> int:
+                return await fan.register_elsewhere(request, body)
+
+        return await changes.serve_selections(
+            self._engine, request, self._max_body_bytes, keep=fan.keep, elsewhere=elsewhere
         )
 
     async def _listing(self, request: Request) -> dict[str, Any]:

@@ -67,15 +67,13 @@ class ListingFanOut:
         self._router = router
 
     def is_shard_page(self, request: Request) -> bool:
-        """Whether ``request`` is another worker asking for this shard's page alone: the header, sent
-        over the workers' Unix socket (a request from the public port with it gets the whole listing)."""
-        return SHARD_PAGE_HEADER in request.headers and self._router.from_worker(request.server)
+        return is_shard_page(self._router, request)
 
     async def merged(self, request: Request, local: dict[str, Any], limit: int) -> dict[str, Any]:
         """The whole server's page: ``local`` (this shard's) and every other shard's, merged. Raises
         ``ShardUnavailable`` (503) when a worker does not answer: never a partial listing."""
         router = self._router
-        head = _request_head(request)
+        head = request_head(request)
         others = [shard for shard in range(router.count) if shard != router.index]
         pages = await asyncio.gather(*(self._page(shard, head) for shard in others))
         return merge_pages([local, *pages], limit)
@@ -93,13 +91,24 @@ class ListingFanOut:
         return json.loads(body)
 
 
-def _request_head(request: Request) -> bytes:
-    """The GET sent to each other worker: the client's target and headers (its token included: each
-    worker checks it), marked as a shard's part of a fan-out."""
+def is_shard_page(router: ShardRouter, request: Request) -> bool:
+    """Whether ``request`` is another worker asking for this shard's part alone (of a listing, a
+    change page, a selection): the header, sent over the workers' Unix socket (a request from the
+    public port with it is answered for the whole server)."""
+    return SHARD_PAGE_HEADER in request.headers and router.from_worker(request.server)
+
+
+def request_head(
+    request: Request, query: bytes | None = None, *, method: bytes = b"GET", body: bytes = b""
+) -> bytes:
+    """The request sent to each other worker: ``method`` (a GET also for a client's HEAD: the part's
+    body is needed), the client's path and headers (its token included: each worker checks it),
+    ``query`` (default: the client's), marked as a shard's part of a fan-out, and ``body`` if any."""
     target = request.raw_path
-    if request.query_string:
-        target += b"?" + request.query_string
-    lines = [b"GET " + target + b" HTTP/1.1"]
+    query = request.query_string if query is None else query
+    if query:
+        target += b"?" + query
+    lines = [method + b" " + target + b" HTTP/1.1"]
     lines += [
         f"{name}: {value}".encode("latin-1")
         for name, value in request.headers.items()
@@ -108,4 +117,6 @@ def _request_head(request: Request) -> bytes:
     if "host" not in request.headers:
         lines.append(b"host: localhost")
     lines.append(f"{SHARD_PAGE_HEADER}: 1".encode())
-    return b"\r\n".join(lines) + b"\r\n\r\n"
+    if body:
+        lines.append(b"content-length: %d" % len(body))
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body

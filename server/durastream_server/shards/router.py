@@ -12,11 +12,11 @@ producer pay the forward once: between requests, a connection whose next request
 stream moves to its owner. What cannot move (TLS, pipelined requests, a request line not yet complete,
 an owner not answering, a connection moved recently) is forwarded here.
 
-The listing (``__ds/x-durastream/streams``) is served by the worker that receives it, which asks every
-other worker for its shard's page (``fetch``) and merges them (``fanout.py``). The other requests across
-streams (``__ds/`` resources: change feed, subscriptions, ``bulk-write``, multi-range reads; staged
-appends, whose handles may name many streams) are answered 501 by every worker: fanning them out is not
-built yet. A fork must hash to its source's shard (409).
+The listing (``__ds/x-durastream/streams``) and the change feed (``.../changes``, ``.../selections``)
+are served by the worker that receives them, which asks every other worker for its shard's part
+(``fetch``) and merges them (``fanout.py``, ``changefeed.py``). The other requests across streams
+(``__ds/`` resources: subscriptions, ``bulk-write``, multi-range reads; staged appends, whose handles
+may name many streams) are answered 501 by every worker: fanning them out is not built yet. A fork must hash to its source's shard (409).
 """
 
 from __future__ import annotations
@@ -61,8 +61,16 @@ _TXN_HEADERS: Final = (txn.TXN, txn.COMMIT, txn.ABORT, txn.TTL)  # staged append
 _FORKED_FROM: Final = b"stream-forked-from"
 _STREAM_PREFIX: Final = paths.STREAM_PREFIX.encode()
 # ``__ds/`` resources served with N > 1: the extension document (this worker's, which every worker
-# shares) and the listing (every shard's page, merged: fanout.py).
-_SERVED_ACROSS: Final = frozenset(("x-durastream/extensions", "x-durastream/streams"))
+# shares), the listing (every shard's page, merged: fanout.py) and the change feed and its selections
+# (every shard's part: changefeed.py).
+_SERVED_ACROSS: Final = frozenset(
+    (
+        "x-durastream/extensions",
+        "x-durastream/streams",
+        "x-durastream/changes",
+        "x-durastream/selections",
+    )
+)
 _READ_BYTES: Final = 64 * 1024
 # Idle connections kept open to each other shard (one is opened per concurrently forwarded request).
 _POOL_SIZE: Final = 32
@@ -148,7 +156,7 @@ class ShardRouter:
         own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
         if target.kind is paths.RouteKind.SUBSCRIPTIONS and target.target not in _SERVED_ACROSS:
             raise NotWithWorkers(
-                "this resource spans many streams (change feed, subscriptions, bulk-write, "
+                "this resource spans many streams (subscriptions, bulk-write, "
                 f"multi-range reads), which a server started with {FLAG} {self.count} does not serve "
                 f"yet; start the server with {FLAG} 1 for it"
             )
@@ -227,7 +235,7 @@ class ShardRouter:
         self._release(owner, upstream, keep)
 
     async def fetch(self, owner: int, head: bytes) -> tuple[int, bytes]:
-        """Send ``head`` (a complete GET, no body) to ``owner``'s worker: its answer's status and
+        """Send ``head`` (a complete request, its body included) to ``owner``'s worker: its answer's status and
         whole body (a fan-out's part, ``fanout.py``). A kept-open connection that fails (the owner
         restarted since it was pooled) is retried once on a new one; ``ShardUnavailable`` (503) when
         the owner does not answer."""

@@ -133,49 +133,52 @@ def test_the_extension_document_advertises_the_listing_and_not_what_workers_refu
     assert header == offered
 
 
+def answer_while_a_worker_is_down(
+    server: ServerProcess, resource: str, params: dict[str, str], down: int = 1
+) -> requests.Response:
+    """The answer to ``resource`` from the surviving worker while shard ``down``'s worker is dead
+    (SIGKILLed with the parent stopped, so it is not restarted while the request is made); returns
+    once the parent has restarted it."""
+    down_pid = worker_of_shard(server, down)
+    assert down_pid is not None
+    os.kill(server.pid, signal.SIGSTOP)  # no restart while the test looks
+    try:
+        os.kill(down_pid, signal.SIGKILL)
+        poll_until(lambda: _exited(down_pid), "the worker exited", timeout=30)
+        answers: list[requests.Response] = []
+
+        def answered() -> bool:
+            try:
+                answers.append(requests.get(server.stream_url(resource), params=params, timeout=60))
+            except requests.ConnectionError:  # made while the dead worker's listener closed
+                return False
+            return True
+
+        poll_until(answered, "an answer from the surviving worker", timeout=60)
+        health = requests.get(server.base_url + "/healthz").json()
+        assert health["shard"]["index"] != down
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    poll_until(
+        lambda: worker_of_shard(server, down) not in (None, down_pid),
+        "the worker restarted",
+        timeout=30,
+    )
+    return answers[0]
+
+
 def test_a_listing_while_a_worker_is_down_is_503_never_a_partial_page(
     workers: ServerProcess,
 ) -> None:
     streams = paths_on_both_shards("down/s", each=2)
     for path in streams:
         _create(workers, path)
-    survivor, down = 0, 1
-    down_pid = worker_of_shard(workers, down)
-    assert down_pid is not None
-    os.kill(workers.pid, signal.SIGSTOP)  # no restart while the test looks
-    try:
-        os.kill(down_pid, signal.SIGKILL)
-        poll_until(lambda: _exited(down_pid), "the worker exited", timeout=30)
-
-        answers: list[requests.Response] = []
-
-        def answered() -> bool:
-            try:
-                answers.append(
-                    requests.get(
-                        workers.stream_url("__ds/x-durastream/streams"),
-                        params={"prefix": "down/"},
-                        timeout=60,
-                    )
-                )
-            except requests.ConnectionError:  # made while the dead worker's listener closed
-                return False
-            return True
-
-        poll_until(answered, "an answer from the surviving worker", timeout=60)
-        response = answers[0]
-        assert response.status_code == 503, response.text
-        assert response.headers["Retry-After"] == "1"
-        assert json.loads(response.content)["error"]["code"] == "SHARD_UNAVAILABLE"
-        health = requests.get(workers.base_url + "/healthz").json()
-        assert health["shard"]["index"] == survivor
-    finally:
-        os.kill(workers.pid, signal.SIGCONT)
-    poll_until(
-        lambda: worker_of_shard(workers, down) not in (None, down_pid),
-        "the worker restarted",
-        timeout=30,
+    response = answer_while_a_worker_is_down(
+        workers, "__ds/x-durastream/streams", {"prefix": "down/"}
     )
+    assert response.status_code == 503, response.text
+    assert response.headers["Retry-After"] == "1"
+    assert json.loads(response.content)["error"]["code"] == "SHARD_UNAVAILABLE"
     poll_until(
         lambda: (
             requests.get(

@@ -1,25 +1,30 @@
 """The connector against ``durastream-server --workers 2`` (decision 0009, first step).
 
-A worker serves only its shard and answers what spans streams (staged appends, bulk writes, multi-range
-reads, the change feed) 501, and does not advertise those extensions. The connector must then do what it does
-on a server without them: the sink writes in ordered mode, exactly once across a failed task attempt,
-with each row's stream owned by either worker (so about half of the requests are forwarded); a batch
-read of explicit streams reads them one at a time; the listing is fanned out to every shard, so a
-``pattern`` read finds every stream; the rest answers 501 naming the flag.
+A worker serves only its shard and answers what spans streams and is not fanned out yet (staged
+appends, bulk writes, multi-range reads) 501, and does not advertise those extensions. The connector
+must then do what it does on a server without them: the sink writes in ordered mode, exactly once
+across a failed task attempt, with each row's stream owned by either worker (so about half of the
+requests are forwarded); a batch read of explicit streams reads them one at a time. The listing and
+the change feed are fanned out to every shard, so a ``pattern`` read finds every stream, and a
+streaming ``pattern`` query follows the change feed of both shards and waits on it when idle; the
+rest answers 501 naming the flag.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 
 import pytest
 import requests
 from pyspark.sql import functions as F
 
 from durastream_server.shards.layout import shard_of
+from tests.server.workers.test_workers import paths_on_both_shards
 from tests.spark.sink.probe import fail_first_attempt
 from tests.spark.sink.support import assert_exactly_once, read_stream, unique
-from tests.spark.source.support import BatchCollector, run_available_now
+from tests.spark.source.support import BatchCollector, reader_of, run_available_now
+from tests.support.http import poll_until
 from tests.support.server_process import ServerProcess
 
 pytestmark = pytest.mark.skipif(
@@ -109,7 +114,62 @@ def test_a_pattern_read_lists_every_shard_and_reads_each_row_once(
     assert sorted((r["value"], r["stream"]) for r in collector.rows) == expected
 
 
+def test_a_streaming_pattern_query_follows_both_shards_change_feed_each_row_once(
+    sink_spark, workers_server, tmp_path
+) -> None:
+    """Default trigger: the source's tracker follows the fanned-out change feed (``changes`` is
+    advertised), its idle triggers wait on it in both workers, and rows appended to streams of both
+    shards while it runs (a new stream included) arrive each once; ``stop()`` ends it while it waits."""
+    root = workers_server.base_url + "/v1/stream"
+    advertised = requests.get(workers_server.stream_url("__ds/x-durastream/extensions")).json()
+    assert "changes" in advertised["extensions"]
+    base = unique("follow")
+    streams = paths_on_both_shards(f"{base}/s", each=2)
+    late = paths_on_both_shards(f"{base}/late", each=1)  # new streams, one per shard
+
+    def write(rows: list[tuple[str, str]]) -> None:
+        sink_spark.createDataFrame(rows, "value string, stream string").write.format(
+            "durastream"
+        ).option("url", root).mode("append").save()
+
+    first = [(f'{{"m":"a{k}"}}', s) for k, s in enumerate(streams)]
+    write(first)
+    collector = BatchCollector(
+        lambda frame: frame.select("stream", F.col("value").cast("string").alias("value"))
+    )
+    query = (
+        reader_of(sink_spark, {"url": root, "pattern": f"{base}/*"})
+        .writeStream.foreachBatch(collector)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .start()
+    )
+
+    def seen() -> list[tuple[str, str]]:
+        return sorted((r["value"], r["stream"]) for r in collector.rows)
+
+    try:
+        poll_until(lambda: seen() == sorted(first), "the first rows read", timeout=120)
+        poll_until(
+            lambda: requests.get(workers_server.base_url + "/healthz").json()["waiters"] >= 1,
+            "an idle trigger parked on the change feed",
+            timeout=60,
+        )
+        second = [(f'{{"m":"b{k}"}}', s) for k, s in enumerate([*streams, *late])]
+        write(second)
+        poll_until(lambda: len(collector.rows) >= len(first) + len(second), "the rows", 120)
+        assert seen() == sorted(first + second)  # every row once, from both shards
+        stopper = threading.Thread(target=query.stop)
+        stopper.start()
+        stopper.join(60)  # generous: an idle wait is at most a second
+        assert not stopper.is_alive(), "query.stop() did not return"
+    finally:
+        if query.isActive:
+            query.stop()
+
+
 def test_what_spans_streams_and_is_not_built_is_refused_naming_the_flag(workers_server) -> None:
-    response = requests.get(workers_server.stream_url("__ds/x-durastream/changes"))
+    response = requests.post(
+        workers_server.stream_url("__ds/x-durastream/lookups"), json={"lookups": []}
+    )
     assert response.status_code == 501
     assert "--workers 2" in response.json()["error"]["message"]
