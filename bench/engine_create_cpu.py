@@ -21,8 +21,9 @@ and the I/O threads' syncs), the cyclic GC's CPU (``gc.callbacks``, in whichever
 the other two) and its collections by generation, and the wall seconds. The heap is frozen after start-up,
 as the server freezes it. ``--packed-appends`` opens the data directory with packed appends (decision 0010
 step 2), as the server's flag does. Checkouts alternate ``--repeat`` times; compare them in
-the same run. ``--profile PREFIX`` writes a cProfile of each bulk phase (loop thread) to
-``PREFIX-<phase>.prof`` of the first checkout's first run.
+the same run. ``--profile PREFIX`` writes a cProfile of each phase (loop thread) to
+``PREFIX-<phase>.prof`` of the first checkout's first run, and prints each phase's Python calls per
+create or entry (what a new stream makes, function by function: ``pstats`` on the file).
 
 Run: ``python bench/engine_create_cpu.py --server-src /work/main --server-src . [--count 5000] [--bulk 2000]``
 """
@@ -81,7 +82,7 @@ gc.callbacks.append(on_gc)
 def timed(figures, name, count):
     class Timer:
         def __enter__(self):
-            self.profile = cProfile.Profile() if PROFILE and name != "create" else None
+            self.profile = cProfile.Profile() if PROFILE else None
             self.g0, GC["collections"] = GC["seconds"], [0, 0, 0]
             self.t0, self.c0, self.p0 = time.perf_counter(), time.thread_time(), time.process_time()
             if self.profile: self.profile.enable()
@@ -96,6 +97,9 @@ def timed(figures, name, count):
                              "collections": GC["collections"]}
             if self.profile:
                 self.profile.dump_stats(f"{PROFILE}-{name.replace(' ', '_')}.prof")
+                self.profile.create_stats()
+                calls = sum(row[1] for row in self.profile.stats.values())
+                figures[name]["profiled_calls_per_item"] = round(calls / count, 1)
     return Timer()
 
 async def main():
@@ -155,9 +159,7 @@ def main() -> None:
     parser.add_argument("--bulk", type=int, default=0, help="entries of the bulk phases (0: skip)")
     parser.add_argument("--durability", choices=("fsync", "none"), default="fsync")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument(
-        "--profile", default="", help="cProfile the bulk phases to PREFIX-<phase>.prof"
-    )
+    parser.add_argument("--profile", default="", help="cProfile each phase to PREFIX-<phase>.prof")
     parser.add_argument(
         "--packed-appends",
         action="store_true",

@@ -111,20 +111,26 @@ class Registry:
         self._pending: Counter[str] = Counter()  # source id -> fork creations in flight
 
     def add(self, inc: Incarnation, *, current: bool) -> None:
-        self.by_id[inc.id] = inc
+        # The header read once (``path``, ``id`` and ``source_id`` are properties through the log:
+        # a create paid six of them here).
+        log = inc.log
+        header = log.header
+        path = header.path
+        self.by_id[log.id] = inc
         if current:
-            replaced = self.by_path.get(inc.path)
+            replaced = self.by_path.get(path)
             if replaced is None:
-                self.paths.add(inc.path)
+                self.paths.add(path)
             else:
                 self.expiring.discard(replaced)
-            self.by_path[inc.path] = inc
+            self.by_path[path] = inc
             if inc.lifetime.expires:
                 self.expiring.add(inc)
             if self.on_path is not None:
-                self.on_path(inc.path, live=not inc.soft_deleted)
-        if inc.source_id is not None:
-            self._forks.setdefault(inc.source_id, set()).add(inc.id)
+                self.on_path(path, live=not inc.soft_deleted)
+        source = header.fork_source_id
+        if source is not None:
+            self._forks.setdefault(source, set()).add(log.id)
 
     def remove(self, inc: Incarnation) -> None:
         """Forget a hard-deleted incarnation. Synchronous, so no request can see it half-removed."""

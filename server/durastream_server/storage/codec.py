@@ -107,6 +107,12 @@ def _frame(kind: int, parts: list[bytes] | tuple[bytes, ...]) -> bytearray:
     return buf
 
 
+def _frame_bytes(kind: int, body: bytes) -> bytes:
+    """``_frame(kind, (body,))`` as bytes, for a body that is already one ``bytes``: one pack and one
+    concatenation, no buffer, view and ``pack_into`` (a create's header record: ~0.6 -> ~0.2 us)."""
+    return FRAME.pack(MAGIC, FORMAT_VERSION, kind, len(body), crc32(body, _SEED[kind])) + body
+
+
 # One encoder for every header (``json.dumps`` with options builds one per call), and the header's
 # fields read directly (``asdict`` deep-copies each value): a create paid ~40 us here for both.
 _HEADER_JSON = json.JSONEncoder(separators=(",", ":"), sort_keys=True)
@@ -155,7 +161,7 @@ def _plain_template() -> str | None:
 _PLAIN = _plain_template()
 
 
-def encode_header(header: StreamHeader) -> bytearray:
+def encode_header(header: StreamHeader) -> bytes:
     path, content_type = header.path, header.content_type
     floor, created = header.append_time_floor_ms, header.created_at_ms
     position, sub_offset = header.fork_position, header.fork_sub_offset
@@ -188,7 +194,7 @@ def encode_header(header: StreamHeader) -> bytearray:
         body = _HEADER_JSON.encode(
             {name: getattr(header, name) for name in _HEADER_FIELDS}
         ).encode()
-    return _frame(Kind.HEADER, (body,))
+    return _frame_bytes(Kind.HEADER, body)
 
 
 def encode_soft_delete(record: SoftDelete) -> bytearray:

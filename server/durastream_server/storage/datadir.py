@@ -46,6 +46,7 @@ import os
 import random
 import secrets
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -171,7 +172,7 @@ class DataDir:
         self._packed_extents: dict[str, Extents] = {}
         self._packed_gaps: set[str] = set()
         self._pack_files = PackFiles(self.root)
-        self._streams = str(self.root / "streams")
+        self._streams = sys.intern(str(self.root / "streams"))  # shared by every SegmentTable
         self._catalog: catalog.Catalog | None = None
         self._lock_fd = lock_fd
         self._executor = ThreadPoolExecutor(
@@ -559,7 +560,7 @@ class DataDir:
             if self._ctx.sync:  # one shared WAL sync for every create in flight (committer.py)
                 creation = _NewStream(self, log_id, entry, header_frame, initial_frame, packed)
                 await self._committer.create(creation)
-                directory = creation.directory
+                directory = None  # streams/<log_id>: ``_new_log`` makes its table from the id
             else:
                 directory = await self._run(
                     self._build_stream, log_id, entry, header_frame, initial_frame
@@ -617,9 +618,7 @@ class DataDir:
         state = StreamState(
             tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
         )
-        stream = self._new_log(
-            creation.log_id, header, state, creation.directory, header_end, None, 0
-        )
+        stream = self._new_log(creation.log_id, header, state, None, header_end, None, 0)
         stream.packed = True
         return stream
 
@@ -653,7 +652,7 @@ class DataDir:
                     tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
                 )
                 stream = self._new_log(
-                    creation.log_id, header, state, creation.directory, len(creation.data), None, 0
+                    creation.log_id, header, state, None, len(creation.data), None, 0
                 )
                 stream.packed = True
                 made.append(stream)
@@ -666,8 +665,7 @@ class DataDir:
         state = StreamState(
             tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
         )
-        directory = os.path.join(self._streams, log_id)
-        stream = self._new_log(log_id, header, state, directory, header_end, None, 0)
+        stream = self._new_log(log_id, header, state, None, header_end, None, 0)
         stream.packed = True
         return stream
 
@@ -676,16 +674,22 @@ class DataDir:
         log_id: str,
         header: StreamHeader,
         state: StreamState,
-        directory: str,
+        directory: str | None,
         header_end: int,
         initial: AppendEntry | None,
         initial_len: int,
     ) -> StreamLog:
-        """The log of a stream just created (or packed): its header and optional initial record."""
+        """The log of a stream just created (or packed): its header and optional initial record.
+        ``directory`` None: ``streams/<log_id>`` (a packed create), its table made without
+        joining and splitting that path (issue 17: a create's objects)."""
         index = LogIndex(
-            SparseIndex(self.config.index_interval_bytes, last_time=header.append_time_floor_ms)
+            SparseIndex.starting_at(
+                self.config.index_interval_bytes,
+                header.fork_position,
+                header_end,
+                header.append_time_floor_ms,
+            )
         )
-        index.sparse.note(header.fork_position, header_end, 0)
         if initial is not None:
             index.note(initial.position, header_end, len(initial.messages), initial.timestamp_ms)
         stream = StreamLog(
@@ -693,7 +697,9 @@ class DataDir:
             log_id,
             header,
             state,
-            SegmentTable(directory, log_id, [0]),
+            SegmentTable.first(self._streams, log_id)
+            if directory is None
+            else SegmentTable(directory, log_id, (0,)),
             index,
             header_end + initial_len,
             header_end if initial is not None else 0,
@@ -855,7 +861,7 @@ class DataDir:
 class _NewStream:
     """A create riding a commit round (``committer.Creation``): made after the round's WAL sync."""
 
-    __slots__ = ("_owner", "log_id", "data", "directory", "_entry", "packed")
+    __slots__ = ("_owner", "log_id", "data", "_entry", "packed")
 
     def __init__(
         self,
@@ -870,8 +876,14 @@ class _NewStream:
         self.packed = packed  # the WAL entry alone (packs.py): never materialized
         self.log_id = log_id
         self.data = header_frame if initial_frame is None else header_frame + initial_frame
-        self.directory = os.path.join(owner._streams, log_id)
         self._entry = entry
+
+    @property
+    def directory(self) -> str:
+        """Joined when asked for: a packed create (nearly every create) never makes its directory,
+        and its log's ``SegmentTable`` is made from the data directory's ``streams/`` and the id
+        (``DataDir._new_log``), so most creates never build this string (issue 17)."""
+        return os.path.join(self._owner._streams, self.log_id)
 
     def catalog_line(self) -> bytes:
         return catalog.encode(self.log_id, self._entry)

@@ -119,6 +119,16 @@ class SparseIndex(_Points):
         if not len(self.positions) == len(self.offsets) == len(self.ordinals) == len(self.times):
             raise ValueError("sparse index arrays differ in length")
 
+    @classmethod
+    def starting_at(cls, interval: int, position: int, offset: int, last_time: int) -> SparseIndex:
+        """``SparseIndex(interval, last_time=last_time)`` with its first point ``note(position,
+        offset, 0)``: a new log's (its start, after its header record), in one step, from shared
+        arrays when the values are shared ones (a create: issue 17)."""
+        index = cls(interval, last_time=last_time)
+        if not index._share_first(position, offset):
+            index.note(position, offset, 0)
+        return index
+
     def note(self, position: int, offset: int, n_messages: int, timestamp_ms: int = 0) -> None:
         """Called for every record start (``n_messages`` in the record, appended at ``timestamp_ms``;
         0 messages for the stream's first point, which is not a record); keeps one point per

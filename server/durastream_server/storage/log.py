@@ -408,7 +408,7 @@ class StreamLog:
         root = self._ctx.committer.packs.root
         return Promotion(
             self.id,
-            bytes(codec.encode_header(self.header)),
+            codec.encode_header(self.header),
             self.directory,
             self._ctx.cache,
             catalog.Entry(self.header.path, self.header.fork_source_id),

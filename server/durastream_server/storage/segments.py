@@ -35,6 +35,7 @@ def segment_name(base: int) -> str:
 
 
 _new_tuple = tuple.__new__
+_FIRST = (0,)  # the bases of a log with its first segment only (shared: tuples are immutable)
 
 
 class SegmentTable:
@@ -59,6 +60,16 @@ class SegmentTable:
         self._root = sys.intern(root)
         self.log_id = log_id
         self.bases = tuple(bases)
+
+    @classmethod
+    def first(cls, root: str, log_id: str) -> SegmentTable:
+        """The table of a new log in ``root``/``log_id`` with its first segment only: a create's,
+        without ``__init__``'s split and check of a joined path (``root`` already interned)."""
+        table = cls.__new__(cls)
+        table._root = root
+        table.log_id = log_id
+        table.bases = _FIRST
+        return table
 
     def extend(self, bases: Sequence[int]) -> None:
         """New segments (ascending, after the last)."""

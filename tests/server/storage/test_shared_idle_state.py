@@ -4,11 +4,15 @@ show in another's."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from durastream_server.storage import table
 from durastream_server.storage.index import LogIndex, SparseIndex
 from durastream_server.storage.records import AppendEntry, CommittedHandle, ProducerTuple
+from durastream_server.storage.segments import SegmentTable
 from durastream_server.storage.state import (
     ForgottenGroup,
     ProducerState,
@@ -58,6 +62,36 @@ def test_a_first_point_that_is_not_shared_is_the_indexs_own() -> None:
     big.note(5_000_100, 500, 1, 1_900_000_000_001)
     assert list(big.positions) == [5_000_000, 5_000_100]
     assert list(big.times) == [1_900_000_000_000, 1_900_000_000_001]
+
+
+@pytest.mark.parametrize(
+    ("position", "offset", "last_time"), [(0, 120, 0), (5_000_000, 300, 1_900_000_000_000)]
+)
+def test_an_index_started_in_one_step_is_the_one_noted_in_two(
+    position: int, offset: int, last_time: int
+) -> None:
+    """``SparseIndex.starting_at`` (a create's) against the index it replaces, shared arrays or not:
+    the same points, and its second point leaves every other index as it was."""
+    two = SparseIndex(100, last_time=last_time)
+    two.note(position, offset, 0)
+    one = SparseIndex.starting_at(100, position, offset, last_time)
+    other = SparseIndex.starting_at(100, position, offset, last_time)
+    for index in (one, two):
+        index.note(position + 10, offset + 200, 2, last_time + 1)
+    for name in ("positions", "offsets", "ordinals", "times"):
+        assert list(getattr(one, name)) == list(getattr(two, name))
+        assert len(getattr(other, name)) == 1  # untouched by the others' second point
+    assert (one.messages, one.last_time) == (two.messages, two.last_time) == (2, last_time + 1)
+
+
+def test_a_new_logs_segment_table_is_the_one_made_from_its_directory(tmp_path: Path) -> None:
+    root = str(tmp_path / "streams")
+    made = SegmentTable.first(root, "0123abcd")
+    joined = SegmentTable(os.path.join(root, "0123abcd"), "0123abcd", [0])
+    assert (made.directory, made.bases, made.last) == (joined.directory, joined.bases, joined.last)
+    assert made.path(0) == joined.path(0) and made.key(0) == joined.key(0)
+    made.extend([4096])
+    assert made.bases == (0, 4096) and SegmentTable.first(root, "x").bases == (0,)
 
 
 def test_the_recent_window_is_dropped_when_idle_and_made_again_by_the_next_record() -> None:
