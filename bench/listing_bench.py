@@ -21,7 +21,8 @@ of every page's bytes (the same on both sides of a change: answers must not chan
 before the change, for a before/after comparison on the same data directory.
 
 Run: ``python bench/listing_bench.py [--streams 100000] [--requests 200] [--server-src DIR] [--dir DIR]
-[--walks N [--walks-only]]``
+[--walks N [--walks-only] [--prefix P]] [--data NAME] [--packed]``; ``--dir`` of ``fanout_bench.py`` with
+``--prefix ten/`` and ``--data data1 --packed`` walks its packed streams.
 """
 
 from __future__ import annotations
@@ -117,7 +118,9 @@ def full_walk(session: requests.Session, url: str) -> tuple[float, int, int]:
         after = page["next"]
 
 
-def connector_walks(session: requests.Session, url: str, walks: int, pid: int) -> None:
+def connector_walks(
+    session: requests.Session, url: str, walks: int, pid: int, prefix: str = "tenant-"
+) -> None:
     """Print the server CPU a walk (all ``walks`` together over their number: the kernel counts CPU in
     10 ms ticks) of every stream by ``prefix`` in pages of 1,000 (the batch read's listing), the
     median wall time of one, and the sha256 of the pages' bytes."""
@@ -125,7 +128,7 @@ def connector_walks(session: requests.Session, url: str, walks: int, pid: int) -
     def walk() -> str:
         digest, after = hashlib.sha256(), None
         while True:
-            params = {"prefix": "tenant-", "limit": 1000, **({"after": after} if after else {})}
+            params = {"prefix": prefix, "limit": 1000, **({"after": after} if after else {})}
             response = session.get(url, params=params, timeout=120)
             response.raise_for_status()
             digest.update(response.content)
@@ -186,7 +189,7 @@ def index_costs(count: int) -> tuple[float, float]:
 
 def main(args: argparse.Namespace) -> None:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="listing-bench-"))
-    data_dir = root / "data"
+    data_dir = root / args.data
     if not (data_dir / "streams").exists():
         started = time.perf_counter()
         asyncio.run(populate(data_dir, args.streams))
@@ -196,7 +199,8 @@ def main(args: argparse.Namespace) -> None:
     if args.server_src:
         os.environ["PYTHONPATH"] = str(Path(args.server_src) / "server")
     server_process.STARTUP_TIMEOUT_SECONDS = 900.0
-    server = ServerProcess(data_dir, extra_args=("--durability", "none"))
+    extra = ("--packed-appends",) if args.packed else ("--durability", "none")
+    server = ServerProcess(data_dir, extra_args=extra)
     started = time.perf_counter()
     server.start()
     print(
@@ -206,7 +210,7 @@ def main(args: argparse.Namespace) -> None:
     try:
         with requests.Session() as session:
             if args.walks:
-                connector_walks(session, url, args.walks, server.pid)
+                connector_walks(session, url, args.walks, server.pid, args.prefix)
                 if args.walks_only:
                     return
             for name, params in (
@@ -263,4 +267,7 @@ if __name__ == "__main__":
     parser.add_argument("--dir", help="reuse this directory (its data/ is created once)")
     parser.add_argument("--walks", type=int, default=0, help="connector walks to time")
     parser.add_argument("--walks-only", action="store_true", help="time the walks alone")
+    parser.add_argument("--prefix", default="tenant-", help="the walks' prefix")
+    parser.add_argument("--data", default="data", help="the data directory under --dir")
+    parser.add_argument("--packed", action="store_true", help="serve with --packed-appends")
     main(parser.parse_args())
