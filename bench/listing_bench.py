@@ -13,10 +13,16 @@ data directory and everything measured is HTTP from this machine's loopback:
 3. in this process, the index itself at that size: add and remove one path in the server's ``SortedList``,
    against ``bisect.insort`` and ``del`` on a plain sorted list.
 
+``--walks N`` (with ``--walks-only`` alone): the connector's walk, N times: every stream in pages of 1,000
+by ``prefix`` (what ``list_stream_columns`` asks for a batch read), the server's CPU a walk and the sha256
+of every page's bytes (the same on both sides of a change: answers must not change).
+
 ``--server-src DIR`` runs the server from another checkout (``PYTHONPATH=DIR/server``), e.g. ``/work/main``
 before the change, for a before/after comparison on the same data directory.
 
-Run: ``python bench/listing_bench.py [--streams 100000] [--requests 200] [--server-src DIR] [--dir DIR]``
+Run: ``python bench/listing_bench.py [--streams 100000] [--requests 200] [--server-src DIR] [--dir DIR]
+[--walks N [--walks-only] [--prefix P]] [--data NAME] [--packed]``; ``--dir`` of ``fanout_bench.py`` with
+``--prefix ten/`` and ``--data data1 --packed`` walks its packed streams.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import hashlib
 import multiprocessing
 import os
 import statistics
@@ -111,6 +118,38 @@ def full_walk(session: requests.Session, url: str) -> tuple[float, int, int]:
         after = page["next"]
 
 
+def connector_walks(
+    session: requests.Session, url: str, walks: int, pid: int, prefix: str = "tenant-"
+) -> None:
+    """Print the server CPU a walk (all ``walks`` together over their number: the kernel counts CPU in
+    10 ms ticks) of every stream by ``prefix`` in pages of 1,000 (the batch read's listing), the
+    median wall time of one, and the sha256 of the pages' bytes."""
+
+    def walk() -> str:
+        digest, after = hashlib.sha256(), None
+        while True:
+            params = {"prefix": prefix, "limit": 1000, **({"after": after} if after else {})}
+            response = session.get(url, params=params, timeout=120)
+            response.raise_for_status()
+            digest.update(response.content)
+            after = response.json()["next"]
+            if after is None:
+                return digest.hexdigest()
+
+    digests = {walk()}  # warm-up
+    walls = []
+    cpu = server_cpu_seconds(pid)
+    for _ in range(walks):
+        started = time.perf_counter()
+        digests.add(walk())
+        walls.append(time.perf_counter() - started)
+    cpu = server_cpu_seconds(pid) - cpu
+    print(
+        f"connector walk (prefix, limit 1000) x{walks}: server CPU {cpu / walks * 1000:.1f} ms a "
+        f"walk, wall median {statistics.median(walls) * 1000:.1f} ms; sha256 {' '.join(digests)}"
+    )
+
+
 def loop_listing(url: str, stop: multiprocessing.Event) -> None:  # type: ignore[valid-type]
     with requests.Session() as session:
         while not stop.is_set():  # type: ignore[attr-defined]
@@ -150,7 +189,7 @@ def index_costs(count: int) -> tuple[float, float]:
 
 def main(args: argparse.Namespace) -> None:
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="listing-bench-"))
-    data_dir = root / "data"
+    data_dir = root / args.data
     if not (data_dir / "streams").exists():
         started = time.perf_counter()
         asyncio.run(populate(data_dir, args.streams))
@@ -160,7 +199,8 @@ def main(args: argparse.Namespace) -> None:
     if args.server_src:
         os.environ["PYTHONPATH"] = str(Path(args.server_src) / "server")
     server_process.STARTUP_TIMEOUT_SECONDS = 900.0
-    server = ServerProcess(data_dir, extra_args=("--durability", "none"))
+    extra = ("--packed-appends",) if args.packed else ("--durability", "none")
+    server = ServerProcess(data_dir, extra_args=extra)
     started = time.perf_counter()
     server.start()
     print(
@@ -169,6 +209,10 @@ def main(args: argparse.Namespace) -> None:
     url = server.base_url + LISTING
     try:
         with requests.Session() as session:
+            if args.walks:
+                connector_walks(session, url, args.walks, server.pid, args.prefix)
+                if args.walks_only:
+                    return
             for name, params in (
                 (
                     "prefix pattern tenant-42/*, limit 1000",
@@ -221,4 +265,9 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=200, help="pages timed per pattern")
     parser.add_argument("--server-src", help="run the server from this checkout (e.g. /work/main)")
     parser.add_argument("--dir", help="reuse this directory (its data/ is created once)")
+    parser.add_argument("--walks", type=int, default=0, help="connector walks to time")
+    parser.add_argument("--walks-only", action="store_true", help="time the walks alone")
+    parser.add_argument("--prefix", default="tenant-", help="the walks' prefix")
+    parser.add_argument("--data", default="data", help="the data directory under --dir")
+    parser.add_argument("--packed", action="store_true", help="serve with --packed-appends")
     main(parser.parse_args())

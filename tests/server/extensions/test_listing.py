@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
@@ -62,6 +63,31 @@ def test_entries_and_prefix(durastream_server: ServerProcess, tree: str) -> None
         "closed": True,
     }
     assert by_path[f"{tree}/a"]["closed"] is False
+
+
+def test_the_page_is_the_bytes_json_dumps_gives(durastream_server: ServerProcess) -> None:
+    """The page is encoded by msgspec from the engine's entries (no dict a stream); its bytes are
+    those ``json.dumps`` gave, also for text JSON must escape or may leave as it is."""
+    root = f"list-bytes-{uuid.uuid4().hex[:8]}"
+    odd = {
+        f"{root}/caf\u00e9-\u65e5\u672c": "text/plain; charset=utf-8",
+        f"{root}/q'uote\\back": 'application/x-thing; name="a\\b"',
+        f"{root}/plain": JSON,
+    }
+    for path, content_type in odd.items():
+        create(durastream_server, path, b"", content_type=content_type)
+    append(durastream_server, f"{root}/plain", b'["x"]', close=True)
+    response = requests.get(
+        durastream_server.base_url + "/v1/stream/__ds/x-durastream/streams",
+        params={"prefix": f"{root}/"},
+        timeout=TIMEOUT,
+    )
+    assert response.status_code == 200, response.text
+    document = json.loads(response.content)
+    assert {item["path"]: item["content_type"] for item in document["streams"]} == odd
+    assert list(document["streams"][0]) == ["path", "content_type", "next_offset", "closed"]
+    expected = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    assert response.content == expected
 
 
 def test_pagination(durastream_server: ServerProcess, tree: str) -> None:

@@ -279,6 +279,8 @@ _BODIES = [
     json.dumps({"ranges": [_OK] * 3}).encode(),
     json.dumps({"ranges": [_OK], "format": "frames-lines"}).encode(),
     b' {"ranges" : [ {"end":"x","offset":"1","path":"p"} ] }\n',
+    # the longest text, in characters (msgspec's length check), not bytes
+    json.dumps({"ranges": [{**_OK, "path": "\u00e9" * 4096}]}, ensure_ascii=False).encode(),
     b'{"ranges":[{"path":"a","path":"b","offset":"-1","end":"x"}]}',  # the last one wins, as json
     json.dumps({"ranges": [{**_OK, "extra": {"deep": [[[1]]]}}]}).encode(),  # accepted, ignored
     json.dumps({"ranges": [_OK], "extra": 1}).encode(),
@@ -291,6 +293,9 @@ _BODIES = [
     json.dumps({"ranges": [{**_OK, "path": 7}]}).encode(),
     json.dumps({"ranges": [{**_OK, "path": "a\x00b"}]}).encode(),
     json.dumps({"ranges": [{**_OK, "end": "9" * 4097}]}).encode(),
+    json.dumps({"ranges": [{**_OK, "path": "\u00e9" * 4097}]}, ensure_ascii=False).encode(),
+    json.dumps({"ranges": [{**_OK, "offset": ""}]}).encode(),
+    b'{"ranges":[{"path":"a\x00b","offset":"-1","end":"x"}]}',  # a raw NUL: not JSON
     json.dumps({"ranges": [{**_OK, "path": "caf\u00e9"}]}).encode(),  # a \u escape
     b'{"ranges":[{"path":"\\ud800","offset":"-1","end":"x"}]}',  # an unpaired surrogate
     b'{"ranges":[{"path":"a\xff","offset":"-1","end":"x"}]}',  # not UTF-8
@@ -316,5 +321,5 @@ def test_a_plain_reads_body_is_read_as_the_general_parse_reads_it(body: bytes) -
         assert got is None, (body[:80], expected)
     elif got is not None:
         assert got == expected
-    plain = body in _BODIES[:4]
+    plain = body in _BODIES[:5]
     assert (got is not None) == plain, body[:80]
