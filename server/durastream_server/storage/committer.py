@@ -99,7 +99,7 @@ _SYNCS_PER_JOB = 16
 PACKED_SEGMENT_BYTES = 1 << 62
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per log per round (as ``writer.WriteTarget``)
 class RoundJob:
     """One log's batch in a round: its records and where they go."""
 
@@ -114,7 +114,7 @@ class RoundJob:
     packed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as ``BatchResult``
 class PackedResult(BatchResult):
     """``BatchResult`` of a packed job: where its records went in the round's WAL file (one
     entry, its records ``length`` bytes at ``records_at`` of WAL ``generation``)."""
