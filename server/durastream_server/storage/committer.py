@@ -99,7 +99,7 @@ _SYNCS_PER_JOB = 16
 PACKED_SEGMENT_BYTES = 1 << 62
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per log per round (as ``writer.WriteTarget``)
 class RoundJob:
     """One log's batch in a round: its records and where they go."""
 
@@ -114,7 +114,7 @@ class RoundJob:
     packed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as ``BatchResult``
 class PackedResult(BatchResult):
     """``BatchResult`` of a packed job: where its records went in the round's WAL file (one
     entry, its records ``length`` bytes at ``records_at`` of WAL ``generation``)."""
@@ -258,14 +258,12 @@ class Committer:
         self._wal: WalFile | None = None
         self._pins: dict[int, Handle] = {}  # handles written through in the current WAL file
         self._made: list[str] = []  # directories created in the current WAL file
-        self._failure: BaseException | None = None
+        # Set once the WAL's state is unknown: no log may write until a restart (module docstring).
+        # Only ``_fail`` sets it. A plain attribute, not a property: every stage and every round job
+        # reads it (issue 17).
+        self.failure: BaseException | None = None
         self._closed = False
         self.rounds = 0  # rounds written (observability, tests)
-
-    @property
-    def failure(self) -> BaseException | None:
-        """Set once the WAL's state is unknown: no log may write until a restart (module docstring)."""
-        return self._failure
 
     # ------------------------------------------------------------------------------------ the loop
 
@@ -548,8 +546,8 @@ class Committer:
             )
 
     def _fail(self, exc: BaseException, what: str) -> None:
-        if self._failure is None:
-            self._failure = exc
+        if self.failure is None:
+            self.failure = exc
             log.error(
                 "%s: %r; no stream of this data directory accepts writes until the server is "
                 "restarted (the restart replays the write-ahead log)",
@@ -568,7 +566,7 @@ class Committer:
             await asyncio.shield(self._task)
         if self._checkpoint is not None:
             await asyncio.shield(self._checkpoint)
-        if (self._wal is not None or self._pins or self._made) and self._failure is None:
+        if (self._wal is not None or self._pins or self._made) and self.failure is None:
             *_, retired, _ = await asyncio.get_running_loop().run_in_executor(
                 self._thread, self._write_round, [], True, [], [], []
             )
@@ -612,8 +610,8 @@ class Committer:
             self._wal = None
             self._pins = {}
             self._made = []
-        if self._failure is not None:
-            failure = self._failure
+        if self.failure is not None:
+            failure = self.failure
             return [failure] * len(jobs), [failure] * len(creates), failure, -1, retired, None
         wal = self._wal_dir is not None
         results: list[BatchResult | BaseException] = []
@@ -696,7 +694,7 @@ class Committer:
                         done.end,
                         generation,
                         at[k],
-                        sum(len(f) for f in entries[k].records),
+                        sum(map(len, entries[k].records)),
                     )
         promoted = []
         unpromoted = []

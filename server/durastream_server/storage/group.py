@@ -56,7 +56,7 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _APPEND_SEED = crc32(bytes([codec.Kind.APPEND]))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as ``BatchResult``
 class GroupResult(BatchResult):
     """``BatchResult`` for a one-group batch (``offsets`` holds the group's last record), plus every
     record of the group for the index: ``(position, global offset, message count)``."""

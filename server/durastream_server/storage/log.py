@@ -173,7 +173,10 @@ _Queued = tuple[_Item, "asyncio.Future[None]"]
 
 def _batch_bytes(batch: list[_Queued]) -> int:
     """About how many bytes a batch's records take (payload plus per-message overhead)."""
-    return sum(item.cost if type(item) is AppendEntry else 64 for item, _ in batch)  # type: ignore[union-attr]
+    cost = 0
+    for item, _ in batch:  # a loop, not a generator: most batches hold one entry (issue 17)
+        cost += item.cost if type(item) is AppendEntry else 64  # type: ignore[union-attr]
+    return cost
 
 
 class _Rare:
@@ -711,7 +714,10 @@ class StreamLog:
         """After a batch: the next turn if more is queued, else idle."""
         # A packed log whose batch was packed records may have a promotion waiting (``ensure_
         # directory`` came while that batch was in flight): its turn too.
-        if (self._queue or (self.packed and self._promote_waiters)) and self._failure is None:
+        rare = self._rare  # read once: a ``_rare_field`` read is a call (this runs every round)
+        if rare is not None and rare._failure is not None:
+            self._set_idle()
+        elif self._queue or (self.packed and rare is not None and rare._promote_waiters):
             self._ctx.committer.schedule(self)
         else:
             self._set_idle()
@@ -739,7 +745,11 @@ class StreamLog:
     def _commit(self, batch: list[_Queued], result: BatchResult) -> None:
         # A batch of a bulk request's entries only (each completion a ``Slot``) keeps neither the
         # index's recent window nor the hot tail unless a reader is parked on the log (below).
-        bulk = all(isinstance(fut, Slot) for _, fut in batch)
+        bulk = True
+        for _, fut in batch:  # a loop, not ``all`` over a generator: most batches hold one entry
+            if not isinstance(fut, Slot):
+                bulk = False
+                break
         index = self._index
         note = index.sparse.note if bulk else index.note
         tail = None

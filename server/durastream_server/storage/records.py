@@ -20,6 +20,7 @@ from durastream_server.frozen import quick_init
 MESSAGE_OVERHEAD: Final = 24
 
 
+@quick_init  # one per producer request (issue 17)
 @dataclass(frozen=True, slots=True)
 class ProducerTuple:
     """(Producer-Id, Producer-Epoch, Producer-Seq) of one append request."""
@@ -61,6 +62,7 @@ class StreamHeader:
 
 
 @quick_init
+@quick_init  # one per append request: ~1 us less than the dataclass's own (issue 17, h52)
 @dataclass(frozen=True, slots=True)
 class AppendEntry:
     """One committed append request: zero or more messages, optionally closing the stream.
@@ -91,7 +93,7 @@ class AppendEntry:
     size: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "size", sum(map(len, self.messages)))
+        _set_append_size(self, sum(map(len, self.messages)))
 
     @property
     def end(self) -> int:
@@ -101,6 +103,10 @@ class AppendEntry:
     def cost(self) -> int:
         """What this entry counts against a byte budget: its bytes plus the per-message overhead."""
         return self.size + MESSAGE_OVERHEAD * len(self.messages)
+
+
+# ``size``'s slot, set directly (``object.__setattr__`` looks it up and checks it per call).
+_set_append_size = AppendEntry.__dict__["size"].__set__
 
 
 @dataclass(frozen=True, slots=True)

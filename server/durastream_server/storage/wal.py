@@ -114,7 +114,7 @@ class Kind(IntEnum):
 _NO_SEGMENT = frozenset((Kind.DROP, Kind.PACKED, Kind.UNPROMOTE, Kind.PACKED_RECORDS))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per log per round (as ``writer.WriteTarget``)
 class WalEntry:
     """Records bound for one segment file: where they go, and the bytes."""
 
