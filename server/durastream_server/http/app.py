@@ -39,6 +39,7 @@ from durastream_server.logformat import REQUEST_ID
 from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.metrics.exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from durastream_server.metrics.exposition import Exporter
+from durastream_server.metrics.shards import merged_exposition
 from durastream_server.shards.changefeed import ChangesFanOut
 from durastream_server.shards.fanout import ListingFanOut, is_shard_page
 from durastream_server.shards.overview import ask_the_others, whole_health
@@ -542,12 +543,22 @@ class DurastreamApp:
         return await self._backend.engine.census()
 
     async def _metrics(self, request: Request) -> None:
-        """``GET /metrics``: the Prometheus text format (``metrics/exposition.py``)."""
+        """``GET /metrics``: the Prometheus text format (``metrics/exposition.py``); with
+        ``--workers N``, every shard's (``metrics/shards.py``)."""
         if request.method not in ("GET", "HEAD"):
             raise MethodNotAllowed("metrics are read with GET", headers={"Allow": "GET, HEAD"})
         if self._exporter is None:
             raise NotFound("the server is not serving yet")
         body = await self._exporter.render()
+        router = self._router
+        if router is not None and router.count > 1 and not is_shard_page(router, request):
+            # --workers N: every shard's series, labelled (metrics/shards.py); 200 even when a
+            # worker does not answer (its series absent, durastream_shard_up 0)
+            answers = await ask_the_others(router, request)
+            expositions = {
+                k: None if a is None or a[0] != 200 else a[1] for k, a in answers.items()
+            }
+            body = merged_exposition({router.index: body, **expositions})
         headers = [
             ("Content-Type", METRICS_CONTENT_TYPE),
             ("Cache-Control", responses.CACHE_NO_STORE),

@@ -13,7 +13,10 @@ import sys
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
+from durastream_server.metrics.shards import merged_exposition
 from durastream_server.shards.fanout import SHARD_PAGE_HEADER
 from durastream_server.shards.overview import whole_health
 from tests.server.workers.test_listing import answer_while_a_worker_is_down
@@ -116,3 +119,57 @@ def test_a_dead_worker_makes_healthz_503_naming_its_shard_then_healthy_again(
         return answer.status_code == 200 and answer.json()["unhealthy_shards"] == []
 
     poll_until(healthy, "the server healthy again", timeout=60)
+
+
+def _samples(text: str) -> list[Sample]:
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def test_merged_exposition_labels_every_shard_and_marks_the_missing_ones_down() -> None:
+    one = b'# HELP x_total Things.\n# TYPE x_total counter\nx_total{route="a"} 2.0\n'
+    text = merged_exposition({0: one, 1: one, 2: None, 3: b"not { a metric"}).decode()
+    assert text.count("# HELP x_total ") == 1 and text.count("# TYPE x_total counter") == 1
+    by_name = {(s.name, s.labels.get("shard")): s for s in _samples(text)}
+    assert by_name[("x_total", "0")].labels == {"route": "a", "shard": "0"}
+    assert ("x_total", "1") in by_name and ("x_total", "2") not in by_name
+    assert [by_name[("durastream_shard_up", str(k))].value for k in range(4)] == [1, 1, 0, 0]
+
+
+def _scrape(server: ServerProcess) -> list[Sample]:
+    response = requests.get(server.base_url + "/metrics", timeout=30)
+    assert response.status_code == 200, response.text
+    text = response.text
+    helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")]
+    assert len(helps) == len(set(helps)), "HELP once per family"
+    return _samples(text)
+
+
+def test_metrics_from_either_worker_hold_both_shards_series(workers: ServerProcess) -> None:
+    for path in paths_on_both_shards("metrics/s", each=2):
+        response = requests.put(workers.stream_url(path), headers={"Content-Type": "text/plain"})
+        assert response.status_code in (200, 201), response.text
+    for _ in range(4):  # connections reach either worker
+        samples = _scrape(workers)
+        assert {s.labels.get("shard") for s in samples} == {"0", "1"}
+        values = {
+            (s.name, s.labels["shard"]): s.value for s in samples if not s.labels.keys() - {"shard"}
+        }
+        assert [values[("durastream_shard_up", k)] for k in "01"] == [1, 1]
+        assert values[("durastream_streams", "0")] >= 2 and values[("durastream_streams", "1")] >= 2
+        assert ("process_resident_memory_bytes", "1") in values
+
+
+def test_metrics_while_a_worker_is_down_hold_the_others_and_mark_it_down(
+    workers: ServerProcess,
+) -> None:
+    response = answer_while_a_worker_is_down(workers, "", {}, url=workers.base_url + "/metrics")
+    assert response.status_code == 200, response.text
+    samples = _samples(response.text)
+    up = {s.labels["shard"]: s.value for s in samples if s.name == "durastream_shard_up"}
+    assert up == {"0": 1, "1": 0}
+    assert {s.labels.get("shard") for s in samples if s.name != "durastream_shard_up"} == {"0"}
+    poll_until(
+        lambda: {s.labels.get("shard") for s in _scrape(workers)} == {"0", "1"},
+        "both shards scraped again",
+        timeout=60,
+    )
