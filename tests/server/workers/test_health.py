@@ -16,7 +16,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from durastream_server.metrics.shards import merged_exposition
+from durastream_server.metrics.shards import UP, merged_exposition
 from durastream_server.shards.fanout import SHARD_PAGE_HEADER
 from durastream_server.shards.overview import whole_health
 from tests.server.workers.test_listing import answer_while_a_worker_is_down
@@ -173,3 +173,20 @@ def test_metrics_while_a_worker_is_down_hold_the_others_and_mark_it_down(
         "both shards scraped again",
         timeout=60,
     )
+
+
+def test_with_tokens_every_shard_checks_the_scrapes_token(
+    server_factory,  # type: ignore[no-untyped-def]
+) -> None:
+    token = "metrics-token-0123456789"
+    server = server_factory(extra_args=(*WORKERS, "--auth-token", f"{token}:read-only:ten/"))
+    for _ in range(4):  # connections reach either worker
+        assert requests.get(server.base_url + "/metrics", timeout=30).status_code == 401
+        response = requests.get(
+            server.base_url + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        )
+        assert response.status_code == 200, response.text
+        up = {s.labels["shard"]: s.value for s in _samples(response.text) if s.name == UP}
+        assert up == {"0": 1, "1": 1}  # the token carried to the other worker passed its check
+        health = requests.get(server.base_url + "/healthz", timeout=30)  # anonymous, as always
+        assert (health.status_code, health.json()["unhealthy_shards"]) == (200, [])
