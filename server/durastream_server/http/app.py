@@ -39,8 +39,10 @@ from durastream_server.logformat import REQUEST_ID
 from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.metrics.exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from durastream_server.metrics.exposition import Exporter
+from durastream_server.metrics.shards import merged_exposition
 from durastream_server.shards.changefeed import ChangesFanOut
-from durastream_server.shards.fanout import ListingFanOut
+from durastream_server.shards.fanout import ListingFanOut, is_shard_page
+from durastream_server.shards.overview import ask_the_others, whole_health
 
 if TYPE_CHECKING:
     from durastream_server.engine.census import Census
@@ -541,12 +543,22 @@ class DurastreamApp:
         return await self._backend.engine.census()
 
     async def _metrics(self, request: Request) -> None:
-        """``GET /metrics``: the Prometheus text format (``metrics/exposition.py``)."""
+        """``GET /metrics``: the Prometheus text format (``metrics/exposition.py``); with
+        ``--workers N``, every shard's (``metrics/shards.py``)."""
         if request.method not in ("GET", "HEAD"):
             raise MethodNotAllowed("metrics are read with GET", headers={"Allow": "GET, HEAD"})
         if self._exporter is None:
             raise NotFound("the server is not serving yet")
         body = await self._exporter.render()
+        router = self._router
+        if router is not None and router.count > 1 and not is_shard_page(router, request):
+            # --workers N: every shard's series, labelled (metrics/shards.py); 200 even when a
+            # worker does not answer (its series absent, durastream_shard_up 0)
+            answers = await ask_the_others(router, request)
+            expositions = {
+                k: None if a is None or a[0] != 200 else a[1] for k, a in answers.items()
+            }
+            body = merged_exposition({router.index: body, **expositions})
         headers = [
             ("Content-Type", METRICS_CONTENT_TYPE),
             ("Cache-Control", responses.CACHE_NO_STORE),
@@ -573,8 +585,27 @@ class DurastreamApp:
         ]
 
     async def _health(self, request: Request) -> None:
+        """``GET /healthz``: this worker's health (one process: the server's); with ``--workers N``,
+        the whole server's, every other worker asked for its own (``shards/overview.py``)."""
         if request.method not in ("GET", "HEAD"):
             raise MethodNotAllowed("health checks are GET or HEAD", headers={"Allow": "GET, HEAD"})
+        document = self._own_health()
+        status = 200 if document["status"] == "ok" else 503
+        router = self._router
+        if router is not None and router.count > 1 and not is_shard_page(router, request):
+            answers = await ask_the_others(router, request)
+            status, document = whole_health(router.index, document, answers, HEALTH_QUARANTINE_LIST)
+        body = json.dumps(document, ensure_ascii=False).encode()
+        headers = [
+            ("Content-Type", "application/json"),
+            ("Cache-Control", responses.CACHE_NO_STORE),
+        ]
+        await responses.send_response(
+            request.send, status, headers, body, head=request.method == "HEAD"
+        )
+
+    def _own_health(self) -> dict[str, Any]:
+        """This process's health document (``status`` ``ok``, or ``draining`` while it shuts down)."""
         live = self._live
         draining = live is None or live.draining
         document: dict[str, Any] = {
@@ -590,16 +621,9 @@ class DurastreamApp:
             count, entries = engine.quarantined(HEALTH_QUARANTINE_LIST)
             document["quarantined_count"] = count
             document["quarantined"] = self._quarantined(entries)
-        if self._router is not None:  # --workers N: this answer is of one shard (the one asked)
+        if self._router is not None:  # --workers N: which worker answered, and its counters
             document["shard"] = self._router.describe()
-        body = json.dumps(document, ensure_ascii=False).encode()
-        headers = [
-            ("Content-Type", "application/json"),
-            ("Cache-Control", responses.CACHE_NO_STORE),
-        ]
-        await responses.send_response(
-            request.send, 503 if draining else 200, headers, body, head=request.method == "HEAD"
-        )
+        return document
 
 
 def _request(

@@ -23,7 +23,6 @@ from durastream_server.shards.layout import shard_of
 from tests.server.workers.test_listing import answer_while_a_worker_is_down
 from tests.server.workers.test_workers import (
     WORKERS,
-    health_of_each,
     paths_on_both_shards,
     worker_of_shard,
 )
@@ -183,7 +182,7 @@ def _fed(server: ServerProcess, prefix: str, each: int) -> tuple[list[str], str]
 
 
 def _parked(server: ServerProcess, count: int) -> bool:
-    return sum(doc["waiters"] for doc in health_of_each(server).values()) == count
+    return server.waiters() == count  # /healthz sums every shard's
 
 
 def test_an_idle_wait_wakes_on_either_shards_append_and_ends_empty_at_its_bound(

@@ -134,11 +134,16 @@ def test_the_extension_document_advertises_the_listing_and_not_what_workers_refu
 
 
 def answer_while_a_worker_is_down(
-    server: ServerProcess, resource: str, params: dict[str, str], down: int = 1
+    server: ServerProcess,
+    resource: str,
+    params: dict[str, str],
+    down: int = 1,
+    *,
+    url: str | None = None,
 ) -> requests.Response:
-    """The answer to ``resource`` from the surviving worker while shard ``down``'s worker is dead
-    (SIGKILLed with the parent stopped, so it is not restarted while the request is made); returns
-    once the parent has restarted it."""
+    """The answer to ``resource`` (or to ``url``, outside the stream root) from the surviving worker
+    while shard ``down``'s worker is dead (SIGKILLed with the parent stopped, so it is not restarted
+    while the request is made); returns once the parent has restarted it."""
     down_pid = worker_of_shard(server, down)
     assert down_pid is not None
     os.kill(server.pid, signal.SIGSTOP)  # no restart while the test looks
@@ -149,7 +154,9 @@ def answer_while_a_worker_is_down(
 
         def answered() -> bool:
             try:
-                answers.append(requests.get(server.stream_url(resource), params=params, timeout=60))
+                answers.append(
+                    requests.get(url or server.stream_url(resource), params=params, timeout=60)
+                )
             except requests.ConnectionError:  # made while the dead worker's listener closed
                 return False
             return True

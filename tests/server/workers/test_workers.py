@@ -61,7 +61,7 @@ def worker_of_shard(server: ServerProcess, index: int) -> int | None:
 
 
 def health_of_each(server: ServerProcess) -> dict[int, dict]:
-    """``/healthz`` of each worker: new connections until both shards have answered."""
+    """``/healthz`` as answered by each worker (its ``shard``): new connections until both have."""
     seen: dict[int, dict] = {}
 
     def both() -> bool:
