@@ -87,11 +87,16 @@ def test_bulk_write_is_advertised_and_stages_stay_refused_naming_the_flag(
     assert "--workers 2" in response.json()["error"]["message"]
 
 
+@pytest.fixture
+def servers(workers: ServerProcess, server_factory) -> tuple[ServerProcess, ServerProcess]:  # type: ignore[no-untyped-def]
+    """``--workers 2`` and a one-process server, to be given the same requests."""
+    return workers, server_factory()
+
+
 def test_an_ensure_of_both_shards_creates_each_once_as_one_process_does(
-    workers: ServerProcess, server_factory
+    servers: tuple[ServerProcess, ServerProcess],
 ) -> None:
-    single = server_factory()
-    servers = (workers, single)
+    workers = servers[0]
     streams = paths_on_both_shards("bulk/e", each=4)
     listed = [*streams[:3], "a/../b", *streams[3:], streams[0]]  # a bad path, a path twice
     first = _both(servers, "ensure", json={"streams": listed, "content_type": TEXT})["results"]
@@ -112,10 +117,9 @@ def test_an_ensure_of_both_shards_creates_each_once_as_one_process_does(
 
 
 def test_commits_of_both_shards_answer_as_one_process_and_a_retry_is_deduplicated(
-    workers: ServerProcess, server_factory
+    servers: tuple[ServerProcess, ServerProcess],
 ) -> None:
-    single = server_factory()
-    servers = (workers, single)
+    workers, single = servers
     streams = paths_on_both_shards("bulk/c", each=5)
     _both(servers, "ensure", json={"streams": streams, "content_type": TEXT})
     entries = [_inline(path, f"row-{k};".encode(), "p-0") for k, path in enumerate(streams)]
@@ -152,8 +156,10 @@ def test_a_commit_of_handles_is_501_at_its_index_under_workers(workers: ServerPr
     )
 
 
-def test_bad_bodies_are_the_4xx_one_process_gives(workers: ServerProcess, server_factory) -> None:
-    single = server_factory()
+def test_bad_bodies_are_the_4xx_one_process_gives(
+    servers: tuple[ServerProcess, ServerProcess],
+) -> None:
+    workers, single = servers
     for resource, kwargs in (
         ("ensure", {"json": {"streams": [], "content_type": TEXT}}),
         ("ensure", {"json": {"streams": ["a"], "content_type": TEXT, "create": "yes"}}),
