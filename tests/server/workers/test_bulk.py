@@ -11,6 +11,7 @@ shard's 4xx unreachable).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import sys
 from types import SimpleNamespace
@@ -114,6 +115,35 @@ def test_an_ensure_of_both_shards_creates_each_once_as_one_process_does(
     # another gives PUT's 409, decision 0008).
     clash = _both(servers, "ensure", json={"streams": streams, "content_type": "application/json"})
     assert [r["content_type"] for r in clash["results"]] == [TEXT] * len(streams)
+
+
+def test_racing_ensures_of_both_shards_create_each_stream_once(workers: ServerProcess) -> None:
+    """Two ensures of the same new paths with other content types, at once: each path is created by
+    one of them; the other answers the stream as it is, or PUT's 409 if its create raced (decision
+    0008), at that path's index."""
+    streams = paths_on_both_shards("bulk/race", each=100)
+    types = (TEXT, "application/octet-stream")
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(
+            pool.map(
+                lambda t: _post(workers, "ensure", json={"streams": streams, "content_type": t}),
+                types,
+            )
+        )
+    assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+    results = [a.json()["results"] for a in answers]
+    put = requests.put(workers.stream_url(streams[0]), headers={"Content-Type": "text/csv"})
+    assert put.status_code == 409
+    for index, path in enumerate(streams):
+        made = [k for k in (0, 1) if results[k][index].get("created")]
+        assert len(made) == 1, (path, results[0][index], results[1][index])
+        winner, other = types[made[0]], results[1 - made[0]][index]
+        if "error" in other:
+            assert (other["status"], other["error"]["code"]) == (409, put.json()["error"]["code"])
+        else:
+            assert other["content_type"] == winner and not other["created"]
+        head = requests.head(workers.stream_url(path))
+        assert head.headers["Content-Type"] == winner
 
 
 def test_commits_of_both_shards_answer_as_one_process_and_a_retry_is_deduplicated(
