@@ -268,3 +268,26 @@ def test_a_shards_4xx_is_relayed_and_anything_else_is_503(
     good = json.dumps({"results": [{"created": False}]}).encode()
     answers = asyncio.run(BulkFanOut(_Router((200, good))).ensure(request, body, here))  # type: ignore[arg-type]
     assert answers == [{"created": True}, {"created": False}]  # each at its index
+
+
+def test_each_shard_checks_the_clients_token_and_its_prefix(server_factory) -> None:  # type: ignore[no-untyped-def]
+    """The parts carry the client's token: a prefixed token's paths outside its prefix are 403 at
+    their index, those inside are created in both shards; no token is the request's 401."""
+    writer, tenant = "writer-token-0123456789", "tenant-token-0123456789"
+    server = server_factory(
+        extra_args=(*WORKERS, "--auth-token", writer, "--auth-token", f"{tenant}:read-write:ten/")
+    )
+    inside = paths_on_both_shards("ten/a", each=2)
+    outside = paths_on_both_shards("other/a", each=1)
+    listed = [inside[0], outside[0], inside[1], outside[1], *inside[2:]]
+    body = {"streams": listed, "content_type": TEXT}
+    assert _post(server, "ensure", json=body).status_code == 401
+    answer = _post(server, "ensure", json=body, headers={"Authorization": f"Bearer {tenant}"})
+    assert answer.status_code == 200, answer.text
+    statuses = [r.get("status", 200) for r in answer.json()["results"]]
+    assert statuses == [200, 403, 200, 403, 200, 200]
+    auth = {"Authorization": f"Bearer {writer}"}
+    for path in inside:
+        assert requests.head(server.stream_url(path), headers=auth).status_code == 200
+    for path in outside:
+        assert requests.head(server.stream_url(path), headers=auth).status_code == 404
