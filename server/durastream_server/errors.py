@@ -224,7 +224,7 @@ class TxnCorrupt(ProtocolError):
 
 
 class NotWithWorkers(ProtocolError):
-    """A request across streams (listing, change feed, subscriptions, bulk-write, multi-range reads,
+    """A request across streams (subscriptions, bulk ``stages``, multi-range reads,
     staged appends) that a server with ``--workers`` > 1 does not serve yet: each shard only sees its own
     streams, and fanning out to every shard is not built."""
 

@@ -39,8 +39,8 @@ SERVER: Final = f"durastream-server/{__version__}"
 # Extensions whose requests span streams and that a server with ``--workers`` > 1 does not serve yet:
 # its workers answer them 501 (each sees only its shard, shards/router.py), so it does not advertise
 # them and clients fall back. (The listing and the change feed span streams too, but are served:
-# shards/fanout.py, shards/changefeed.py.)
-NOT_WITH_WORKERS: Final = frozenset(("staged-append", "multi-range", "bulk-write"))
+# shards/fanout.py, shards/changefeed.py; bulk-write's ensure and inline commits: shards/bulkwrite.py.)
+NOT_WITH_WORKERS: Final = frozenset(("staged-append", "multi-range"))
 
 
 def advertisement(withheld: frozenset[str] = frozenset()) -> tuple[str, str]:

@@ -37,9 +37,8 @@ Body of ``stages``/``commits`` (``application/vnd.durastream.multi-request``)::
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
 import msgspec
 
@@ -86,14 +85,60 @@ _ENCODER: Final = msgspec.json.Encoder()
 RESOURCES: Final = frozenset({"ensure", "stages", "commits"})
 
 
-async def serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
+class EnsureBody(NamedTuple):
+    """An ``ensure`` request's body, its shape checked (``read_ensure``); ``streams`` as sent."""
+
+    streams: list[Any]
+    content_type: str
+    create: bool
+
+    def encode(self) -> bytes:
+        """This body as JSON (a shard's part of it, under ``--workers N``: shards/bulkwrite.py)."""
+        return _ENCODER.encode(
+            {"streams": self.streams, "content_type": self.content_type, "create": self.create}
+        )
+
+
+# A bulk request split by shard (``--workers N``, shards/bulkwrite.py): this worker's part of an
+# ensure or a commits request, answered here; the others' are sent to their workers.
+EnsureFanOut = Callable[
+    ["Request", EnsureBody, Callable[[EnsureBody], Awaitable[list[dict[str, Any]]]]],
+    Awaitable[list[dict[str, Any]]],
+]
+Entry = tuple[str, dict[str, str], bytes]
+CommitsFanOut = Callable[
+    ["Request", list[Entry], Callable[[list[Entry]], Awaitable[list[dict[str, Any]]]]],
+    Awaitable[list[dict[str, Any]]],
+]
+
+
+async def serve_ensure(
+    engine: Engine, request: Request, max_body_bytes: int, fan_out: EnsureFanOut | None = None
+) -> dict[str, Any]:
     """Per path: the stream's content type, tail and closure, creating it first when missing (and
-    ``create`` is true) with ``content_type``, as ``PUT`` would."""
+    ``create`` is true) with ``content_type``, as ``PUT`` would. With ``fan_out`` (``--workers N``),
+    each path in its shard's worker."""
     with BULK.held():  # fewer young collections while its entries' objects live (collections_hold)
-        return await _serve_ensure(engine, request, max_body_bytes)
+        body = await read_ensure(request, max_body_bytes)
+
+        async def here(part: EnsureBody) -> list[dict[str, Any]]:
+            return await ensure_streams(engine, request, part)
+
+        if fan_out is None:
+            return {"results": await here(body)}
+        return {"results": await fan_out(request, body, here)}
 
 
-async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
+def ensure_path(request: Request, raw: Any, index: int) -> str:
+    """Entry ``index`` of an ``ensure``: its canonical path, in the token's scope (else the error
+    naming the entry, answered at that entry)."""
+    path = _path(raw, f"streams[{index}]")
+    check_scope(request, path)
+    return path
+
+
+async def read_ensure(request: Request, max_body_bytes: int) -> EnsureBody:
+    """An ``ensure`` request's body; ``BadRequest`` naming what is wrong with its shape."""
     require_post(request)
     document = await read_json_body(request.receive, request.headers, max_body_bytes, _ENSURE_SHAPE)
     if not isinstance(document, dict) or not {"streams", "content_type"} <= set(document) <= {
@@ -116,7 +161,14 @@ async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -
         raise BadRequest(refusal)
     if not isinstance(create, bool):
         raise BadRequest(f"'create' must be true or false, got {create!r}")
+    return EnsureBody(listed, content_type, create)
 
+
+async def ensure_streams(
+    engine: Engine, request: Request, body: EnsureBody
+) -> list[dict[str, Any]]:
+    """Every entry's answer to ``body``, in order (its streams created here: this worker's)."""
+    listed, content_type, create = body
     # One pass: an existing stream is answered at once (a look-up, nothing awaited); the new ones
     # are created as one batch (``create_batch_nowait``: one task, one commit-round wait and one
     # future for all of them; no task, lock or future per stream), awaited below.
@@ -125,8 +177,7 @@ async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -
     new_paths: list[str] = []
     for index, raw in enumerate(listed):
         try:
-            path = _path(raw, f"streams[{index}]")
-            check_scope(request, path)
+            path = ensure_path(request, raw, index)
             try:
                 # None: a new path, without an error built per entry
                 info = engine.head_if_any(path)
@@ -135,7 +186,7 @@ async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -
             if info is None and not create:
                 info = engine.head(path)  # head's 404, message and all
         except ProtocolError as exc:
-            results[index] = _error(exc)
+            results[index] = error_answer(exc)
             continue
         if info is None:
             creating.append(index)
@@ -150,10 +201,10 @@ async def _serve_ensure(engine: Engine, request: Request, max_body_bytes: int) -
             if isinstance(outcome, CreateResult):
                 results[index] = _ensured(outcome.info, created=outcome.created)
             elif isinstance(outcome, ProtocolError):
-                results[index] = _error(outcome)
+                results[index] = error_answer(outcome)
             else:
                 raise outcome  # the request's 500, as before
-    return {"results": results}
+    return results
 
 
 def _ensured(info: StreamInfo, *, created: bool) -> dict[str, Any]:
@@ -171,27 +222,63 @@ async def serve_stages(engine: Engine, request: Request, max_body_bytes: int) ->
     return await _serve_txn(engine, request, max_body_bytes, (StageRequest,), "a stage")
 
 
-async def serve_commits(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
+_COMMITS: Final = (CommitRequest, AbortRequest)
+_A_COMMIT: Final = "a commit or an abort"
+
+
+async def serve_commits(
+    engine: Engine, request: Request, max_body_bytes: int, fan_out: CommitsFanOut | None = None
+) -> dict[str, Any]:
     """Commits and aborts (``Durastream-Commit``/``-Abort``) of many streams; each answered as its own
-    request: one durable record group per stream, as a single commit makes."""
-    return await _serve_txn(
-        engine, request, max_body_bytes, (CommitRequest, AbortRequest), "a commit or an abort"
-    )
+    request: one durable record group per stream, as a single commit makes. With ``fan_out``
+    (``--workers N``), each entry in its stream's shard's worker."""
+    if fan_out is None:
+        return await _serve_txn(engine, request, max_body_bytes, _COMMITS, _A_COMMIT)
+    with BULK.held():
+        entries = await read_requests(request, max_body_bytes)
+
+        async def here(part: list[Entry]) -> list[dict[str, Any]]:
+            return await txn_entries(engine, request, part, _COMMITS, _A_COMMIT)
+
+        return {"results": await fan_out(request, entries, here)}
+
+
+def commit_entry(
+    request: Request, entry: Entry, index: int, shared: SharedAppendHeaders
+) -> tuple[str, AppendRequest | txn.TxnRequest]:
+    """Entry ``index`` of a ``commits`` request checked as its serving checks it: its canonical
+    path and its parsed request (an inline commit's append, else the commit or abort), or the error
+    naming the entry, answered at that entry."""
+    raw_path, headers, entry_body = entry
+    path = _path(raw_path, f"requests[{index}].path")
+    check_scope(request, path)
+    if _is_inline_commit(headers):
+        return path, shared.inline_commit(path, headers, entry_body, index)
+    parsed = txn.parse_request(path, headers, entry_body)
+    if not isinstance(parsed, _COMMITS):
+        raise BadRequest(f"requests[{index}] must be {_A_COMMIT} here")
+    return path, parsed
+
+
+async def read_requests(request: Request, max_body_bytes: int) -> list[Entry]:
+    """The entries of a ``stages``/``commits`` request; ``BadRequest`` naming what is wrong."""
+    require_post(request)
+    body = await read_body(request.receive, request.headers, max_body_bytes)
+    return await _requests(body)
 
 
 async def _serve_txn(
     engine: Engine, request: Request, max_body_bytes: int, kinds: tuple[type, ...], what: str
 ) -> dict[str, Any]:
     with BULK.held():  # fewer young collections while its entries' objects live (collections_hold)
-        return await _serve_txn_held(engine, request, max_body_bytes, kinds, what)
+        entries = await read_requests(request, max_body_bytes)
+        return {"results": await txn_entries(engine, request, entries, kinds, what)}
 
 
-async def _serve_txn_held(
-    engine: Engine, request: Request, max_body_bytes: int, kinds: tuple[type, ...], what: str
-) -> dict[str, Any]:
-    require_post(request)
-    body = await read_body(request.receive, request.headers, max_body_bytes)
-    entries = await _requests(body)
+async def txn_entries(
+    engine: Engine, request: Request, entries: list[Entry], kinds: tuple[type, ...], what: str
+) -> list[dict[str, Any]]:
+    """Every entry's answer, in order (each served here: this worker's streams)."""
     results: list[dict[str, Any]] = [{}] * len(entries)
     others: list[tuple[int, tuple[str, dict[str, str], bytes]]] = []
     inline: list[tuple[int, AppendRequest]] = []
@@ -212,7 +299,7 @@ async def _serve_txn_held(
             check_scope(request, path)
             append = shared.inline_commit(path, headers, entry_body, index)
         except ProtocolError as exc:
-            results[index] = _error(exc)
+            results[index] = error_answer(exc)
             continue
         inline.append((index, append))
 
@@ -239,10 +326,10 @@ async def _serve_txn_held(
                 status, answer = StreamHandlers.append_answer(append, outcome)
                 results[index] = {"status": status, "headers": dict(answer)}
             elif isinstance(outcome, ProtocolError):
-                results[index] = _error(outcome)
+                results[index] = error_answer(outcome)
             else:
                 raise outcome  # as ``_each`` lets it through: the request's 500
-    return {"results": results}
+    return results
 
 
 async def _each(
@@ -261,7 +348,7 @@ async def _each(
             try:
                 results[index] = await run(item)
             except ProtocolError as exc:
-                results[index] = _error(exc)
+                results[index] = error_answer(exc)
 
     workers = min(CONCURRENCY, len(items))
     if workers == 1:
@@ -335,7 +422,8 @@ def _inline_commit(path: str, headers: dict[str, str], body: bytes, index: int) 
     return append
 
 
-def _error(exc: ProtocolError) -> dict[str, Any]:
+def error_answer(exc: ProtocolError) -> dict[str, Any]:
+    """An entry's answer that is an error: as its single request's (status, headers, error)."""
     return {
         "status": exc.status,
         "headers": dict(exc.headers),
@@ -440,9 +528,9 @@ def answer_body(document: dict[str, Any]) -> bytes:
 
 
 def encode_requests(entries: list[tuple[str, dict[str, str], bytes]]) -> bytes:
-    """A ``DSR1`` body (for tests and benchmarks; the connector has its own writer)."""
-    header = json.dumps(
-        {"requests": [{"path": p, "headers": h, "bytes": len(b)} for p, h, b in entries]},
-        separators=(",", ":"),
-    ).encode()
+    """A ``DSR1`` body: a shard's part of a ``commits`` request (shards/bulkwrite.py), tests and
+    benchmarks (the connector has its own writer)."""
+    header = _ENCODER.encode(
+        {"requests": [{"path": p, "headers": h, "bytes": len(b)} for p, h, b in entries]}
+    )
     return MAGIC + len(header).to_bytes(4, "little") + header + b"".join(b for _, _, b in entries)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
     from durastream_server.http.handlers import Request
     from durastream_server.http.live import LiveReaders
+    from durastream_server.shards.bulkwrite import BulkFanOut
     from durastream_server.shards.changefeed import ChangesFanOut
     from durastream_server.shards.fanout import ListingFanOut
 
@@ -68,6 +69,7 @@ class ExtensionResources:
         *,
         fan_out: ListingFanOut | None = None,
         changes_fan_out: ChangesFanOut | None = None,
+        bulk_fan_out: BulkFanOut | None = None,
         withheld: frozenset[str] = frozenset(),
     ) -> None:
         self._engine = engine
@@ -79,6 +81,7 @@ class ExtensionResources:
         # out what the workers do not serve, as the header does.
         self._fan_out = fan_out
         self._changes_fan_out = changes_fan_out
+        self._bulk_fan = bulk_fan_out  # bulk-write's ensure and commits (shards/bulkwrite.py)
         self._withheld = withheld
 
     async def handle(self, request: Request, subpath: str) -> None:
@@ -94,11 +97,17 @@ class ExtensionResources:
         elif name == "lookups":
             document = await multirange.serve_lookups(self._engine, request, self._max_body_bytes)
         elif name == "ensure":
-            document = await bulk.serve_ensure(self._engine, request, self._max_body_bytes)
+            bulk_fan = self._bulk_fan_out(request)
+            document = await bulk.serve_ensure(
+                self._engine, request, self._max_body_bytes, bulk_fan and bulk_fan.ensure
+            )
         elif name == "stages":
             document = await bulk.serve_stages(self._engine, request, self._max_body_bytes)
         elif name == "commits":
-            document = await bulk.serve_commits(self._engine, request, self._max_body_bytes)
+            bulk_fan = self._bulk_fan_out(request)
+            document = await bulk.serve_commits(
+                self._engine, request, self._max_body_bytes, bulk_fan and bulk_fan.commits
+            )
         elif name not in ("extensions", "streams", "changes"):
             raise NotFound(
                 f"no extension resource {subpath!r}; known: "
@@ -131,6 +140,12 @@ class ExtensionResources:
         await responses.send_response(
             request.send, 200, headers, body, head=request.method == "HEAD"
         )
+
+    def _bulk_fan_out(self, request: Request) -> BulkFanOut | None:
+        """With ``--workers`` N > 1, a bulk request's entries go to their shards' workers (unless
+        this is another worker sending this shard its part: served here alone)."""
+        fan = self._bulk_fan
+        return None if fan is None or fan.is_shard_part(request) else fan
 
     async def _selections(self, request: Request) -> dict[str, Any]:
         """Register a selection: with one worker here; else this shard's part here and the others'

@@ -140,8 +140,10 @@ def answer_while_a_worker_is_down(
     down: int = 1,
     *,
     url: str | None = None,
+    data: bytes | None = None,
 ) -> requests.Response:
-    """The answer to ``resource`` (or to ``url``, outside the stream root) from the surviving worker
+    """The answer to ``resource`` (or to ``url``, outside the stream root; a POST of ``data`` if
+    given, else a GET) from the surviving worker
     while shard ``down``'s worker is dead (SIGKILLed with the parent stopped, so it is not restarted
     while the request is made); returns once the parent has restarted it."""
     down_pid = worker_of_shard(server, down)
@@ -155,7 +157,13 @@ def answer_while_a_worker_is_down(
         def answered() -> bool:
             try:
                 answers.append(
-                    requests.get(url or server.stream_url(resource), params=params, timeout=60)
+                    requests.request(
+                        "GET" if data is None else "POST",
+                        url or server.stream_url(resource),
+                        params=params,
+                        data=data,
+                        timeout=60,
+                    )
                 )
             except requests.ConnectionError:  # made while the dead worker's listener closed
                 return False

@@ -1,10 +1,12 @@
 """The connector against ``durastream-server --workers 2`` (decision 0009, first step).
 
 A worker serves only its shard and answers what spans streams and is not fanned out yet (staged
-appends, bulk writes, multi-range reads) 501, and does not advertise those extensions. The connector
-must then do what it does on a server without them: the sink writes in ordered mode, exactly once
-across a failed task attempt, with each row's stream owned by either worker (so about half of the
-requests are forwarded); a batch read of explicit streams reads them one at a time. The listing and
+appends, multi-range reads) 501, and does not advertise those extensions. The connector must then do
+what it does on a server without them: the sink writes in ordered mode (``exactlyOnce=transactional``
+is refused naming the option), exactly once across a failed task attempt, with each row's stream owned
+by either worker (so about half of the requests are forwarded); its targets are ensured in bulk
+(``bulk-write`` is split by shard: shards/bulkwrite.py); a batch read of explicit streams reads them
+one at a time. The listing and
 the change feed are fanned out to every shard, so a ``pattern`` read finds every stream, and a
 streaming ``pattern`` query follows the change feed of both shards and waits on it when idle; the
 rest answers 501 naming the flag.
@@ -35,6 +37,16 @@ ROWS = 600
 TARGETS = 12
 
 
+def _requests_of(server: ServerProcess, route: str) -> int:
+    """Requests of ``route`` the whole server has answered (every shard's, from ``/metrics``)."""
+    lines = requests.get(server.base_url + "/metrics").text.splitlines()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in lines
+        if line.startswith("durastream_http_requests_total{") and f'route="{route}"' in line
+    )
+
+
 @pytest.fixture(scope="module")
 def workers_server(tmp_path_factory):
     server = ServerProcess(
@@ -56,6 +68,9 @@ def test_a_routed_write_with_a_failed_attempt_is_exactly_once_and_reads_back(
     assert {shard_of(s, 2) for s in streams} == {0, 1}, (
         "every target on one shard: nothing forwarded"
     )
+    advertised = requests.get(workers_server.stream_url("__ds/x-durastream/extensions")).json()
+    assert "bulk-write" in advertised["extensions"]  # the targets are ensured in bulk, both shards
+    creates = _requests_of(workers_server, "create")
     markers = tmp_path / "markers"
     markers.mkdir()
     df = spark.range(0, ROWS, numPartitions=2).select(
@@ -67,6 +82,7 @@ def test_a_routed_write_with_a_failed_attempt_is_exactly_once_and_reads_back(
         "append"
     ).save()
     assert list(markers.iterdir()), "no attempt failed: nothing was tested"
+    assert _requests_of(workers_server, "create") == creates, "a target was made by PUT, not ensure"
 
     for k, stream in enumerate(streams):  # no loss, no duplicate, each partition's rows in order
         assert_exactly_once(read_stream(root, stream), range(k, ROWS, TARGETS))
@@ -173,3 +189,18 @@ def test_what_spans_streams_and_is_not_built_is_refused_naming_the_flag(workers_
     )
     assert response.status_code == 501
     assert "--workers 2" in response.json()["error"]["message"]
+
+
+def test_transactional_mode_is_refused_naming_the_option(sink_spark, workers_server) -> None:
+    """Bulk writes are served, but ``exactlyOnce=transactional`` needs staged appends (still 501
+    with ``--workers`` > 1, not advertised): refused before anything is written."""
+    df = sink_spark.range(0, 1).select(F.col("id").alias("n"))
+    with pytest.raises(Exception, match="staged-append.*exactlyOnce=transactional"):
+        (
+            df.write.format("durastream")
+            .option("url", workers_server.base_url + "/v1/stream")
+            .option("stream", unique("workers-txn"))
+            .option("exactlyOnce", "transactional")
+            .mode("append")
+            .save()
+        )
