@@ -42,6 +42,7 @@ from durastream_server.metrics.exposition import Exporter
 from durastream_server.metrics.shards import merged_exposition
 from durastream_server.shards.changefeed import ChangesFanOut
 from durastream_server.shards.fanout import ListingFanOut, is_shard_page
+from durastream_server.shards.multirange import MultiRangeFanOut
 from durastream_server.shards.overview import ask_the_others, whole_health
 
 if TYPE_CHECKING:
@@ -534,6 +535,7 @@ class DurastreamApp:
             self.config.chunk_bytes,
             fan_out=None if router is None else ListingFanOut(router),
             changes_fan_out=None if router is None else ChangesFanOut(router, engine, self._live),
+            multirange_fan_out=None if router is None else MultiRangeFanOut(router),
             withheld=frozenset() if router is None else extensions.NOT_WITH_WORKERS,
         )
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from durastream_server.http.live import LiveReaders
     from durastream_server.shards.changefeed import ChangesFanOut
     from durastream_server.shards.fanout import ListingFanOut
+    from durastream_server.shards.multirange import MultiRangeFanOut
 
 NAMESPACE: Final = "x-durastream"
 DEFAULT_LIMIT: Final = 1000
@@ -68,6 +69,7 @@ class ExtensionResources:
         *,
         fan_out: ListingFanOut | None = None,
         changes_fan_out: ChangesFanOut | None = None,
+        multirange_fan_out: MultiRangeFanOut | None = None,
         withheld: frozenset[str] = frozenset(),
     ) -> None:
         self._engine = engine
@@ -79,6 +81,7 @@ class ExtensionResources:
         # out what the workers do not serve, as the header does.
         self._fan_out = fan_out
         self._changes_fan_out = changes_fan_out
+        self._multirange_fan_out = multirange_fan_out  # reads and lookups: shards/multirange.py
         self._withheld = withheld
 
     async def handle(self, request: Request, subpath: str) -> None:
@@ -86,13 +89,19 @@ class ExtensionResources:
         document: dict[str, Any]
         if name == "reads":
             await multirange.serve_reads(
-                self._engine, request, self._max_body_bytes, self._chunk_bytes
+                self._engine,
+                request,
+                self._max_body_bytes,
+                self._chunk_bytes,
+                self._multirange_fan_out,
             )
             return
         if name == "selections":
             document = await self._selections(request)
         elif name == "lookups":
-            document = await multirange.serve_lookups(self._engine, request, self._max_body_bytes)
+            document = await multirange.serve_lookups(
+                self._engine, request, self._max_body_bytes, self._multirange_fan_out
+            )
         elif name == "ensure":
             document = await bulk.serve_ensure(self._engine, request, self._max_body_bytes)
         elif name == "stages":

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+from typing import Any
 
 import pytest
 import requests
@@ -140,9 +141,10 @@ def answer_while_a_worker_is_down(
     down: int = 1,
     *,
     url: str | None = None,
+    json_body: Any = None,
 ) -> requests.Response:
     """The answer to ``resource`` (or to ``url``, outside the stream root) from the surviving worker
-    while shard ``down``'s worker is dead (SIGKILLed with the parent stopped, so it is not restarted
+    (POSTed with ``json_body`` if given) while shard ``down``'s worker is dead (SIGKILLed with the parent stopped, so it is not restarted
     while the request is made); returns once the parent has restarted it."""
     down_pid = worker_of_shard(server, down)
     assert down_pid is not None
@@ -155,7 +157,13 @@ def answer_while_a_worker_is_down(
         def answered() -> bool:
             try:
                 answers.append(
-                    requests.get(url or server.stream_url(resource), params=params, timeout=60)
+                    requests.request(
+                        "GET" if json_body is None else "POST",
+                        url or server.stream_url(resource),
+                        params=params,
+                        json=json_body,
+                        timeout=60,
+                    )
                 )
             except requests.ConnectionError:  # made while the dead worker's listener closed
                 return False
