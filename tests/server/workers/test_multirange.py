@@ -48,7 +48,7 @@ def _feed(server: ServerProcess, streams: dict[str, tuple[str, list[bytes]]]) ->
 
 def _streams() -> dict[str, tuple[str, list[bytes]]]:
     """Streams of both shards: JSON and text, empty, one message, many of varying sizes."""
-    paths = paths_on_both_shards("mr/s", each=4)
+    paths = paths_on_both_shards("mr/s", each=5)
     assert {shard_of(p, 2) for p in paths} == {0, 1}
     shapes: list[tuple[str, list[bytes]]] = [
         (JSON, []),
@@ -59,6 +59,10 @@ def _streams() -> dict[str, tuple[str, list[bytes]]]:
         (JSON, [b"[1,2,3]", b'["four"]', b'[{"five":5}]']),
         (TEXT, [b"t" * 40] * 5),
         (JSON, [json.dumps(list(range(30))).encode()]),
+        # asked first, one per shard (``_ranges``): with a chunk of 300 the second fits whole in its
+        # shard's budget but not in what the first leaves, so it is asked again and cut there
+        (TEXT, [b"p" * 50] * 2),
+        (TEXT, [b"q" * 50] * 2),
     ]
     return dict(zip(paths, shapes, strict=True))
 
@@ -97,7 +101,7 @@ def _walk(server: ServerProcess, ranges: list[dict[str, str]], fmt: str) -> list
 def _ranges(tails: dict[str, str]) -> list[dict[str, str]]:
     """Every stream from its start to its tail in a mixed order, a missing stream, an end past a
     stream's tail, and an empty range at a tail."""
-    paths = list(tails)
+    *paths, first, second = list(tails)
     longest = max(tails.values(), key=lambda tail: int(tail.replace("_", "")))
     ranges = [{"path": p, "offset": "-1", "end": tails[p]} for p in paths]
     ranges += [
@@ -106,7 +110,7 @@ def _ranges(tails: dict[str, str]) -> list[dict[str, str]]:
         {"path": paths[2], "offset": tails[paths[2]], "end": tails[paths[2]]},  # empty
     ]
     random.Random(7).shuffle(ranges)
-    return ranges
+    return [{"path": p, "offset": "-1", "end": tails[p]} for p in (first, second)] + ranges
 
 
 @pytest.mark.parametrize("storage", sorted(STORAGE))
