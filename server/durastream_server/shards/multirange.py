@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 PART_BUDGET_HEADER: Final = "x-durastream-shard-budget"
 _MAGIC: Final = b"DSM1"
 _LITTLE: Final = sys.byteorder == "little"
+_ENTRY: Final = '{{"messages":{},"next_offset":"{}","end_reached":{}}}'
+_JSON_BOOL: Final = ("false", "true")
 
 Range = tuple[str, str, str]
 # This worker's own answer to reads of some ranges under a budget: header entries and frames body.
@@ -113,10 +115,15 @@ class _Answer:
     def add(self, entry: dict[str, Any], part: _Part, first: int) -> int:
         """Append ``entry`` and its messages from ``part``; what the range takes of the budget (as
         ``multiread.spent`` counts it: its bytes, the per-message overhead, at least 1)."""
-        self.entries.append(json.dumps(entry, separators=(",", ":")))
         if "error" in entry:
+            self.entries.append(json.dumps(entry, separators=(",", ":")))
             return 0
         count = entry["messages"]
+        # The text ``http/multirange`` writes (an offset is the server's token: digits and '_'),
+        # without the encoder's walk of a dict a range.
+        self.entries.append(
+            _ENTRY.format(count, entry["next_offset"], _JSON_BOOL[entry["end_reached"]])
+        )
         last = first + count
         bounds = part.bounds
         self.positions.append(part.positions[8 * first : 8 * last])
