@@ -34,9 +34,8 @@ from itertools import accumulate
 from operator import sub
 from typing import TYPE_CHECKING, Any, Final
 
-from durastream_server.errors import ShardUnavailable
 from durastream_server.http import frames
-from durastream_server.shards.fanout import is_shard_page, request_head
+from durastream_server.shards.fanout import fetch_part, is_shard_page, request_head
 from durastream_server.shards.layout import shard_of
 
 if TYPE_CHECKING:
@@ -193,16 +192,7 @@ class MultiRangeFanOut:
             head = head.replace(
                 b"\r\n\r\n", f"\r\n{PART_BUDGET_HEADER}: {budget}\r\n\r\n".encode(), 1
             )
-        status, answer = await self._router.fetch(shard, head)
-        if status != 200:
-            # The same ranges passed this worker's checks and its token; another answer from a peer
-            # is its failure, not the client's.
-            raise ShardUnavailable(
-                f"the worker of shard {shard} answered {status} to its part of the multi-range "
-                "request; retry shortly",
-                headers={"Retry-After": "1"},
-            )
-        return answer
+        return await fetch_part(self._router, shard, head, "the multi-range request")
 
     async def lookups(
         self,
