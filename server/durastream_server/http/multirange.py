@@ -14,6 +14,10 @@ a list of ranges and answer them together:
 
 A range that fails (a stream deleted since the batch was planned, an ``end`` beyond the tail) does not fail
 the others: its entry carries the error (status, code, message) that a single request would have got.
+
+With ``--workers N`` the worker that receives a request asks the other shards for their ranges and
+assembles the answer one process would give (``shards/multirange.py``): ``answer_reads`` is a shard's
+part, and a part asked by another worker may carry a smaller budget (``part_budget``).
 """
 
 from __future__ import annotations

@@ -130,6 +130,9 @@ def test_reads_and_lookups_are_what_one_process_answers(
         assert got == _walk(single, ranges, fmt), fmt
         if chunk == "300":
             assert len(got) > 2, "the budget never cut an answer: the re-ask was not tested"
+        for shard in (0, 1):  # one shard's ranges only: the receiving worker's own, or another's
+            alone = [r for r in ranges if shard_of(r["path"], 2) == shard]
+            assert _walk(workers, alone, fmt) == _walk(single, alone, fmt), (fmt, shard)
 
     lookups = [
         {"path": r["path"], "offset": r["offset"], "end": r["end"], "max_messages": 2}
