@@ -172,3 +172,45 @@ def test_the_extension_is_advertised_and_a_worker_down_is_503_then_served(
     size = int.from_bytes(response.content[4:8], "little")
     entries = json.loads(response.content[8 : 8 + size])["ranges"]
     assert len(entries) == len(ranges) and all(e["end_reached"] for e in entries)
+
+
+def test_a_prefixed_token_is_refused_each_range_outside_its_prefix_at_its_place(
+    server_factory,
+) -> None:
+    writer, tenant = "writer-token-0123456789", "tenant-token-0123456789"
+    args = ("--auth-token", writer, "--auth-token", f"{tenant}:read-only:ten")
+    workers = server_factory(extra_args=(*WORKERS, *args))
+    single = server_factory(extra_args=args)
+    paths = paths_on_both_shards("ten/s", each=2) + paths_on_both_shards("other/s", each=2)
+    ranges = [{"path": p, "offset": "-1", "end": "-1"} for p in paths]
+    random.Random(3).shuffle(ranges)
+    bodies = []
+    for server in (workers, single):
+        for path in paths:
+            response = requests.put(
+                server.stream_url(path),
+                data=b"[1]",
+                headers={"Content-Type": JSON, "Authorization": f"Bearer {writer}"},
+            )
+            assert response.status_code == 201, response.text
+        tails = {
+            p: requests.head(
+                server.stream_url(p), headers={"Authorization": f"Bearer {writer}"}
+            ).headers["Stream-Next-Offset"]
+            for p in paths
+        }
+        body = {"ranges": [{**r, "end": tails[r["path"]]} for r in ranges]}
+        response = requests.post(
+            server.stream_url(f"{NS}/reads"),
+            json=body,
+            headers={"Authorization": f"Bearer {tenant}"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+        bodies.append(_zero_times(response.content))
+    assert bodies[0] == bodies[1]
+    size = int.from_bytes(bodies[0][4:8], "little")
+    entries = json.loads(bodies[0][8 : 8 + size])["ranges"]
+    refused = [r["path"] for r, e in zip(ranges, entries, strict=True) if "error" in e]
+    assert sorted(refused) == sorted(p for p in paths if p.startswith("other/"))
+    assert {e["error"]["status"] for e in entries if "error" in e} == {403}
