@@ -38,9 +38,10 @@ SERVER: Final = f"durastream-server/{__version__}"
 
 # Extensions whose requests span streams and that a server with ``--workers`` > 1 does not serve yet:
 # its workers answer them 501 (each sees only its shard, shards/router.py), so it does not advertise
-# them and clients fall back. (The listing and the change feed span streams too, but are served:
-# shards/fanout.py, shards/changefeed.py; bulk-write's ensure and inline commits: shards/bulkwrite.py.)
-NOT_WITH_WORKERS: Final = frozenset(("staged-append", "multi-range"))
+# them and clients fall back. (The listing, the change feed and multi-range reads span streams too,
+# but are served: shards/fanout.py, shards/changefeed.py, shards/multirange.py; bulk-write's ensure
+# and inline commits: shards/bulkwrite.py.)
+NOT_WITH_WORKERS: Final = frozenset(("staged-append",))
 
 
 def advertisement(withheld: frozenset[str] = frozenset()) -> tuple[str, str]:

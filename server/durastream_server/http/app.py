@@ -43,6 +43,7 @@ from durastream_server.metrics.shards import merged_exposition
 from durastream_server.shards.bulkwrite import BulkFanOut
 from durastream_server.shards.changefeed import ChangesFanOut
 from durastream_server.shards.fanout import ListingFanOut, is_shard_page
+from durastream_server.shards.multirange import MultiRangeFanOut
 from durastream_server.shards.overview import ask_the_others, whole_health
 
 if TYPE_CHECKING:
@@ -536,6 +537,7 @@ class DurastreamApp:
             fan_out=None if router is None else ListingFanOut(router),
             changes_fan_out=None if router is None else ChangesFanOut(router, engine, self._live),
             bulk_fan_out=None if router is None else BulkFanOut(router),
+            multirange_fan_out=None if router is None else MultiRangeFanOut(router),
             withheld=frozenset() if router is None else extensions.NOT_WITH_WORKERS,
         )
 

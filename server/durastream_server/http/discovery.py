@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from durastream_server.shards.bulkwrite import BulkFanOut
     from durastream_server.shards.changefeed import ChangesFanOut
     from durastream_server.shards.fanout import ListingFanOut
+    from durastream_server.shards.multirange import MultiRangeFanOut
 
 NAMESPACE: Final = "x-durastream"
 DEFAULT_LIMIT: Final = 1000
@@ -70,6 +71,7 @@ class ExtensionResources:
         fan_out: ListingFanOut | None = None,
         changes_fan_out: ChangesFanOut | None = None,
         bulk_fan_out: BulkFanOut | None = None,
+        multirange_fan_out: MultiRangeFanOut | None = None,
         withheld: frozenset[str] = frozenset(),
     ) -> None:
         self._engine = engine
@@ -82,6 +84,7 @@ class ExtensionResources:
         self._fan_out = fan_out
         self._changes_fan_out = changes_fan_out
         self._bulk_fan = bulk_fan_out  # bulk-write's ensure and commits (shards/bulkwrite.py)
+        self._multirange_fan_out = multirange_fan_out  # reads and lookups: shards/multirange.py
         self._withheld = withheld
 
     async def handle(self, request: Request, subpath: str) -> None:
@@ -89,13 +92,19 @@ class ExtensionResources:
         document: dict[str, Any]
         if name == "reads":
             await multirange.serve_reads(
-                self._engine, request, self._max_body_bytes, self._chunk_bytes
+                self._engine,
+                request,
+                self._max_body_bytes,
+                self._chunk_bytes,
+                self._multirange_fan_out,
             )
             return
         if name == "selections":
             document = await self._selections(request)
         elif name == "lookups":
-            document = await multirange.serve_lookups(self._engine, request, self._max_body_bytes)
+            document = await multirange.serve_lookups(
+                self._engine, request, self._max_body_bytes, self._multirange_fan_out
+            )
         elif name == "ensure":
             bulk_fan = self._bulk_fan_out(request)
             document = await bulk.serve_ensure(

@@ -14,6 +14,10 @@ a list of ranges and answer them together:
 
 A range that fails (a stream deleted since the batch was planned, an ``end`` beyond the tail) does not fail
 the others: its entry carries the error (status, code, message) that a single request would have got.
+
+With ``--workers N`` the worker that receives a request asks the other shards for their ranges and
+assembles the answer one process would give (``shards/multirange.py``): ``answer_reads`` is a shard's
+part, and a part asked by another worker may carry a smaller budget (``part_budget``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from durastream_server.storage.records import MessageRun, MessageSlice
 if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
     from durastream_server.http.handlers import Request
+    from durastream_server.shards.multirange import LocalLookups, MultiRangeFanOut
 
 MAX_RANGES: Final = 10_000
 LOOKUP_GROUP: Final = 256  # lookups answered together (their header scans share a thread trip)
@@ -57,8 +62,11 @@ _READS_SHAPE: Final = (
 )
 
 
-async def serve_lookups(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
-    """Limit lookups of every listed range, each answered or failed on its own, in request order."""
+async def serve_lookups(
+    engine: Engine, request: Request, max_body_bytes: int, fan_out: MultiRangeFanOut | None = None
+) -> dict[str, Any]:
+    """Limit lookups of every listed range, each answered or failed on its own, in request order.
+    With ``fan_out`` (``--workers N``) the other shards' lookups are answered by their workers."""
     require_post(request)
     document = await read_json_body(
         request.receive, request.headers, max_body_bytes, _LOOKUPS_SHAPE
@@ -74,7 +82,35 @@ async def serve_lookups(engine: Engine, request: Request, max_body_bytes: int) -
         )
         for index, item in enumerate(items)
     ]
+    if fan_out is not None and not fan_out.is_shard_part(request):
+        return await fan_out.lookups(
+            request, items, [lookup.path for lookup in lookups], _local_lookups(engine, request)
+        )
+    return {"results": await _lookups(engine, request, lookups)}
 
+
+def _local_lookups(engine: Engine, request: Request) -> LocalLookups:
+    """This worker's lookups of the items it owns (a fan-out's local part)."""
+
+    async def local(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        lookups = [
+            LimitRequest(
+                path=item["path"],
+                offset=item["offset"],
+                end_offset=item.get("end"),
+                max_messages=item.get("max_messages"),
+                max_bytes=item.get("max_bytes"),
+            )
+            for item in items
+        ]
+        return await _lookups(engine, request, lookups)
+
+    return local
+
+
+async def _lookups(
+    engine: Engine, request: Request, lookups: list[LimitRequest]
+) -> list[dict[str, Any]]:
     async def answer(lookup: LimitRequest) -> dict[str, Any]:
         try:
             check_scope(request, lookup.path)
@@ -96,11 +132,15 @@ async def serve_lookups(engine: Engine, request: Request, max_body_bytes: int) -
     for first in range(0, len(lookups), LOOKUP_GROUP):
         group = lookups[first : first + LOOKUP_GROUP]
         results.extend(await asyncio.gather(*map(answer, group)))
-    return {"results": results}
+    return results
 
 
 async def serve_reads(
-    engine: Engine, request: Request, max_body_bytes: int, chunk_bytes: int
+    engine: Engine,
+    request: Request,
+    max_body_bytes: int,
+    chunk_bytes: int,
+    fan_out: MultiRangeFanOut | None = None,
 ) -> None:
     """Bounded frames reads of a prefix of the listed ranges, within one chunk (module docstring).
 
@@ -110,11 +150,15 @@ async def serve_reads(
     collection every ~60 ranges, each one walking the survivors again: ~5 us of a range's ~20 us of
     server CPU in process (docs/benchmarks.md, Run 18)."""
     with BULK.held():
-        await _serve_reads(engine, request, max_body_bytes, chunk_bytes)
+        await _serve_reads(engine, request, max_body_bytes, chunk_bytes, fan_out)
 
 
 async def _serve_reads(
-    engine: Engine, request: Request, max_body_bytes: int, chunk_bytes: int
+    engine: Engine,
+    request: Request,
+    max_body_bytes: int,
+    chunk_bytes: int,
+    fan_out: MultiRangeFanOut | None,
 ) -> None:
     require_post(request)
     body = await read_body(request.receive, request.headers, max_body_bytes)
@@ -128,9 +172,25 @@ async def _serve_reads(
         ranges = _ranges(items)
     else:
         ranges, fmt = plain_body
+    budget = chunk_bytes - frames.HEADER.size - 8  # the frames header and the final boundary
+    if fan_out is not None:
+        if not fan_out.is_shard_part(request):
+            parts = await fan_out.reads(
+                request, ranges, fmt, budget, functools.partial(answer_reads, engine, request)
+            )
+            await _send(request, *parts)
+            return
+        budget = fan_out.part_budget(request, budget)
+    await _send(request, *await answer_reads(engine, request, ranges, fmt, budget))
+
+
+async def answer_reads(
+    engine: Engine, request: Request, ranges: list[tuple[str, str, str]], fmt: str, budget: int
+) -> tuple[str, bytes]:
+    """The answer to a reads request of ``ranges`` in ``fmt`` under ``budget``: its header's
+    entries (one per answered range, joined by commas) and its frames body."""
     lines = fmt == "frames-lines"
     overhead = frames.PER_LINE_OVERHEAD if lines else frames.PER_MESSAGE_OVERHEAD
-    budget = chunk_bytes - frames.HEADER.size - 8  # the frames header and the final boundary
 
     def checked() -> Iterator[tuple[str, str, str] | ProtocolError]:
         """The ranges, each failed here if this request may not read it this way (lazily: the
@@ -156,8 +216,7 @@ async def _serve_reads(
         )
         header = _frames_header(ranges, got)
         body = await engine.offload(got.columns.messages, frames.encode_columns, got.columns)
-        await _send(request, header, body)
-        return
+        return header, body
     results = await engine.read_range_answers(checked(), budget, overhead=overhead)
     entries: list[str] = []
     pieces: list[MessageRun | MessageSlice] = []
@@ -176,7 +235,7 @@ async def _serve_reads(
             f'"end_reached":{"true" if next_offset == end else "false"}}}'
         )
     body = await engine.offload(count, functools.partial(frames.encode, lines=lines), pieces)
-    await _send(request, ",".join(entries), body)
+    return ",".join(entries), body
 
 
 # A range's header entry as ``_entry`` writes it (the text json.dumps gives: an offset is the

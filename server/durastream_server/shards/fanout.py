@@ -79,16 +79,21 @@ class ListingFanOut:
         return merge_pages([local, *pages], limit)
 
     async def _page(self, shard: int, head: bytes) -> dict[str, Any]:
-        status, body = await self._router.fetch(shard, head)
-        if status != 200:
-            # The same query passed this worker's checks and its token; another answer from a peer
-            # is its failure, not the client's.
-            raise ShardUnavailable(
-                f"the worker of shard {shard} answered {status} to its part of the listing; retry "
-                "shortly",
-                headers={"Retry-After": "1"},
-            )
-        return json.loads(body)
+        return json.loads(await fetch_part(self._router, shard, head, "the listing"))
+
+
+async def fetch_part(router: ShardRouter, shard: int, head: bytes, what: str) -> bytes:
+    """The body of ``shard``'s 200 answer to ``head`` (its part of ``what``); ``ShardUnavailable``
+    (503, ``Retry-After``) when it does not answer or answers anything else: the same request passed
+    this worker's checks and its token, so another answer from a peer is its failure, not the
+    client's."""
+    status, body = await router.fetch(shard, head)
+    if status != 200:
+        raise ShardUnavailable(
+            f"the worker of shard {shard} answered {status} to its part of {what}; retry shortly",
+            headers={"Retry-After": "1"},
+        )
+    return body
 
 
 def is_shard_page(router: ShardRouter, request: Request) -> bool:

@@ -12,11 +12,12 @@ producer pay the forward once: between requests, a connection whose next request
 stream moves to its owner. What cannot move (TLS, pipelined requests, a request line not yet complete,
 an owner not answering, a connection moved recently) is forwarded here.
 
-The listing (``__ds/x-durastream/streams``) and the change feed (``.../changes``, ``.../selections``)
-are served by the worker that receives them, which asks every other worker for its shard's part
-(``fetch``) and merges them (``fanout.py``, ``changefeed.py``), and so are ``bulk-write``'s ``ensure``
-and ``commits`` (split by shard: ``bulkwrite.py``). The other requests across streams (``__ds/``
-resources: subscriptions, bulk ``stages``, multi-range reads; staged appends, whose handles
+The listing (``__ds/x-durastream/streams``), the change feed (``.../changes``, ``.../selections``) and
+multi-range reads (``.../reads``, ``.../lookups``) are served by the worker that receives them, which
+asks every other worker for its shard's part (``fetch``) and merges them (``fanout.py``,
+``changefeed.py``, ``multirange.py``), and so are ``bulk-write``'s ``ensure`` and ``commits`` (split
+by shard: ``bulkwrite.py``). The other requests across streams (``__ds/`` resources: subscriptions,
+bulk ``stages``; staged appends, whose handles
 may name many streams) are answered 501 by every worker: fanning them out is not built yet. A fork must hash to its source's shard (409).
 """
 
@@ -72,6 +73,8 @@ _SERVED_ACROSS: Final = frozenset(
         "x-durastream/selections",
         "x-durastream/ensure",  # bulk-write, split by shard (bulkwrite.py; not ``stages``)
         "x-durastream/commits",
+        "x-durastream/reads",
+        "x-durastream/lookups",
     )
 )
 _READ_BYTES: Final = 64 * 1024
@@ -159,9 +162,9 @@ class ShardRouter:
         own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
         if target.kind is paths.RouteKind.SUBSCRIPTIONS and target.target not in _SERVED_ACROSS:
             raise NotWithWorkers(
-                "this resource spans many streams (subscriptions, bulk-write's stages, "
-                f"multi-range reads), which a server started with {FLAG} {self.count} does not serve "
-                f"yet; start the server with {FLAG} 1 for it"
+                "this resource spans many streams (subscriptions, bulk-write's stages), which a "
+                f"server started with {FLAG} {self.count} does not serve yet; start the server with "
+                f"{FLAG} 1 for it"
             )
         if target.kind is not paths.RouteKind.STREAM:
             return

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+from typing import Any
 
 import pytest
 import requests
@@ -141,9 +142,10 @@ def answer_while_a_worker_is_down(
     *,
     url: str | None = None,
     data: bytes | None = None,
+    json_body: Any = None,
 ) -> requests.Response:
-    """The answer to ``resource`` (or to ``url``, outside the stream root; a POST of ``data`` if
-    given, else a GET) from the surviving worker
+    """The answer to ``resource`` (or to ``url``, outside the stream root; a POST of ``data`` or
+    ``json_body`` if given, else a GET) from the surviving worker
     while shard ``down``'s worker is dead (SIGKILLed with the parent stopped, so it is not restarted
     while the request is made); returns once the parent has restarted it."""
     down_pid = worker_of_shard(server, down)
@@ -158,10 +160,11 @@ def answer_while_a_worker_is_down(
             try:
                 answers.append(
                     requests.request(
-                        "GET" if data is None else "POST",
+                        "GET" if data is None and json_body is None else "POST",
                         url or server.stream_url(resource),
                         params=params,
                         data=data,
+                        json=json_body,
                         timeout=60,
                     )
                 )

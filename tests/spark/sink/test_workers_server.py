@@ -1,13 +1,13 @@
 """The connector against ``durastream-server --workers 2`` (decision 0009, first step).
 
 A worker serves only its shard and answers what spans streams and is not fanned out yet (staged
-appends, multi-range reads) 501, and does not advertise those extensions. The connector must then do
+appends, bulk ``stages``) 501, and does not advertise those extensions. The connector must then do
 what it does on a server without them: the sink writes in ordered mode (``exactlyOnce=transactional``
 is refused naming the option), exactly once across a failed task attempt, with each row's stream owned
 by either worker (so about half of the requests are forwarded); its targets are ensured in bulk
-(``bulk-write`` is split by shard: shards/bulkwrite.py); a batch read of explicit streams reads them
-one at a time. The listing and
-the change feed are fanned out to every shard, so a ``pattern`` read finds every stream, and a
+(``bulk-write`` is split by shard: shards/bulkwrite.py). The listing, the change feed and multi-range
+reads are fanned out to every shard, so a ``pattern`` read finds every stream and reads them in packed
+tasks, and a
 streaming ``pattern`` query follows the change feed of both shards and waits on it when idle; the
 rest answers 501 naming the flag.
 """
@@ -35,6 +35,7 @@ pytestmark = pytest.mark.skipif(
 
 ROWS = 600
 TARGETS = 12
+PATTERN_STREAMS = 200  # small streams of a pattern read, on both shards
 
 
 def _requests_of(server: ServerProcess, route: str) -> int:
@@ -97,16 +98,27 @@ def test_a_routed_write_with_a_failed_attempt_is_exactly_once_and_reads_back(
     assert sorted(r.n for r in read.collect()) == list(range(ROWS))
 
 
+def _requests_of(server: ServerProcess, route: str) -> int:
+    """The whole server's count of requests of ``route`` (every shard's, from /metrics)."""
+    text = requests.get(server.base_url + "/metrics", timeout=30).text
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("durastream_http_requests_total{") and f'route="{route}"' in line
+    )
+
+
 def test_a_pattern_read_lists_every_shard_and_reads_each_row_once(
     sink_spark, workers_server, tmp_path
 ) -> None:
-    """The listing is fanned out to every shard (shards/fanout.py): a ``pattern`` batch read finds the
-    streams of both workers and reads them with the fallbacks of a server without multi-range."""
+    """The listing is fanned out to every shard (shards/fanout.py) and so are multi-range reads
+    (shards/multirange.py): a ``pattern`` batch read finds the streams of both workers and reads
+    them in packed tasks, many ranges a request, not one request a stream."""
     root = workers_server.base_url + "/v1/stream"
     base = unique("pattern")
-    streams = [f"{base}/s{k}" for k in range(TARGETS)]
+    streams = [f"{base}/s{k}" for k in range(PATTERN_STREAMS)]
     assert {shard_of(s, 2) for s in streams} == {0, 1}
-    rows = [(f'{{"m":"{k}-{n}"}}', s) for k, s in enumerate(streams) for n in range(5)]
+    rows = [(f'{{"m":"{k}-{n}"}}', s) for k, s in enumerate(streams) for n in range(2)]
     sink_spark.createDataFrame(rows, "value string, stream string").write.format(
         "durastream"
     ).option("url", root).mode("append").save()
@@ -118,7 +130,10 @@ def test_a_pattern_read_lists_every_shard_and_reads_each_row_once(
         .select(F.col("stream"), F.col("value").cast("string").alias("value"))
     )
     expected = sorted((value, stream) for value, stream in rows)
+    single_reads = _requests_of(workers_server, "read")
     assert sorted((r.value, r.stream) for r in read.collect()) == expected
+    # Packed: the rows came in multi-range requests ("discovery" route), not a read a stream.
+    assert _requests_of(workers_server, "read") - single_reads < PATTERN_STREAMS // 10
 
     # streaming, Trigger.AvailableNow: the same rows, each once (the tracker lists, no change feed)
     collector = BatchCollector(
@@ -184,9 +199,7 @@ def test_a_streaming_pattern_query_follows_both_shards_change_feed_each_row_once
 
 
 def test_what_spans_streams_and_is_not_built_is_refused_naming_the_flag(workers_server) -> None:
-    response = requests.post(
-        workers_server.stream_url("__ds/x-durastream/lookups"), json={"lookups": []}
-    )
+    response = requests.get(workers_server.stream_url("__ds/subscriptions/s1"))
     assert response.status_code == 501
     assert "--workers 2" in response.json()["error"]["message"]
 
