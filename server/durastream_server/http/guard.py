@@ -62,7 +62,7 @@ from durastream_server.http.hosts import ANY, HostPolicy
 BODY_BUFFER_BYTES = 4 * 1024 * 1024
 # uvicorn's ``on_response_complete`` as ``_response_complete`` restates it (0.50 and later: pipelined
 # requests start through ``_start_asgi_task``). Other versions keep uvicorn's timer per response.
-_LAZY_KEEP_ALIVE = hasattr(HttpToolsProtocol, "_start_asgi_task")
+LAZY_KEEP_ALIVE = hasattr(HttpToolsProtocol, "_start_asgi_task")
 _SHOWN_VALUE_CHARS = 100  # of a rejected header value, in the error message
 
 
@@ -154,7 +154,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     # the rest of that time): the same deadline, a timer per keep-alive period instead of per request.
 
     def _unset_keepalive_if_required(self) -> None:
-        if _LAZY_KEEP_ALIVE:
+        if LAZY_KEEP_ALIVE:
             self._idle_since = None  # busy: a request is arriving (or the connection is ending)
         else:
             super()._unset_keepalive_if_required()
@@ -296,7 +296,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         last = not self.pipeline  # no pipelined request waits behind the response just completed
-        if _LAZY_KEEP_ALIVE:
+        if LAZY_KEEP_ALIVE:
             self._response_complete()
         else:
             super().on_response_complete()
