@@ -112,6 +112,7 @@ from durastream_server.offsets import (
     NOW,
     InvalidOffset,
     format_offset,
+    offset_token,
     parse_position,
 )
 from durastream_server.storage import DataDir
@@ -1699,13 +1700,8 @@ class Engine:
     @staticmethod
     def _listing(path: str, inc: Incarnation) -> StreamListing:
         log = inc.log
-        # ``format_offset`` without its range check (a durable tail is always in range): a listing
-        # page makes one a stream, and the call was a fifth of the page's CPU.
         return StreamListing(
-            path,
-            log.header.content_type,
-            f"{CANONICAL_PREFIX}{log.durable_tail:016d}",
-            log.durable_closed,
+            path, log.header.content_type, offset_token(log.durable_tail), log.durable_closed
         )
 
     def quarantined(self, limit: int) -> tuple[int, list[QuarantinedStream]]:

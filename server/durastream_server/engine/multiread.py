@@ -460,8 +460,15 @@ async def _read_alone(
 
 
 def spent(slices: Sequence[MessageSlice | MessageRun], count: int, overhead: int) -> int:
-    """What a read's answer takes of the budget: its bytes, ``overhead`` per message, at least 1."""
-    return max(sum(map(len, map(_DATA, slices))) + overhead * count, 1)
+    """What a read's answer takes of the budget (``cost`` of its bytes)."""
+    return cost(sum(map(len, map(_DATA, slices))), count, overhead)
+
+
+def cost(size: int, count: int, overhead: int) -> int:
+    """What ``count`` messages of ``size`` bytes take of a multi-range answer's budget: their bytes,
+    ``overhead`` per message, at least 1 (an empty range still costs its turn). The rule a
+    ``--workers`` server's fan-out reassembles answers by (``shards/multirange.py``)."""
+    return max(size + overhead * count, 1)
 
 
 _DATA: Final = attrgetter("data")  # C-level iteration: ``spent`` runs once per range read

@@ -47,7 +47,7 @@ from durastream_server.errors import InvalidParameter, SelectionNotFound, ShardU
 from durastream_server.http import changes
 from durastream_server.http.live import Disconnect
 from durastream_server.http.query import bounded_int
-from durastream_server.shards.fanout import is_shard_page, request_head
+from durastream_server.shards.fanout import is_shard_page, peer_failed, request_head
 from durastream_server.shards.layout import shard_of
 from durastream_server.shards.router import FLAG, OWNER_WAIT_SECONDS
 
@@ -306,10 +306,7 @@ class ChangesFanOut:
             error = json.loads(body).get("error", {})
             if error.get("code") == SelectionNotFound.code:
                 raise SelectionNotFound(error.get("message", "selection not found"))
-        raise ShardUnavailable(
-            f"the worker of shard {shard} answered {status} to its part of the {what}; retry shortly",
-            headers={"Retry-After": "1"},
-        )
+        raise peer_failed(shard, status, f"the {what}")
 
 
 async def _all(awaitables: Iterable[Awaitable[_T]]) -> list[_T]:

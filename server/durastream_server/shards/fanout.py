@@ -89,11 +89,16 @@ async def fetch_part(router: ShardRouter, shard: int, head: bytes, what: str) ->
     client's."""
     status, body = await router.fetch(shard, head)
     if status != 200:
-        raise ShardUnavailable(
-            f"the worker of shard {shard} answered {status} to its part of {what}; retry shortly",
-            headers={"Retry-After": "1"},
-        )
+        raise peer_failed(shard, status, what)
     return body
+
+
+def peer_failed(shard: int, status: int, what: str) -> ShardUnavailable:
+    """The 503 for a worker that answered ``status`` to its part of ``what`` (see ``fetch_part``)."""
+    return ShardUnavailable(
+        f"the worker of shard {shard} answered {status} to its part of {what}; retry shortly",
+        headers={"Retry-After": "1"},
+    )
 
 
 def is_shard_page(router: ShardRouter, request: Request) -> bool:

@@ -34,6 +34,7 @@ from itertools import accumulate
 from operator import sub
 from typing import TYPE_CHECKING, Any, Final
 
+from durastream_server.engine import multiread
 from durastream_server.http import frames
 from durastream_server.shards.fanout import fetch_part, is_shard_page, request_head
 from durastream_server.shards.layout import shard_of
@@ -113,7 +114,7 @@ class _Answer:
 
     def add(self, entry: dict[str, Any], part: _Part, first: int) -> int:
         """Append ``entry`` and its messages from ``part``; what the range takes of the budget (as
-        ``multiread.spent`` counts it: its bytes, the per-message overhead, at least 1)."""
+        ``multiread.spent`` counts it: ``multiread.cost``)."""
         if "error" in entry:
             self.entries.append(json.dumps(entry, separators=(",", ":")))
             return 0
@@ -133,8 +134,8 @@ class _Answer:
         size = bounds[last] - bounds[first]
         if self.lines:
             size -= count  # each value's LF is the body's, not the stream's
-            return max(size + frames.PER_LINE_OVERHEAD * count, 1)
-        return max(size + frames.PER_MESSAGE_OVERHEAD * count, 1)
+            return multiread.cost(size, count, frames.PER_LINE_OVERHEAD)
+        return multiread.cost(size, count, frames.PER_MESSAGE_OVERHEAD)
 
     def undo(self, count: int) -> None:
         """Drop the last range added (its cost was more than was left: asked again)."""
