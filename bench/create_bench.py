@@ -6,6 +6,8 @@ with fsync durability (the defaults), driven over loopback by ``scale_bench``'s 
 ``put``       ``--streams`` creates with ``PUT`` alone, by ``--clients`` connections, one request in flight each;
 ``put+post``  ``--streams`` more, each created with ``PUT`` and given one small message with ``POST`` (the
               issue's method);
+``post_again`` one more ``POST`` to each of the ``put+post`` streams, which now have data: a later append
+              with the same load, so ``put+post`` minus ``put`` minus this is what a first append costs extra;
 ``ensure``    one bulk ``ensure`` request creating ``--ensure`` streams (docs/extensions.md section 11), as
               the connector's routed sink does; reported as creates/s of that request; then one bulk
               ``commits`` request giving each of those new streams its first data (an inline commit of
@@ -64,7 +66,16 @@ async def measure(server: ScaleServer, args: argparse.Namespace) -> dict:
         if status not in (200, 204):
             raise RuntimeError(f"POST: HTTP {status}")
 
-    for name, work in (("put", put), ("put+post", put_post)) if args.streams else ():
+    async def post_again(conn, i: int) -> None:  # noqa: ANN001
+        body = b'{"i":%d,"pad":"0123456789abcdef"}' % i
+        status, _ = await conn.request(
+            raw_request("POST", f"pp/s{i:06d}", body, "application/json")
+        )
+        if status not in (200, 204):
+            raise RuntimeError(f"POST: HTTP {status}")
+
+    phases = (("put", put), ("put+post", put_post), ("post_again", post_again))
+    for name, work in phases if args.streams else ():
         cpu0, loop0 = server.cpu(), loop_cpu(server.pid)
         elapsed = await run_clients(server.port, args.clients, range(args.streams), work)
         cpu, loop = server.cpu() - cpu0, loop_cpu(server.pid) - loop0

@@ -827,6 +827,7 @@ class DataDir:
             log.error("closing the write-ahead log failed (the next start-up replays it): %r", exc)
         if self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        self._ctx.hot.close()
         self._executor.shutdown(wait=True)
         self._read_executor.shutdown(wait=True)
         self._ctx.cache.close_all()

@@ -39,7 +39,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from durastream_server import errors
@@ -55,6 +55,7 @@ from durastream_server.storage.committer import (
 from durastream_server.storage.extents import IN_WAL, Extents
 from durastream_server.storage.files import FdCache, is_out_of_space
 from durastream_server.storage.group import GroupResult, is_group_batch, split_batch, write_group
+from durastream_server.storage.hot import HotSweep
 from durastream_server.storage.index import LogIndex
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.storage.ordinals import floor_boundary, message_start
@@ -94,7 +95,8 @@ _T = TypeVar("_T")
 
 # The just-committed tail each log keeps in memory for the readers that commit wakes (``_keep_hot``):
 # at most this many bytes (payload plus MESSAGE_OVERHEAD per message, so that tiny messages cannot make
-# the on-loop read of it long) and entries per log, dropped once no commit came for HOT_SECONDS.
+# the on-loop read of it long) and entries per log, dropped once no commit came for HOT_SECONDS (to
+# twice that: one timer for all logs, ``hot.py``).
 HOT_MAX_BYTES = 32 * 1024
 HOT_MAX_ENTRIES = 256
 HOT_SECONDS = 0.1
@@ -165,6 +167,8 @@ class LogContext:
     metrics: WriteMetrics = NO_METRICS  # what the group commit reports (storage/metrics.py)
     # Packed streams' files and the moves of them (``packview.py``); None: no packed records read.
     pack_files: PackFiles | None = None
+    # The logs holding a hot tail, and the one timer that drops the idle ones (``hot.py``).
+    hot: HotSweep = field(default_factory=lambda: HotSweep(HOT_SECONDS))
 
 
 _Item = AppendEntry | SoftDelete | GroupCommit
@@ -198,8 +202,6 @@ class _Rare:
         "_pruned",
         "_snapshot_pruned",
         "_hot_bytes",
-        "_hot_at",
-        "_hot_timer",
         "_healing",
         "_heal_failures",
         "_promote_waiters",
@@ -218,8 +220,6 @@ class _Rare:
         self._pruned = 0  # changes to the state that are not in the log (``note_pruned``)
         self._snapshot_pruned = 0  # ... of them, covered by the last snapshot
         self._hot_bytes = 0  # see _keep_hot
-        self._hot_at = 0.0  # loop time of the last commit that added to _hot
-        self._hot_timer: asyncio.TimerHandle | None = None
         self._healing: asyncio.Task[None] | None = None  # see _heal
         self._heal_failures = 0  # out-of-space poisonings since the last successful commit
         self._promote_waiters: list[asyncio.Future[None]] | tuple[()] = ()  # ensure_directory
@@ -235,7 +235,6 @@ class _Rare:
             and not self._listeners
             and self._pruned == self._snapshot_pruned == 0
             and self._hot_bytes == 0
-            and self._hot_timer is None
             and self._healing is None
             and self._heal_failures == 0
             and not self._promote_waiters
@@ -363,8 +362,6 @@ class StreamLog:
     _pruned = _rare_field("_pruned")
     _snapshot_pruned = _rare_field("_snapshot_pruned")
     _hot_bytes = _rare_field("_hot_bytes")
-    _hot_at = _rare_field("_hot_at")
-    _hot_timer = _rare_field("_hot_timer")
     _healing = _rare_field("_healing")
     _heal_failures = _rare_field("_heal_failures")
     _promote_waiters = _rare_field("_promote_waiters")
@@ -855,20 +852,10 @@ class StreamLog:
             if rare is None:
                 rare = self._rare = _Rare()
             rare._hot_bytes = hot_bytes
-            loop = asyncio.get_running_loop()
-            rare._hot_at = loop.time()
-            if rare._hot_timer is None:
-                rare._hot_timer = loop.call_later(HOT_SECONDS, self._expire_hot)
+            self._ctx.hot.touch(self)
 
-    def _expire_hot(self) -> None:
-        """Drop the hot tail once no commit has added to it for HOT_SECONDS (one timer per log, re-armed
-        rather than replaced on every commit)."""
-        self._hot_timer = None
-        loop = asyncio.get_running_loop()
-        idle = loop.time() - self._hot_at
-        if self._hot and idle < HOT_SECONDS and not self._closed:
-            self._hot_timer = loop.call_later(HOT_SECONDS - idle, self._expire_hot)
-            return
+    def expire_hot(self) -> None:
+        """No commit has added to the hot tail for HOT_SECONDS (``hot.HotSweep``): drop it."""
         self._drop_hot()
 
     def _drop_hot(self) -> None:
@@ -877,9 +864,7 @@ class StreamLog:
         self._hot = ()
         self._hot_bytes = 0
         self._index.forget_recent()
-        if self._hot_timer is not None:
-            self._hot_timer.cancel()
-            self._hot_timer = None
+        self._ctx.hot.forget(self)
         rare = self._rare
         if rare is not None and not self._busy and rare.at_defaults():
             self._rare = None
