@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from durastream_server.engine.waiters import wait_for_any
+from durastream_server.timers import time_left
 
 DEFAULT_MAX_TOMBSTONES: Final = 100_000
 _EPOCH_BYTES: Final = 6
@@ -236,8 +237,8 @@ class ChangeFeed:
         deadline = loop.time() + max(0.0, timeout)
         release = tuple(release)
         while not self.has_changes(since, match, examine=examine):
-            remaining = deadline - loop.time()
-            if remaining <= 0 or self._closed or any(f.done() for f in release):
+            remaining = time_left(deadline, loop.time())  # < 1 ms left is expired: no re-arm spin
+            if not remaining or self._closed or any(f.done() for f in release):
                 return False
             waiter = _Waiter(match, loop.create_future())
             self._waiters.add(waiter)

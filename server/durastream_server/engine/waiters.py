@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from durastream_server.errors import ProtocolError
+from durastream_server.timers import time_left
 
 
 class _Shutdown(Exception):
@@ -79,8 +80,8 @@ class WaitSet:
                 raise self._failure()
             if ready():
                 return True
-            remaining = deadline - loop.time()
-            if remaining <= 0 or self._closed or any(f.done() for f in release):
+            remaining = time_left(deadline, loop.time())  # < 1 ms left is expired: no re-arm spin
+            if not remaining or self._closed or any(f.done() for f in release):
                 return False
             future: asyncio.Future[None] = loop.create_future()
             if self._futures is None:

@@ -57,6 +57,7 @@ from durastream_server.config import (
     ServerConfig,
 )
 from durastream_server.http.hosts import ANY, HostPolicy
+from durastream_server.timers import expired, time_left
 
 # Body bytes gathered before the handler is woken (and, past it, the socket paused).
 BODY_BUFFER_BYTES = 4 * 1024 * 1024
@@ -181,8 +182,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         idle_since = self._idle_since
         if idle_since is None:
             return  # busy: armed again when its answer completes
-        left = idle_since + self.timeout_keep_alive - self.loop.time()
-        if left > 0:
+        left = time_left(idle_since + self.timeout_keep_alive, self.loop.time())
+        if left:  # never a re-arm for less than a clock tick (timers.py)
             self.timeout_keep_alive_task = self.loop.call_later(left, self._keep_alive_deadline)
         else:
             self.timeout_keep_alive_handler()
@@ -421,14 +422,16 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         silent = now - self._body_activity
         elapsed = now - self._rate_origin
         allowed = self.body_timeout + self._rate_received / self.min_body_rate
-        if silent >= self.body_timeout:
+        # Both limits to within a clock tick (timers.py): a timer that fires on its millisecond must
+        # not re-arm for the float's last ulps.
+        if expired(self._body_activity + self.body_timeout, now):
             self.logger.info("closing a connection whose request body stalled for %.0f s", silent)
             self._reject(
                 408,
                 "REQUEST_TIMEOUT",
                 f"no request body bytes arrived for {silent:.0f} s (--body-timeout-seconds)",
             )
-        elif elapsed >= allowed:
+        elif expired(self._rate_origin + allowed, now):
             rate = self._rate_received / elapsed
             self.logger.info("closing a connection whose request body arrived at %.0f B/s", rate)
             self._reject(

@@ -34,6 +34,7 @@ from durastream_server.http.live import ANSWERED, Disconnect, LiveReaders, WakeA
 from durastream_server.http.responses import Headers, Send
 from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.offsets import NOW
+from durastream_server.timers import expired, time_left
 
 if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
@@ -382,9 +383,9 @@ class StreamHandlers:
         disconnect: Disconnect | None = None
         try:
             while not result.count and not result.closed:
-                remaining = deadline - loop.time()
+                remaining = time_left(deadline, loop.time())  # < 1 ms left: answer now (timers.py)
                 woken: ReadResult | object | None = None
-                if remaining > 0:
+                if remaining:
                     disconnect = disconnect or Disconnect(request.receive)
                     # Parked with every long-poll at this offset; when data comes, the group reads
                     # once and answers all (live.py), writing straight to the connection if allowed.
@@ -506,7 +507,7 @@ class StreamHandlers:
                 if result.closed:
                     return
                 if not result.up_to_date:
-                    if loop.time() >= deadline:
+                    if expired(deadline, loop.time()):
                         return  # the client resumes from the last control event's offset
                     result = await self._read(path, result.next_offset)
                     continue
@@ -528,15 +529,17 @@ class StreamHandlers:
 
             offset = result.next_offset
             while True:
-                remaining = deadline - loop.time()
-                if remaining <= 0 or disconnect.happened:
+                # Less than a clock tick left is the end (timers.py): re-waiting for the rest would
+                # spin, and send a keep-alive control event per pass, until uvloop's clock ticks.
+                remaining = time_left(deadline, loop.time())
+                if not remaining or disconnect.happened:
                     return
                 woke = await self._live.wait(path, offset, min(remaining, keepalive), disconnect)
                 if woke is None:
                     return
                 if woke:
                     break
-                if deadline - loop.time() > 0:
+                if not expired(deadline, loop.time()):
                     await emit(
                         sse.control_event(
                             offset, cursor=self._cursor(params), up_to_date=True, closed=False

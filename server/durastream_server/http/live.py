@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from durastream_server.errors import ProtocolError
 from durastream_server.http import fastpath, responses
 from durastream_server.metrics.counters import ServerMetrics
+from durastream_server.timers import time_left
 
 if TYPE_CHECKING:
     from durastream_server.engine.api import ReadResult
@@ -224,7 +225,7 @@ class LiveReaders:
             raise copy.copy(outcome.error)
         if outcome is not _ON_YOUR_OWN:
             return outcome  # type: ignore[no-any-return]
-        woke = await self.wait(path, offset, timeout - (loop.time() - started), disconnect)
+        woke = await self.wait(path, offset, time_left(started + timeout, loop.time()), disconnect)
         if not woke:
             return None
         return await read(path, offset)

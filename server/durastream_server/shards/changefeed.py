@@ -50,6 +50,7 @@ from durastream_server.http.query import bounded_int
 from durastream_server.shards.fanout import is_shard_page, peer_failed, request_head
 from durastream_server.shards.layout import shard_of
 from durastream_server.shards.router import FLAG, OWNER_WAIT_SECONDS
+from durastream_server.timers import time_left
 
 if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
@@ -251,8 +252,8 @@ class ChangesFanOut:
         waiting = set(tasks.values())
         try:
             while waiting and not disconnect.happened:
-                remaining = deadline - loop.time()
-                if remaining <= 0:
+                remaining = time_left(deadline, loop.time())  # < 1 ms left is expired (timers.py)
+                if not remaining:
                     raise ShardUnavailable(
                         "a worker did not answer its part of the change query in time; retry shortly",
                         headers={"Retry-After": "1"},

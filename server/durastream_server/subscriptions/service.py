@@ -107,6 +107,7 @@ from durastream_server.subscriptions.webhook import (
     backoff_delay,
     encode_payload,
 )
+from durastream_server.timers import RESOLUTION
 
 log = logging.getLogger(__name__)
 
@@ -573,7 +574,7 @@ class SubscriptionService:
         deadline = sub.next_deadline()
         if deadline is None or sub.deleted or not self._running:
             return
-        delay = max(0.001, deadline - self._clock())
+        delay = max(RESOLUTION, deadline - self._clock())  # never a 0 ms re-arm (timers.py)
         self._timers[sub.id] = asyncio.get_running_loop().call_later(delay, self._on_timer, sub.id)
 
     def _cancel_timer(self, sub_id: str) -> None:
