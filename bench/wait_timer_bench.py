@@ -5,7 +5,7 @@ round, on a fresh data directory (``--durability none``: nothing is written duri
 ``--waiters`` keep-alive connections each ask ``--waits-each`` change queries one after the other,
 ``GET {root}/__ds/x-durastream/changes?since=<cursor>&wait=<--wait-ms>``, with nothing changing, so every
 one parks and answers empty at its timeout. The figure is the server process's CPU (user + system, all
-threads, and the event loop's thread alone) per wait over that phase. Before ``server/durastream_server/
+threads, in clock ticks, and the event loop's thread alone, to the nanosecond) per wait over that phase. Before ``server/durastream_server/
 timers.py`` a wait whose timer fired on its deadline's millisecond with ``loop.time()`` a few ulps short
 of the deadline re-armed a 0 ms timer every loop pass until uvloop's clock ticked.
 
@@ -27,11 +27,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from create_bench import loop_cpu  # noqa: E402
 from scale_bench import ScaleServer, connect  # noqa: E402
 from server_bench import cpu_seconds  # noqa: E402
 
 CHANGES = "/v1/stream/__ds/x-durastream/changes"
+
+
+def loop_cpu(pid: int) -> float:
+    """On-CPU seconds of the server's main thread, which runs the event loop, in nanoseconds'
+    resolution (``schedstat``; ``stat``'s clock ticks are 10 ms, too coarse for a few us per wait)."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0]) / 1e9
 
 
 def cursor_of(port: int) -> str:
@@ -89,8 +94,9 @@ async def run(args: argparse.Namespace) -> dict:
         results["runs"].append({"server": name, **figures})
         print(name, json.dumps(figures), flush=True)
     for name in dict.fromkeys(run["server"] for run in results["runs"]):
-        per_wait = [r["cpu_us_per_wait"] for r in results["runs"] if r["server"] == name]
-        print(f"{name}: cpu us/wait median {statistics.median(per_wait)} {sorted(per_wait)}")
+        for key in ("cpu_us_per_wait", "loop_us_per_wait"):
+            values = [r[key] for r in results["runs"] if r["server"] == name]
+            print(f"{name}: {key} median {statistics.median(values)} {sorted(values)}")
     results["load_after"] = os.getloadavg()
     return results
 
