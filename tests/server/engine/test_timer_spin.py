@@ -15,40 +15,18 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 
 from durastream_server.engine.changes import ChangeFeed
 from durastream_server.engine.waiters import WaitSet
 from durastream_server.timers import RESOLUTION, expired, time_left
+from tests.support.loop_timers import TimerCount
 
 uvloop = pytest.importorskip("uvloop")
 
 WAITS = 10
 TIMEOUT_MS = 20
-
-
-class TimerCount:
-    """Counts ``loop.call_later`` calls while installed (the loop's own method does the work)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.armed = 0
-        self._original = loop.call_later
-
-    def __enter__(self) -> TimerCount:
-        original = self._original
-
-        def call_later(delay: float, callback: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-            self.armed += 1
-            return original(delay, callback, *args, **kw)
-
-        self.loop.call_later = call_later  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        del self.loop.call_later  # the loop's own method again
 
 
 def wrong_way_timeout(loop: asyncio.AbstractEventLoop, milliseconds: int) -> tuple[float, float]:

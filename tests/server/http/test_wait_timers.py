@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.server.http.test_fastpath import Conn, running, status
+from tests.support.loop_timers import TimerCount
 
 uvloop = pytest.importorskip("uvloop")
 
@@ -28,29 +28,6 @@ CHANGES = "/v1/stream/__ds/x-durastream/changes"
 CONNECTIONS = 8
 WAITS_EACH = 15
 WAIT_MS = 20
-
-
-class WaitTimers:
-    """Counts the engine waits' timers (callback ``_wake``) armed while installed."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.armed = 0
-        self._original = loop.call_later
-
-    def __enter__(self) -> WaitTimers:
-        original = self._original
-
-        def call_later(delay: float, callback: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-            if getattr(callback, "__name__", "") == "_wake":
-                self.armed += 1
-            return original(delay, callback, *args, **kw)
-
-        self.loop.call_later = call_later  # type: ignore[method-assign]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        del self.loop.call_later  # the loop's own method again
 
 
 def _body(response: bytes) -> dict[str, Any]:
@@ -81,7 +58,7 @@ def test_timed_out_change_query_waits_arm_one_timer_each(tmp_path: Path) -> None
             conn.close()
             assert status(snapshot) == 200
             cursor = _body(snapshot)["cursor"]
-            with WaitTimers(asyncio.get_running_loop()) as timers:
+            with TimerCount(asyncio.get_running_loop(), "_wake") as timers:
                 await asyncio.gather(*(_waits(port, cursor) for _ in range(CONNECTIONS)))
             # One timer per wait; main armed ~200 more for each wait that hit the wrong rounding.
             assert timers.armed == CONNECTIONS * WAITS_EACH
