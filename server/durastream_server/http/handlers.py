@@ -530,7 +530,7 @@ class StreamHandlers:
             offset = result.next_offset
             while True:
                 # Less than a clock tick left is the end (timers.py): re-waiting for the rest would
-                # spin, and send a keep-alive control event per pass, until uvloop's clock ticks.
+                # spin (and could send a keep-alive control event per pass) until uvloop's clock ticks.
                 remaining = time_left(deadline, loop.time())
                 if not remaining or disconnect.happened:
                     return
