@@ -208,25 +208,26 @@ class BulkWrites:
         (``duplicate`` for a 204) or typed errors in the order of its parts, or one error for the
         whole entry (a refused entry: nothing of it was applied)."""
         requests = []
+        shared: dict[tuple[str, int, int], dict[str, str]] = {}
         for entry in entries:
             if not entry.bodies or len(entry.bodies) != len(entry.suffixes):
                 raise ValueError("a parts entry needs one non-empty body per suffix")
-            headers = {
-                "Content-Type": self._content_type,
-                "Durastream-Commit-Key": entry.key,
-                PARTS_HEADER: ",".join(
+            tuple_ = (entry.producer_prefix, entry.epoch, entry.seq)
+            base = shared.get(tuple_)
+            if base is None:  # the batch's entries share all headers but the parts list
+                base = shared[tuple_] = {
+                    "Content-Type": self._content_type,
+                    "Durastream-Commit-Key": entry.key,
+                    **_producer_headers(_producer(tuple_), refuse_forgotten=True),
+                }
+            headers = dict(base)
+            headers[PARTS_HEADER] = ",".join(
+                [
                     f"{suffix}:{len(body)}"
                     for suffix, body in zip(entry.suffixes, entry.bodies, strict=True)
-                ),
-            }
-            headers.update(
-                _producer_headers(
-                    _producer((entry.producer_prefix, entry.epoch, entry.seq)),
-                    refuse_forgotten=True,
-                )
+                ]
             )
-            requests.append((entry.path, headers, RequestBody(list(entry.bodies))))
-        client = self._client
+            requests.append((entry.path, headers, b"".join(entry.bodies)))
 
         def result(index: int, answer: dict[str, Any], request_id: str | None) -> Any:
             entry = entries[index]
@@ -239,14 +240,17 @@ class BulkWrites:
             out: list[AppendResult | Exception] = []
             for suffix, part in zip(entry.suffixes, parts, strict=True):
                 producer = (entry.producer_prefix + suffix, entry.epoch, entry.seq)
+                if isinstance(part, dict) and "error" not in part:  # the usual case: no context
+                    out.append(StreamClient._append_result(_reply(None, part), _producer(producer)))
+                    continue
                 where = RequestContext(
-                    "POST", client.stream_url(entry.path), stream=entry.path, producer=producer
+                    "POST",
+                    self._client.stream_url(entry.path),
+                    stream=entry.path,
+                    producer=producer,
                 )
                 error = self._error(where, part, request_id)
-                if error is not None:
-                    out.append(error)
-                    continue
-                out.append(StreamClient._append_result(_reply(where, part), _producer(producer)))
+                out.append(error or StreamClient._append_result(_reply(where, part), None))
             return out
 
         return self._send(ext.COMMITS_PATH, requests, None, answer_of=result)
@@ -358,13 +362,14 @@ class BulkWrites:
         )
 
 
-def _reply(context: RequestContext, answer: dict[str, Any]) -> Reply:
+def _reply(context: RequestContext | None, answer: dict[str, Any]) -> Reply:
     """An entry's (or a part's) answer as the reply of its single request (status and headers)."""
     try:
         status = int(answer["status"])
         answered = CaseInsensitiveDict(answer.get("headers") or {})
     except (KeyError, TypeError, ValueError) as exc:
-        raise MalformedResponse(f"{context.describe()}: bad entry {exc!r}") from None
+        where = context.describe() if context is not None else f"POST {ext.COMMITS_PATH}"
+        raise MalformedResponse(f"{where}: bad entry {exc!r}") from None
     return Reply(status, answered, b"")
 
 

@@ -361,9 +361,10 @@ def _stream_groups(jobs: Sequence[tuple[SinkCommitMessage, StreamPart]]) -> list
     inline = [index for index, (_, part) in enumerate(jobs) if part.inline is not None]
     if len(inline) < 2:
         return []
-    prefix = os.path.commonprefix([jobs[index][0].producer_id for index in inline])
+    producer_ids = {jobs[index][0].producer_id for index in inline}  # one per partition
+    prefix = os.path.commonprefix(sorted(producer_ids))
     epochs = {jobs[index][0].epoch for index in inline}
-    suffixes = {jobs[index][0].producer_id[len(prefix) :] for index in inline}
+    suffixes = {producer_id[len(prefix) :] for producer_id in producer_ids}
     if len(epochs) != 1 or not all(_SUFFIX.fullmatch(suffix) for suffix in suffixes):
         return []  # not the sink's own shape: one entry per part, as before
     (epoch,) = epochs

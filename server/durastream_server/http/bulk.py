@@ -376,6 +376,7 @@ async def _each(
 
 
 PARTS: Final = "durastream-commit-parts"
+_PARTS_SENT: Final = "Durastream-Commit-Parts"  # as clients spell it (others take the general path)
 MAX_PARTS: Final = 1_000
 _PART_SUFFIX: Final = re.compile(r"[A-Za-z0-9._~-]{0,64}")
 _PARTS_SYNTAX: Final = (
@@ -605,6 +606,14 @@ def _checked_headers(
     the same dict for headers equal to ones already ``checked`` (a look-up instead of a check)."""
     if not isinstance(headers, dict):
         return None
+    # A multi-part entry's parts list differs per entry; the rest is its batch's shared set: look
+    # that up, and add the list to a copy (the decoded dict is this entry's own).
+    parts = headers.pop(_PARTS_SENT, None)
+    if parts is not None:
+        shared = _checked_headers(headers, checked)
+        if shared is None or not isinstance(parts, str):
+            return None
+        return {**shared, PARTS: parts}
     key = tuple(headers.items())
     try:
         lowered = checked.get(key)
