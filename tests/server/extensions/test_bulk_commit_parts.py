@@ -4,8 +4,10 @@ deduplicated exactly as the same part sent as an entry of its own, and answered 
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
+import pytest
 import requests
 
 from tests.server.extensions.support import TIMEOUT, unique
@@ -17,6 +19,7 @@ from tests.server.extensions.test_bulk_write import (
     inline_entry,
     messages,
 )
+from tests.server.workers.test_workers import paths_on_both_shards
 from tests.support.server_process import ServerProcess
 
 
@@ -126,3 +129,22 @@ def test_bad_parts_headers_are_400_naming_the_field_and_apply_nothing(
     (missing,) = bulk(durastream_server, "commits", [no_producer])
     assert missing["status"] == 400 and "Producer-Id" in missing["error"]["message"]
     assert messages(durastream_server, path) == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="--workers needs SO_REUSEPORT as Linux has it")
+def test_multi_part_entries_of_both_shards_under_workers(server_factory) -> None:
+    """``--workers 2``: each multi-part entry goes whole to its stream's shard (shards/bulkwrite.py)
+    and comes back at its index with its parts' answers; a repeat is all 204s."""
+    server = server_factory(extra_args=("--workers", "2"))
+    paths = paths_on_both_shards(unique("parts-workers"))
+    ensure(server, {"streams": paths, "content_type": JSON})
+    entries = [
+        parts_entry(path, "k-", [("0", f'["{n}a"]'.encode()), ("1", f'["{n}b"]'.encode())])
+        for n, path in enumerate(paths)
+    ]
+    answers = bulk(server, "commits", entries)
+    assert [[part["status"] for part in answer["parts"]] for answer in answers] == [[200, 200]] * 4
+    again = bulk(server, "commits", entries)
+    assert [[part["status"] for part in answer["parts"]] for answer in again] == [[204, 204]] * 4
+    for n, path in enumerate(paths):
+        assert messages(server, path) == [f"{n}a", f"{n}b"]
