@@ -10,8 +10,8 @@ Exactly-once across a replay (new attempts, new handles, the same keyed commits)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -33,20 +33,28 @@ ARROW = pa.schema([("n", pa.int64()), ("stream", pa.string())])
 
 
 @contextmanager
-def without_bulk_write() -> Iterator[None]:
-    """A server without ``bulk-write``, as the connector sees it (the Node reference server and rakaia
-    are tested against the real thing in test_reference_server.py)."""
+def _advertised(change: Callable[[ext.Extensions], ext.Extensions]) -> Iterator[None]:
+    """Every client in this process sees the server's extensions through ``change``."""
     original = StreamClient.extensions
 
-    def hidden(self: StreamClient) -> ext.Extensions:
-        found = original(self)
-        return ext.Extensions(tuple((n, v) for n, v in found.versions if n != ext.BULK_WRITE))
+    def changed(self: StreamClient) -> ext.Extensions:
+        return change(original(self))
 
-    StreamClient.extensions = hidden  # type: ignore[method-assign]
+    StreamClient.extensions = changed  # type: ignore[method-assign]
     try:
         yield
     finally:
         StreamClient.extensions = original  # type: ignore[method-assign]
+
+
+def without_bulk_write() -> AbstractContextManager[None]:
+    """A server without ``bulk-write``, as the connector sees it (the Node reference server and rakaia
+    are tested against the real thing in test_reference_server.py)."""
+    return _advertised(
+        lambda found: ext.Extensions(
+            tuple((n, v) for n, v in found.versions if n != ext.BULK_WRITE)
+        )
+    )
 
 
 def _rows(base: str, partition: int) -> list[dict]:
@@ -246,22 +254,13 @@ def test_a_staged_write_to_a_deleted_stream_ensures_it_again(logged) -> None:
     assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
 
 
-@contextmanager
-def bulk_write_version(version: int) -> Iterator[None]:
+def bulk_write_version(version: int) -> AbstractContextManager[None]:
     """``bulk-write`` advertised at ``version`` (1: a server before multi-part entries)."""
-    original = StreamClient.extensions
-
-    def capped(self: StreamClient) -> ext.Extensions:
-        found = original(self)
-        return ext.Extensions(
+    return _advertised(
+        lambda found: ext.Extensions(
             tuple((n, min(v, version) if n == ext.BULK_WRITE else v) for n, v in found.versions)
         )
-
-    StreamClient.extensions = capped  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        StreamClient.extensions = original  # type: ignore[method-assign]
+    )
 
 
 @contextmanager

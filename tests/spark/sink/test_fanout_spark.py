@@ -83,16 +83,7 @@ def test_routed_fanout_falls_back_to_ordered_mode_on_servers_without_extensions(
         spark, rows, lambda value: fail_first_attempt(value, {280, 281}, markers), pad=""
     ).withColumn("stream", F.concat(F.lit(base + "/s"), (F.col("n") % streams).cast("string")))
     with spark_conf(spark, spark__sql__execution__arrow__maxRecordsPerBatch="10"):
-        query = (
-            df.writeStream.format("durastream")
-            .option("url", root)
-            .option("maxMessagesPerRequest", "3")
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-    assert query.exception() is None
+        _run_available_now(df, root, tmp_path / "checkpoint", maxMessagesPerRequest="3")
     assert list(markers.iterdir()), "no attempt failed: nothing was tested"
     for s in range(streams):
         assert_exactly_once(read_stream(root, f"{base}/s{s}"), range(s, rows, streams))
@@ -117,16 +108,7 @@ def test_routed_inline_parts_with_failing_attempts_are_exactly_once_with_either_
         df = rate_rows(
             spark, rows, lambda value: fail_first_attempt(value, failing, markers), pad=""
         ).withColumn("stream", F.concat(F.lit(base + "/s"), (F.col("n") % streams).cast("string")))
-        query = (
-            df.writeStream.format("durastream")
-            .option("url", root)
-            .option("exactlyOnce", "transactional")
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination()
-        assert query.exception() is None
+        _run_available_now(df, root, tmp_path / "checkpoint", exactlyOnce="transactional")
 
     direct = durastream_server.base_url + "/v1/stream"
     with spark_conf(spark, spark__sql__execution__arrow__maxRecordsPerBatch="20"):
@@ -146,3 +128,17 @@ def test_routed_inline_parts_with_failing_attempts_are_exactly_once_with_either_
     assert len(list(markers.iterdir())) >= 2, "no attempt failed: nothing was tested"
     for s in range(streams):
         assert_exactly_once(read_stream(direct, f"{base}/s{s}"), range(s, 2 * rows, streams))
+
+
+def _run_available_now(df, root: str, checkpoint, **options: str) -> None:
+    """The routed ``df`` written by an AvailableNow query to the sink at ``root``; it must succeed."""
+    query = (
+        df.writeStream.format("durastream")
+        .option("url", root)
+        .options(**options)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert query.exception() is None
