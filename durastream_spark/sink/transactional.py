@@ -51,7 +51,13 @@ from durastream_spark.errors import (
     TxnAlreadyCommitted,
 )
 from durastream_spark.protocol.body import RequestBody
-from durastream_spark.protocol.bulk import BulkWrites, CommitEntry, PartsEntry, StageEntry
+from durastream_spark.protocol.bulk import (
+    MAX_ENTRY_PARTS,
+    BulkWrites,
+    CommitEntry,
+    PartsEntry,
+    StageEntry,
+)
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import AppendResult, StageResult
 from durastream_spark.sink.batch_mode import COMMIT_KEY, COMMIT_SEQ, ordered_run_conflict
@@ -372,11 +378,28 @@ def _stream_groups(jobs: Sequence[tuple[SinkCommitMessage, StreamPart]]) -> list
     for index in inline:
         by_stream.setdefault(jobs[index][1].stream, []).append(index)
     groups = []
-    for stream, indexes in by_stream.items():
-        producers = [jobs[index][0].producer_id for index in indexes]
-        if len(indexes) < 2 or len(set(producers)) != len(producers):
-            continue  # one part (a plain entry is cheaper), or two attempts' parts (never sent so)
-        entry = PartsEntry(
+    for stream, listed in by_stream.items():
+        for first in range(0, len(listed), MAX_ENTRY_PARTS):  # the server's cap per entry
+            group = _group(jobs, stream, listed[first : first + MAX_ENTRY_PARTS], prefix, epoch)
+            if group is not None:
+                groups.append(group)
+    return groups
+
+
+def _group(
+    jobs: Sequence[tuple[SinkCommitMessage, StreamPart]],
+    stream: str,
+    indexes: list[int],
+    prefix: str,
+    epoch: int,
+) -> _StreamGroup | None:
+    """The parts ``indexes`` of ``stream`` as one entry, or None where one entry each is better."""
+    producers = [jobs[index][0].producer_id for index in indexes]
+    if len(indexes) < 2 or len(set(producers)) != len(producers):
+        return None  # one part (a plain entry is cheaper), or two attempts' parts (never sent so)
+    return _StreamGroup(
+        tuple(indexes),
+        PartsEntry(
             stream,
             prefix,
             epoch,
@@ -384,9 +407,8 @@ def _stream_groups(jobs: Sequence[tuple[SinkCommitMessage, StreamPart]]) -> list
             COMMIT_KEY,
             tuple(producer[len(prefix) :] for producer in producers),
             tuple(jobs[index][1].inline or b"" for index in indexes),
-        )
-        groups.append(_StreamGroup(tuple(indexes), entry))
-    return groups
+        ),
+    )
 
 
 _SUFFIX = re.compile(r"[A-Za-z0-9._~-]{0,64}")
