@@ -1,6 +1,7 @@
 """Many small streams, the sink side (issue 16): ``df.write`` routing rows to many streams vs one stream.
 
-The job: ``--rows`` rows (default 40,000) of ~100 B JSON each, in two partitions (``local[2]``), written
+The job: ``--rows`` rows (default 40,000) of ~100 B JSON each, in ``--partitions`` partitions (default
+two; ``local[2]`` runs two tasks at a time), written
 by ``df.write.format("durastream")`` in transactional mode (the default on durastream-server):
 
 - ``one``: every row to one stream (the ``stream`` option);
@@ -64,12 +65,12 @@ def child(args: argparse.Namespace) -> None:
         SparkSession.builder.master("local[2]")
         .config("spark.ui.port", "0")  # a free port: the status API gives the stage's figures
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.shuffle.partitions", str(args.partitions))
         .getOrCreate()
     )
     spark.dataSource.register(durastream_spark.DurableStreamDataSource)
     rows = (
-        spark.range(0, args.rows, numPartitions=2)
+        spark.range(0, args.rows, numPartitions=args.partitions)
         .withColumn("name", F.concat(F.lit("n"), F.col("id").cast("string")))
         .withColumn("pad", F.lit("x" * 60))
     )
@@ -199,6 +200,8 @@ def run_child(args: argparse.Namespace, url: str, pid: int, code: Path | None) -
         str(args.rows),
         "--streams",
         str(args.streams),
+        "--partitions",
+        str(args.partitions),
         "--access-log",
         str(args.access_log),
     ]
@@ -216,6 +219,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=40_000)
     parser.add_argument("--streams", type=int, default=2_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=2,
+        help="input partitions (each a task and a producer per stream; 2 cores run them)",
+    )
     parser.add_argument("--base-ref", default="main")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", action="store_true")
@@ -287,6 +296,7 @@ def main() -> None:
     summary = {
         "rows": args.rows,
         "streams": args.streams,
+        "partitions": args.partitions,
         "base_ref": args.base_ref,
         "load": [round(x, 2) for x in load],
     }

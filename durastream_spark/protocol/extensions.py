@@ -40,6 +40,8 @@ BYTE_POSITIONS = "byte-positions"
 # Versions that add to an extension (a server advertising a version has every earlier one too).
 # staged-append 2: handle lists in the request body (``Durastream-Commit: @body``) and commit keys.
 STAGED_APPEND_LISTS_AND_KEYS = 2
+# bulk-write 2: an inline commit entry may hold several parts of its stream (Durastream-Commit-Parts).
+BULK_WRITE_PARTS = 2
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ reclaimed by the server when its TTL (``transactionTtl``) lapses. This works wha
 from __future__ import annotations
 
 import logging
+import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +51,13 @@ from durastream_spark.errors import (
     TxnAlreadyCommitted,
 )
 from durastream_spark.protocol.body import RequestBody
-from durastream_spark.protocol.bulk import BulkWrites, CommitEntry, StageEntry
+from durastream_spark.protocol.bulk import (
+    MAX_ENTRY_PARTS,
+    BulkWrites,
+    CommitEntry,
+    PartsEntry,
+    StageEntry,
+)
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.protocol.models import AppendResult, StageResult
 from durastream_spark.sink.batch_mode import COMMIT_KEY, COMMIT_SEQ, ordered_run_conflict
@@ -302,7 +310,7 @@ def commit_parts(
     # parts are one batch of its log in one commit round (and a new stream is promoted with all of
     # them) instead of a round each. The entries of a request are independent: order is not applied.
     staged.sort(key=lambda index: jobs[index][1].stream)
-    answers = bulk.commit([commit_entry(*jobs[index]) for index in staged]) if staged else []
+    answers = _commit_staged(bulk, [jobs[index] for index in staged]) if staged else []
     _recommit_missing(client, options, bulk, [jobs[index] for index in staged], answers)
     unneeded: list[tuple[str, tuple[str, ...]]] = []
     for index, answer in zip(staged, answers, strict=True):
@@ -316,6 +324,94 @@ def commit_parts(
     if unneeded:
         abort_in_bulk(bulk, unneeded)
     return out
+
+
+def _commit_staged(
+    bulk: BulkWrites, jobs: Sequence[tuple[SinkCommitMessage, StreamPart]]
+) -> list[AppendResult | Exception]:
+    """Per job (sorted by stream) its commit's answer. On bulk-write 2 servers a stream's inline parts
+    of several partitions go as one entry (``PartsEntry``: each still its own keyed commit under its
+    own producer tuple, answered per part), so a batch costs one entry per stream, not per (stream,
+    partition); everything else goes as one entry per part, as on bulk-write 1."""
+    groups = _stream_groups(jobs) if bulk.supports_parts() else []
+    grouped = {index for group in groups for index in group.indexes}
+    single = [index for index in range(len(jobs)) if index not in grouped]
+    answers: list[AppendResult | Exception | None] = [None] * len(jobs)
+    if single:
+        for index, answer in zip(
+            single, bulk.commit([commit_entry(*jobs[index]) for index in single]), strict=True
+        ):
+            answers[index] = answer
+    if groups:
+        for group, answer in zip(
+            groups, bulk.commit_parts([group.entry for group in groups]), strict=True
+        ):
+            for position, index in enumerate(group.indexes):
+                answers[index] = answer if isinstance(answer, Exception) else answer[position]
+    assert all(answer is not None for answer in answers)  # every job is in one of the two lists
+    return answers  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class _StreamGroup:
+    """The inline parts of one stream (``indexes`` into the jobs), as one multi-part entry."""
+
+    indexes: tuple[int, ...]
+    entry: PartsEntry
+
+
+def _stream_groups(jobs: Sequence[tuple[SinkCommitMessage, StreamPart]]) -> list[_StreamGroup]:
+    """Streams with two or more inline parts, each as one ``PartsEntry``. The parts' producer ids
+    share the batch's prefix (``<producerId>-<writer key>-``), the rest (the partition) is each part's
+    suffix; epoch (the batch), seq and key are the same for all, as ``commit_entry`` makes them."""
+    inline = [index for index, (_, part) in enumerate(jobs) if part.inline is not None]
+    if len(inline) < 2:
+        return []
+    producer_ids = {jobs[index][0].producer_id for index in inline}  # one per partition
+    prefix = os.path.commonprefix(sorted(producer_ids))
+    epochs = {jobs[index][0].epoch for index in inline}
+    suffixes = {producer_id[len(prefix) :] for producer_id in producer_ids}
+    if len(epochs) != 1 or not all(_SUFFIX.fullmatch(suffix) for suffix in suffixes):
+        return []  # not the sink's own shape: one entry per part, as before
+    (epoch,) = epochs
+    by_stream: dict[str, list[int]] = {}
+    for index in inline:
+        by_stream.setdefault(jobs[index][1].stream, []).append(index)
+    groups = []
+    for stream, listed in by_stream.items():
+        for first in range(0, len(listed), MAX_ENTRY_PARTS):  # the server's cap per entry
+            group = _group(jobs, stream, listed[first : first + MAX_ENTRY_PARTS], prefix, epoch)
+            if group is not None:
+                groups.append(group)
+    return groups
+
+
+def _group(
+    jobs: Sequence[tuple[SinkCommitMessage, StreamPart]],
+    stream: str,
+    indexes: list[int],
+    prefix: str,
+    epoch: int,
+) -> _StreamGroup | None:
+    """The parts ``indexes`` of ``stream`` as one entry, or None where one entry each is better."""
+    producers = [jobs[index][0].producer_id for index in indexes]
+    if len(indexes) < 2 or len(set(producers)) != len(producers):
+        return None  # one part (a plain entry is cheaper), or two attempts' parts (never sent so)
+    return _StreamGroup(
+        tuple(indexes),
+        PartsEntry(
+            stream,
+            prefix,
+            epoch,
+            COMMIT_SEQ,
+            COMMIT_KEY,
+            tuple(producer[len(prefix) :] for producer in producers),
+            tuple(jobs[index][1].inline or b"" for index in indexes),
+        ),
+    )
+
+
+_SUFFIX = re.compile(r"[A-Za-z0-9._~-]{0,64}")
 
 
 def _recommit_missing(

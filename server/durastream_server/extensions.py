@@ -26,7 +26,7 @@ EXTENSIONS: Final = MappingProxyType(
         "time-lookup": 1,
         "changes": 1,
         "multi-range": 1,
-        "bulk-write": 1,
+        "bulk-write": 2,  # 2: inline commits of several parts (Durastream-Commit-Parts)
         "byte-positions": 1,  # an offset's position counts payload bytes: a range's size is E - S
     }
 )

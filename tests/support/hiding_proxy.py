@@ -11,6 +11,7 @@ Requests are forwarded one by one over a keep-alive connection per client connec
 
 ``hide={"byte-positions"}`` hides only the named extensions instead: the header and the discovery
 document list the others, as an older durastream-server (or a proxy between versions) would.
+``cap={"bulk-write": 1}`` advertises at most that version of an extension (an older server's).
 """
 
 from __future__ import annotations
@@ -35,9 +36,12 @@ class ExtensionHidingProxy:
         target_port: int,
         target_host: str = "127.0.0.1",
         hide: frozenset[str] | None = None,
+        cap: dict[str, int] | None = None,
     ) -> None:
         self.target_host = target_host
-        self.hide = hide  # None: every extension
+        # None: every extension (unless ``cap`` is given: then none)
+        self.hide = frozenset() if hide is None and cap else hide
+        self.cap = cap or {}  # advertised versions lowered to these (an older server's)
         self.target_port = target_port
         self.port = free_port()
         self.hidden = 0
@@ -90,7 +94,7 @@ class ExtensionHidingProxy:
                     if discovery and response.status == 200:
                         document = json.loads(payload)
                         document["extensions"] = {
-                            name: version
+                            name: min(version, proxy.cap.get(name, version))
                             for name, version in document["extensions"].items()
                             if name not in proxy.hide
                         }
@@ -151,7 +155,15 @@ class ExtensionHidingProxy:
         """A ``Durastream-Extensions`` value without the hidden names."""
         assert self.hide is not None
         entries = [entry.strip() for entry in header.split(",")]
-        return ", ".join(e for e in entries if e and e.split("=")[0].strip() not in self.hide)
+        kept = [e for e in entries if e and e.split("=")[0].strip() not in self.hide]
+        return ", ".join(self._capped(entry) for entry in kept)
+
+    def _capped(self, entry: str) -> str:
+        name, _, version = entry.partition("=")
+        name = name.strip()
+        if name in self.cap and version.strip().isdigit():
+            return f"{name}={min(int(version), self.cap[name])}"
+        return entry
 
     def stop(self) -> None:
         if self._httpd is not None:

@@ -37,6 +37,7 @@ Body of ``stages``/``commits`` (``application/vnd.durastream.multi-request``)::
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
@@ -62,6 +63,7 @@ from durastream_server.http.body import parse_json, read_body, read_json_body
 from durastream_server.http.collections_hold import BULK
 from durastream_server.http.handlers import StreamHandlers
 from durastream_server.http.multirange import check_scope, require_post
+from durastream_server.storage.records import ProducerTuple
 
 if TYPE_CHECKING:
     from durastream_server.engine.engine import Engine
@@ -253,6 +255,8 @@ def commit_entry(
     path = _path(raw_path, f"requests[{index}].path")
     check_scope(request, path)
     if _is_inline_commit(headers):
+        if PARTS in headers:  # a stream's parts of several producers: checked as the serving does
+            return path, shared.inline_parts(path, headers, entry_body, index)[0]
         return path, shared.inline_commit(path, headers, entry_body, index)
     parsed = txn.parse_request(path, headers, entry_body)
     if not isinstance(parsed, _COMMITS):
@@ -282,6 +286,8 @@ async def txn_entries(
     results: list[dict[str, Any]] = [{}] * len(entries)
     others: list[tuple[int, tuple[str, dict[str, str], bytes]]] = []
     inline: list[tuple[int, AppendRequest]] = []
+    # Entries of several parts (``Durastream-Commit-Parts``): index -> how many of ``inline`` are theirs
+    multi: dict[int, int] = {}
     takes_inline = CommitRequest in kinds
     shared = SharedAppendHeaders()
     # One pass: the inline commits (the routed sink's entries, one per part) are parsed here and
@@ -297,6 +303,11 @@ async def txn_entries(
         try:
             path = _path(raw_path, f"requests[{index}].path")
             check_scope(request, path)
+            if PARTS in headers:
+                appends = shared.inline_parts(path, headers, entry_body, index)
+                multi[index] = len(appends)
+                inline.extend((index, append) for append in appends)
+                continue
             append = shared.inline_commit(path, headers, entry_body, index)
         except ProtocolError as exc:
             results[index] = error_answer(exc)
@@ -321,14 +332,20 @@ async def txn_entries(
         # become durable either way.
         batch = engine.append_batch([append for _, append in inline])
         await batch.all_done
+        for index in multi:
+            results[index] = {"status": 200, "parts": []}
         for (index, append), outcome in zip(inline, batch.outcomes, strict=True):
             if isinstance(outcome, AppendResult):
                 status, answer = StreamHandlers.append_answer(append, outcome)
-                results[index] = {"status": status, "headers": dict(answer)}
+                answered = {"status": status, "headers": dict(answer)}
             elif isinstance(outcome, ProtocolError):
-                results[index] = error_answer(outcome)
+                answered = error_answer(outcome)
             else:
                 raise outcome  # as ``_each`` lets it through: the request's 500
+            if index in multi:
+                results[index]["parts"].append(answered)
+            else:
+                results[index] = answered
     return results
 
 
@@ -356,6 +373,16 @@ async def _each(
     else:
         await asyncio.gather(*(worker() for _ in range(workers)))
     return results
+
+
+PARTS: Final = "durastream-commit-parts"
+_PARTS_SENT: Final = "Durastream-Commit-Parts"  # as clients spell it (others take the general path)
+MAX_PARTS: Final = 1_000
+_PART_SUFFIX: Final = re.compile(r"[A-Za-z0-9._~-]{0,64}")
+_PARTS_SYNTAX: Final = (
+    "a comma-separated list of <suffix>:<bytes> (1 to 1000 parts; a suffix of up to 64 of "
+    "A-Z a-z 0-9 . _ ~ -, each once; bytes a positive integer; the bytes adding up to the body)"
+)
 
 
 def _is_inline_commit(headers: dict[str, str]) -> bool:
@@ -400,6 +427,78 @@ class SharedAppendHeaders:
             template.refuse_forgotten,
             template.key,
         )
+
+    def inline_parts(
+        self, path: str, headers: dict[str, str], body: bytes, index: int
+    ) -> list[AppendRequest]:
+        """An inline commit of several parts of one stream (``Durastream-Commit-Parts``, bulk-write
+        2): one append per part, each under its own producer (``Producer-Id`` + the part's suffix,
+        the shared epoch and seq) with its slice of the body, judged and deduplicated exactly as the
+        same part sent as an entry of its own. The header checks are done once per set of the other
+        headers, as for single-part entries; the parts cost one entry's path, scope and parse."""
+        listed = _parts(headers[PARTS], len(body), index)
+        shared = {name: value for name, value in headers.items() if name != PARTS}
+        first_suffix, first_size = listed[0]
+        template = self.inline_commit(path, shared, body[:first_size], index)
+        assert template.producer is not None  # inline_commit requires the producer headers
+        base = template.producer
+        appends: list[AppendRequest] = []
+        at = 0
+        for suffix, size in listed:
+            producer_id = base.producer_id + suffix
+            if len(producer_id.encode("latin-1", "replace")) > parse.MAX_PRODUCER_ID_BYTES:
+                raise BadRequest(
+                    f"requests[{index}]: Producer-Id with the part suffix {suffix!r} is longer "
+                    f"than {parse.MAX_PRODUCER_ID_BYTES} bytes"
+                )
+            appends.append(
+                AppendRequest(
+                    path,
+                    template.content_type,
+                    body[at : at + size],
+                    template.close,
+                    template.stream_seq,
+                    ProducerTuple(producer_id, base.epoch, base.seq),
+                    template.refuse_forgotten,
+                    template.key,
+                )
+            )
+            at += size
+        return appends
+
+
+def _parts(value: str, body_bytes: int, index: int) -> list[tuple[str, int]]:
+    """``Durastream-Commit-Parts`` as ``(suffix, bytes)`` pairs; ``BadRequest`` naming the entry,
+    the header, the value and what is accepted."""
+    pairs: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    total = 0
+    items = value.split(",")
+    for item in items:
+        suffix, sep, size_text = item.strip().rpartition(":")
+        size_text = size_text.strip()
+        if (
+            not sep
+            or not _PART_SUFFIX.fullmatch(suffix)
+            or suffix in seen
+            or not (size_text.isascii() and size_text.isdigit())
+            or len(size_text) > 12
+            or int(size_text) == 0
+        ):
+            raise BadRequest(
+                f"requests[{index}]: Durastream-Commit-Parts must be {_PARTS_SYNTAX}, got "
+                f"{value[:200]!r} (at {item.strip()[:80]!r})"
+            )
+        seen.add(suffix)
+        size = int(size_text)
+        pairs.append((suffix, size))
+        total += size
+    if not 1 <= len(pairs) <= MAX_PARTS or total != body_bytes:
+        raise BadRequest(
+            f"requests[{index}]: Durastream-Commit-Parts must be {_PARTS_SYNTAX}; it lists "
+            f"{len(pairs)} parts of {total} bytes for a body of {body_bytes} bytes"
+        )
+    return pairs
 
 
 def _inline_commit(path: str, headers: dict[str, str], body: bytes, index: int) -> AppendRequest:
@@ -507,6 +606,14 @@ def _checked_headers(
     the same dict for headers equal to ones already ``checked`` (a look-up instead of a check)."""
     if not isinstance(headers, dict):
         return None
+    # A multi-part entry's parts list differs per entry; the rest is its batch's shared set: look
+    # that up, and add the list to a copy (the decoded dict is this entry's own).
+    parts = headers.pop(_PARTS_SENT, None)
+    if parts is not None:
+        shared = _checked_headers(headers, checked)
+        if shared is None or not isinstance(parts, str):
+            return None
+        return {**shared, PARTS: parts}
     key = tuple(headers.items())
     try:
         lowered = checked.get(key)

@@ -23,7 +23,7 @@ EXPECTED = {
     "time-lookup": 1,
     "changes": 1,
     "multi-range": 1,
-    "bulk-write": 1,
+    "bulk-write": 2,
     "byte-positions": 1,
 }
 

@@ -176,9 +176,13 @@ def test_sigkill_before_within_and_after_a_bulk_commit(server_factory) -> None:
 ROUTED = 200  # new streams per bulk ensure + bulk commits round of the routed writer below
 
 
-@pytest.mark.parametrize("layout", [(), ("--no-packed-appends",)], ids=["packed", "directories"])
+@pytest.mark.parametrize(
+    "layout, per_stream",
+    [((), False), (("--no-packed-appends",), False), ((), True)],
+    ids=["packed", "directories", "packed-multi-part"],
+)
 def test_sigkill_under_bulk_creates_and_inline_commits_of_many_new_streams(
-    server_factory, layout: tuple[str, ...]
+    server_factory, layout: tuple[str, ...], per_stream: bool
 ) -> None:
     """The routed sink's requests, batched on the server (one create batch per ``ensure``, one
     settling batch per ``commits``): a writer thread sends rounds of a bulk ``ensure`` of ``ROUTED``
@@ -186,7 +190,8 @@ def test_sigkill_under_bulk_creates_and_inline_commits_of_many_new_streams(
     them) until the server is SIGKILLed under it. After the restart: every stream an ``ensure``
     answered as created exists, every acknowledged part is present exactly once, and the writer's
     retry of everything (ensures and commits, same tuples and keys) answers 200 or 204 and leaves
-    every stream of every round with both its parts, once, in order."""
+    every stream of every round with both its parts, once, in order. ``per_stream``: a stream's two
+    parts as one multi-part entry (``bulk-write`` 2, decision 0011), the same tuples and keys."""
     server = server_factory(extra_args=layout)
     created: list[str] = []
     acked: dict[str, list[int]] = {}  # path -> the parts acknowledged (0, 1)
@@ -206,6 +211,10 @@ def test_sigkill_under_bulk_creates_and_inline_commits_of_many_new_streams(
                     "Content-Type": JSON,
                 }
                 entries.append((path, headers, json.dumps([{"s": n, "p": part}]).encode()))
+        if per_stream:  # each stream's two entries as one: producer "w" + suffix "<part>-<n>"
+            entries = [
+                _multi_part(path, entries[2 * n : 2 * n + 2]) for n, path in enumerate(paths)
+            ]
         return paths, entries
 
     def writer() -> None:
@@ -227,8 +236,10 @@ def test_sigkill_under_bulk_creates_and_inline_commits_of_many_new_streams(
                 for (path, headers, _), result in zip(
                     entries, _bulk(server, "commits", entries), strict=True
                 ):
-                    assert result["status"] == 200, result
-                    acked.setdefault(path, []).append(int(headers["Producer-Id"][1]))
+                    for part, answer in enumerate(result.get("parts", [result])):
+                        assert answer["status"] == 200, result
+                        number = part if per_stream else int(headers["Producer-Id"][1])
+                        acked.setdefault(path, []).append(number)
 
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
@@ -252,6 +263,18 @@ def test_sigkill_under_bulk_creates_and_inline_commits_of_many_new_streams(
             timeout=TIMEOUT,
         )
         assert ensured.status_code == 200
-        assert {r["status"] for r in _bulk(server, "commits", entries)} <= {200, 204}
+        retried = _bulk(server, "commits", entries)
+        assert {a["status"] for r in retried for a in r.get("parts", [r])} <= {200, 204}
         for n, path in enumerate(paths):
             assert _rows_in(server, path) == [{"s": n, "p": 0}, {"s": n, "p": 1}], path
+
+
+def _multi_part(path: str, entries: list) -> tuple[str, dict[str, str], bytes]:
+    """Two single-part inline entries of ``path`` (producers ``w0-<n>``, ``w1-<n>``) as one entry
+    of two parts under the same tuples: ``Producer-Id: w`` and suffixes ``0-<n>``, ``1-<n>``."""
+    headers = dict(entries[0][1])
+    headers["Producer-Id"] = "w"
+    headers["Durastream-Commit-Parts"] = ",".join(
+        f"{h['Producer-Id'][1:]}:{len(body)}" for _, h, body in entries
+    )
+    return path, headers, b"".join(body for _, _, body in entries)

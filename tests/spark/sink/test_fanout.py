@@ -10,14 +10,16 @@ Exactly-once across a replay (new attempts, new handles, the same keyed commits)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from durastream_spark.protocol import extensions as ext
+from durastream_spark.protocol.bulk import BulkWrites
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink.commit import BatchFigures, commit_batch
 from durastream_spark.sink.messages import SinkCommitMessage
@@ -31,20 +33,28 @@ ARROW = pa.schema([("n", pa.int64()), ("stream", pa.string())])
 
 
 @contextmanager
-def without_bulk_write() -> Iterator[None]:
-    """A server without ``bulk-write``, as the connector sees it (the Node reference server and rakaia
-    are tested against the real thing in test_reference_server.py)."""
+def _advertised(change: Callable[[ext.Extensions], ext.Extensions]) -> Iterator[None]:
+    """Every client in this process sees the server's extensions through ``change``."""
     original = StreamClient.extensions
 
-    def hidden(self: StreamClient) -> ext.Extensions:
-        found = original(self)
-        return ext.Extensions(tuple((n, v) for n, v in found.versions if n != ext.BULK_WRITE))
+    def changed(self: StreamClient) -> ext.Extensions:
+        return change(original(self))
 
-    StreamClient.extensions = hidden  # type: ignore[method-assign]
+    StreamClient.extensions = changed  # type: ignore[method-assign]
     try:
         yield
     finally:
         StreamClient.extensions = original  # type: ignore[method-assign]
+
+
+def without_bulk_write() -> AbstractContextManager[None]:
+    """A server without ``bulk-write``, as the connector sees it (the Node reference server and rakaia
+    are tested against the real thing in test_reference_server.py)."""
+    return _advertised(
+        lambda found: ext.Extensions(
+            tuple((n, v) for n, v in found.versions if n != ext.BULK_WRITE)
+        )
+    )
 
 
 def _rows(base: str, partition: int) -> list[dict]:
@@ -242,3 +252,86 @@ def test_a_staged_write_to_a_deleted_stream_ensures_it_again(logged) -> None:
     got = sorted(m["n"] for m in read_stream(root, f"{base}/s005"))
     assert got == sorted(p * 10_000 + r * STREAMS + 5 for p in (0, 1) for r in range(4))
     assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
+
+
+def bulk_write_version(version: int) -> AbstractContextManager[None]:
+    """``bulk-write`` advertised at ``version`` (1: a server before multi-part entries)."""
+    return _advertised(
+        lambda found: ext.Extensions(
+            tuple((n, min(v, version) if n == ext.BULK_WRITE else v) for n, v in found.versions)
+        )
+    )
+
+
+@contextmanager
+def counted_commit_entries() -> Iterator[dict[str, int]]:
+    """How many bulk commit entries of each kind the driver sent: per part, or per stream."""
+    counts = {"per_part": 0, "per_stream": 0, "parts_in_stream_entries": 0}
+    single, multi = BulkWrites.commit, BulkWrites.commit_parts
+
+    def commit(self: BulkWrites, entries: Any) -> Any:
+        counts["per_part"] += len(entries)
+        return single(self, entries)
+
+    def commit_parts(self: BulkWrites, entries: Any) -> Any:
+        counts["per_stream"] += len(entries)
+        counts["parts_in_stream_entries"] += sum(len(entry.suffixes) for entry in entries)
+        return multi(self, entries)
+
+    BulkWrites.commit, BulkWrites.commit_parts = commit, commit_parts  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        BulkWrites.commit, BulkWrites.commit_parts = single, multi  # type: ignore[method-assign]
+
+
+def test_on_bulk_write_2_a_stream_parts_are_one_entry_and_on_1_one_entry_each(harness) -> None:
+    writer, root, base = harness
+    with counted_commit_entries() as counts:
+        _, figures = _write_batch(writer, base, epoch=0)
+    assert counts == {"per_part": 0, "per_stream": STREAMS, "parts_in_stream_entries": 2 * STREAMS}
+    assert {s.committed for s in figures.per_stream} == {2}
+    _assert_every_stream_once(root, base)
+    other = base + "-v1"
+    with bulk_write_version(1), counted_commit_entries() as counts:
+        _, figures = _write_batch(writer, other, epoch=0)
+    assert counts == {"per_part": 2 * STREAMS, "per_stream": 0, "parts_in_stream_entries": 0}
+    assert {s.committed for s in figures.per_stream} == {2}
+    _assert_every_stream_once(root, other)
+
+
+@pytest.mark.parametrize("first, replay", [(1, 2), (2, 1)])
+def test_a_batch_replayed_across_bulk_write_versions_is_exactly_once(
+    harness, first: int, replay: int
+) -> None:
+    """A batch committed as per-part entries (an older server's view, or a proxy) and replayed as
+    one entry per stream, or the other way round: the same keyed commits under the same tuples, so
+    the replay finds every part a duplicate and the data is there once."""
+    writer, root, base = harness
+    with bulk_write_version(first):
+        _write_batch(writer, base, epoch=5)
+    with bulk_write_version(replay):
+        _, figures = _write_batch(writer, base, epoch=5, attempt=1)
+    assert {(s.committed, s.duplicates) for s in figures.per_stream} == {(0, 2)}
+    _assert_every_stream_once(root, base)
+
+
+def test_a_failed_attempt_then_a_multi_part_commit_is_exactly_once(harness) -> None:
+    """Partition 0's attempt 0 wrote and failed (its message never reached the driver: its inline
+    parts are gone with it); attempts 1 of both partitions are committed, one entry per stream."""
+    writer, root, base = harness
+    writer.write(record_batches(ARROW, _rows(base, 0), 250), epoch=2, partition=0, attempt=0)
+    messages = [
+        writer.write(
+            record_batches(ARROW, _rows(base, partition), 250),
+            epoch=2,
+            partition=partition,
+            attempt=1,
+        )
+        for partition in (0, 1)
+    ]
+    with counted_commit_entries() as counts:
+        figures = commit_batch(writer.plan.client, writer.plan.options, messages, batch_id=2)
+    assert counts["per_stream"] == STREAMS
+    assert {s.committed for s in figures.per_stream} == {2}
+    _assert_every_stream_once(root, base)
