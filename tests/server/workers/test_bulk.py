@@ -1,7 +1,8 @@
 """``bulk-write`` with ``--workers 2`` (``shards/bulkwrite.py``): a bulk request split by shard.
 
 End to end against real workers and, for every answer, a one-process server given the same bodies:
-an ``ensure`` of paths of both shards, ``commits`` of inline commits of both shards and their retry,
+an ``ensure`` of paths of both shards, ``commits`` of inline commits of both shards and their retry
+(``stages`` and commits of handles: test_staged.py),
 bad bodies and bad entries, and a worker that dies mid-way (the whole request is 503, then served and
 deduplicated). The rule that a shard's 4xx for its part is relayed, never made a 503, is checked on
 the fan-out with a stand-in router (fault injection: the receiving worker's own checks make a real
@@ -75,17 +76,11 @@ def _listed(server: ServerProcess, prefix: str) -> list[str]:
     return [entry["path"] for entry in response.json()["streams"]]
 
 
-def test_bulk_write_is_advertised_and_stages_stay_refused_naming_the_flag(
-    workers: ServerProcess,
-) -> None:
-    assert "bulk-write" not in extensions.NOT_WITH_WORKERS
+def test_bulk_write_and_staged_appends_are_advertised(workers: ServerProcess) -> None:
+    """Both are served (bulk ``stages`` and commits of handles: tests/server/workers/test_staged.py)."""
+    assert not {"bulk-write", "staged-append"} & extensions.NOT_WITH_WORKERS
     advertised = requests.get(workers.stream_url(f"{NS}/extensions")).json()["extensions"]
-    assert "bulk-write" in advertised and "staged-append" not in advertised
-    path = paths_on_both_shards("bulk/stage")[0]
-    body = bulk.encode_requests([(path, {"Durastream-Txn": "h1", "Content-Type": TEXT}, b"x")])
-    response = _post(workers, "stages", data=body)
-    assert response.status_code == 501
-    assert "--workers 2" in response.json()["error"]["message"]
+    assert "bulk-write" in advertised and "staged-append" in advertised
 
 
 @pytest.fixture
@@ -169,21 +164,6 @@ def test_commits_of_both_shards_answer_as_one_process_and_a_retry_is_deduplicate
     assert [retry[i]["status"] for i in inline] == [204] * len(streams)
     for k, path in enumerate(streams):
         assert _read(workers, path) == _read(single, path) == f"row-{k};".encode()
-
-
-def test_a_commit_of_handles_is_501_at_its_index_under_workers(workers: ServerProcess) -> None:
-    path = paths_on_both_shards("bulk/h")[1]
-    _post(workers, "ensure", json={"streams": [path], "content_type": TEXT})
-    handles = (path, {"Durastream-Commit": "@body", **_producer("p")}, b"h")
-    body = bulk.encode_requests([_inline(path, b"a;", "p-1"), handles])
-    response = _post(workers, "commits", data=body)
-    assert response.status_code == 200, response.text
-    inline, staged = response.json()["results"]
-    assert inline["status"] == 200
-    assert staged["status"] == 501 and staged["error"]["code"] == "NOT_AVAILABLE_WITH_WORKERS"
-    assert (
-        "requests[1]" in staged["error"]["message"] and "--workers 2" in staged["error"]["message"]
-    )
 
 
 def test_bad_bodies_are_the_4xx_one_process_gives(
