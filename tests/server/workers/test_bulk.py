@@ -183,21 +183,26 @@ def test_bad_bodies_are_the_4xx_one_process_gives(
     assert requests.get(workers.stream_url(f"{NS}/ensure")).status_code == 405
 
 
+def refused_then_retried(server: ServerProcess, resource: str, body: bytes) -> list[dict]:
+    """The results of bulk ``resource`` of ``body`` retried whole after its 503 while shard 1's
+    worker was down (the surviving worker, shard 0, answered it and applied its own entries)."""
+    refused = answer_while_a_worker_is_down(server, f"{NS}/{resource}", {}, 1, data=body)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "SHARD_UNAVAILABLE"
+    assert refused.headers["Retry-After"] == "1"
+    served = _post(server, resource, data=body)  # the whole request again, once restarted
+    assert served.status_code == 200, served.text
+    return served.json()["results"]
+
+
 def test_a_worker_down_makes_the_whole_request_503_then_a_retry_is_served_once(
     workers: ServerProcess,
 ) -> None:
     streams = paths_on_both_shards("bulk/down", each=3)
     _post(workers, "ensure", json={"streams": streams, "content_type": TEXT})
     entries = [_inline(path, f"r{k};".encode(), "p-d") for k, path in enumerate(streams)]
-    body = bulk.encode_requests(entries)
-    # Shard 1 down: the surviving worker (shard 0) answers; its own entries are applied.
-    refused = answer_while_a_worker_is_down(workers, f"{NS}/commits", {}, 1, data=body)
-    assert refused.status_code == 503, refused.text
-    assert refused.json()["error"]["code"] == "SHARD_UNAVAILABLE"
-    assert refused.headers["Retry-After"] == "1"
-    served = _post(workers, "commits", data=body)  # the whole request again, once restarted
-    assert served.status_code == 200, served.text
-    statuses = [result["status"] for result in served.json()["results"]]
+    results = refused_then_retried(workers, "commits", bulk.encode_requests(entries))
+    statuses = [result["status"] for result in results]
     assert statuses == [204 if shard_of(p, 2) == 0 else 200 for p in streams]
     for k, path in enumerate(streams):
         assert _read(workers, path) == f"r{k};".encode()  # once, whichever shard

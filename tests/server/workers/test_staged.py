@@ -20,7 +20,7 @@ import requests
 from durastream_server import extensions
 from durastream_server.http import bulk
 from durastream_server.shards.layout import shard_of
-from tests.server.workers.test_listing import answer_while_a_worker_is_down
+from tests.server.workers.test_bulk import refused_then_retried
 from tests.server.workers.test_workers import WORKERS, paths_on_both_shards
 from tests.support.http import poll_until
 from tests.support.server_process import ServerProcess
@@ -235,17 +235,9 @@ def test_a_worker_down_makes_bulk_stages_and_commits_503_then_the_retry_complete
         [(p, _stage(f"h{k}", f"task-{k}"), f"r{k};".encode()) for k, p in enumerate(streams)]
     )
     expected = [204 if shard_of(p, 2) == 0 else 200 for p in streams]
-    # Shard 1 down: the surviving worker (shard 0) answers; its own entries are applied.
-    refused = answer_while_a_worker_is_down(workers, f"{NS}/stages", {}, 1, data=stages)
-    assert refused.status_code == 503, refused.text
-    assert refused.json()["error"]["code"] == "SHARD_UNAVAILABLE"
-    assert refused.headers["Retry-After"] == "1"
-    retried = _post(workers, "stages", data=stages)  # the whole request again, once restarted
-    assert retried.status_code == 200, retried.text
-    assert [r["status"] for r in retried.json()["results"]] == expected  # shard 0's: duplicates
-    assert [r["headers"]["Durastream-Txn-Messages"] for r in retried.json()["results"]] == (
-        ["1"] * len(streams)
-    )  # staged once each
+    retried = refused_then_retried(workers, "stages", stages)
+    assert [r["status"] for r in retried] == expected  # shard 0's: duplicates
+    assert [r["headers"]["Durastream-Txn-Messages"] for r in retried] == ["1"] * len(streams)
 
     commits = bulk.encode_requests(
         [
@@ -253,10 +245,6 @@ def test_a_worker_down_makes_bulk_stages_and_commits_503_then_the_retry_complete
             for k, p in enumerate(streams)
         ]
     )
-    refused = answer_while_a_worker_is_down(workers, f"{NS}/commits", {}, 1, data=commits)
-    assert refused.status_code == 503, refused.text
-    retried = _post(workers, "commits", data=commits)
-    assert retried.status_code == 200, retried.text
-    assert [r["status"] for r in retried.json()["results"]] == expected
+    assert [r["status"] for r in refused_then_retried(workers, "commits", commits)] == expected
     for k, path in enumerate(streams):
         assert _read(workers, path) == f"r{k};".encode()  # once, whichever shard

@@ -58,6 +58,22 @@ def workers_server(tmp_path_factory):
         server.stop()
 
 
+def _write_routed(spark, root: str, base: str, tmp_path, **options: str) -> None:
+    """Write ``ROWS`` rows routed to ``TARGETS`` streams ``<base>/s<k>`` (``options`` added), in two
+    partitions whose first attempt at one row fails."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    df = spark.range(0, ROWS, numPartitions=2).select(
+        F.spark_partition_id().alias("p"),
+        fail_first_attempt(F.col("id"), {ROWS - 7}, markers).alias("n"),
+        F.concat(F.lit(f"{base}/s"), (F.col("id") % TARGETS).cast("string")).alias("stream"),
+    )
+    df.write.format("durastream").option("url", root).option("maxMessagesPerRequest", "10").options(
+        **options
+    ).mode("append").save()
+    assert list(markers.iterdir()), "no attempt failed: nothing was tested"
+
+
 def test_a_routed_write_with_a_failed_attempt_is_exactly_once_and_reads_back(
     sink_spark, workers_server, tmp_path
 ) -> None:
@@ -71,17 +87,7 @@ def test_a_routed_write_with_a_failed_attempt_is_exactly_once_and_reads_back(
     advertised = requests.get(workers_server.stream_url("__ds/x-durastream/extensions")).json()
     assert "bulk-write" in advertised["extensions"]  # the targets are ensured in bulk, both shards
     creates = _requests_of(workers_server, "create")
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    df = spark.range(0, ROWS, numPartitions=2).select(
-        F.spark_partition_id().alias("p"),
-        fail_first_attempt(F.col("id"), {ROWS - 7}, markers).alias("n"),
-        F.concat(F.lit(f"{base}/s"), (F.col("id") % TARGETS).cast("string")).alias("stream"),
-    )
-    df.write.format("durastream").option("url", root).option("maxMessagesPerRequest", "10").mode(
-        "append"
-    ).save()
-    assert list(markers.iterdir()), "no attempt failed: nothing was tested"
+    _write_routed(spark, root, base, tmp_path)
     assert _requests_of(workers_server, "create") == creates, "a target was made by PUT, not ensure"
 
     for k, stream in enumerate(streams):  # no loss, no duplicate, each partition's rows in order
@@ -220,17 +226,7 @@ def test_a_transactional_routed_write_with_a_failed_attempt_is_exactly_once(
     assert {shard_of(s, 2) for s in streams} == {0, 1}
     stages_before = _requests_of(workers_server, "stage")
     appends_before = _requests_of(workers_server, "append")
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    df = spark.range(0, ROWS, numPartitions=2).select(
-        F.spark_partition_id().alias("p"),
-        fail_first_attempt(F.col("id"), {ROWS - 7}, markers).alias("n"),
-        F.concat(F.lit(f"{base}/s"), (F.col("id") % TARGETS).cast("string")).alias("stream"),
-    )
-    df.write.format("durastream").option("url", root).option("exactlyOnce", "transactional").option(
-        "maxMessagesPerRequest", "10"
-    ).mode("append").save()
-    assert list(markers.iterdir()), "no attempt failed: nothing was tested"
+    _write_routed(spark, root, base, tmp_path, exactlyOnce="transactional")
     # Transactional: full requests were staged (in both shards' streams), nothing appended.
     assert _requests_of(workers_server, "stage") > stages_before
     assert _requests_of(workers_server, "append") == appends_before
