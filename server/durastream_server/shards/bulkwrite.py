@@ -1,25 +1,26 @@
 """``bulk-write`` with ``--workers N`` (decision 0009, "What is left" 2): a bulk request split by shard.
 
 A bulk ``ensure``, ``stages`` or ``commits`` request names streams of every shard, and each worker
-holds only its own. The worker that receives one checks every entry as it would serve it (its path, its token's
-scope, an inline commit's headers: every error that names an entry's index is found here, against the
-request's own indexes), answers the entries that fail, and splits the others by ``shard_of``: its own
-shard's it serves itself (``bulk.ensure_streams``, ``bulk.txn_entries``: the one-process code), every
-other shard's go to that shard's worker as a bulk request of the same resource and body shape, with
-the client's headers and token, marked as a shard's part (``fanout.request_head``; the mark counts
-only on a worker's Unix socket, ``fanout.is_shard_page``), all at once. Their answers are put back at
-their entries' indexes: one document, as one process answers it.
+holds only its own. The worker that receives one checks every entry as it would serve it (its path,
+its token's scope, a stage's or an inline commit's headers: every error that names an entry's index
+is found here, against the request's own indexes), answers the entries that fail, and splits the
+others by ``shard_of``: its own shard's it serves itself (``bulk.ensure_streams``,
+``bulk.txn_entries``: the one-process code), every other shard's go to that shard's worker as a bulk
+request of the same resource and body shape, with the client's headers and token, marked as a
+shard's part (``fanout.request_head``; the mark counts only on a worker's Unix socket,
+``fanout.is_shard_page``), all at once. Their answers are put back at their entries' indexes: one
+document, as one process answers it.
 
 Semantics are decision 0008's, unchanged: each entry is answered as its own request, and nothing is
 atomic across streams (nor, therefore, across shards). What is new is a shard that does not answer:
 the whole request is then 503 ``SHARD_UNAVAILABLE`` with ``Retry-After`` (after every part has
 finished: the other shards' entries are applied, and answered nowhere). That is safe because a bulk
-request is safe to retry whole: an ``ensure`` of a stream that exists answers it as it is (``created``
-false), and a commit retried (inline or of handles) is deduplicated by its producer tuple (and commit
-key: a 204). A
-per-entry 503 would have been as safe but makes every client retry entries one by one. A shard's 4xx
-for its whole part (its checks are the ones this worker already made, so only a token or limit that
-differs between workers could cause one) is the answer to the whole request, never a 503.
+request is safe to retry whole: an ``ensure`` of a stream that exists answers it as it is
+(``created`` false), and a commit retried (inline or of handles) is deduplicated by its producer
+tuple (and commit key): a 204. A per-entry 503 would have been as safe but makes every client retry
+entries one by one. A shard's 4xx for its whole part (its checks are the ones this worker already
+made, so only a token or limit that differs between workers could cause one) is the answer to the
+whole request, never a 503.
 
 Staged appends are split the same way: a handle belongs to the one stream it was staged into (its
 staging file lives in that stream's directory, and a commit or abort is a ``POST`` of that stream
