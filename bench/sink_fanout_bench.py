@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import charts  # noqa: E402
-from listing_bench import server_cpu_seconds  # noqa: E402
+from bulk_workers_bench import tree_cpu_seconds  # noqa: E402
 
 CODE_VARIABLE = "DURASTREAM_BENCH_CODE"  # a child runs the connector found there (the base)
 
@@ -78,14 +78,14 @@ def child(args: argparse.Namespace) -> None:
 
     def save(df, **options: str) -> list:
         """[wall s, server CPU s, {figures: requests by kind, the write stage's tasks and times}]."""
-        cpu = server_cpu_seconds(args.server_pid)
+        cpu = tree_cpu_seconds(args.server_pid)  # with --workers N: the workers' too
         logged = Path(args.access_log).stat().st_size
         started = time.perf_counter()
         df.write.format("durastream").option("url", args.url).options(**options).mode(
             "append"
         ).save()
         wall = time.perf_counter() - started
-        server_cpu = server_cpu_seconds(args.server_pid) - cpu
+        server_cpu = tree_cpu_seconds(args.server_pid) - cpu
         time.sleep(0.2)  # the server's last access-log lines reach the file
         figures = {"requests": count_requests(Path(args.access_log), logged)}
         figures.update(write_stage(spark, wall))

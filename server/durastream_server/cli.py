@@ -413,8 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="(docs/decisions/0009-more-than-one-core.md; first step) serve with N worker processes, "
         "each owning a shard of the streams in <data-dir>/shards/<k>/, all listening on the port. N > 1 "
         "makes a new data directory sharded for N, and a sharded directory only starts with its own "
-        "N. With N > 1, listings, the change feed, subscriptions, bulk-write, multi-range reads and "
-        "staged appends answer 501, and a fork must be in its source's shard (docs/server.md, "
+        "N. With N > 1, subscriptions answer 501 (requests across streams are fanned out to every "
+        "shard), and a fork must be in its source's shard (docs/server.md, "
         "'Worker processes') (default: 1, one process)",
     )
     parser.add_argument("--shard-index", type=int, default=None, help=argparse.SUPPRESS)

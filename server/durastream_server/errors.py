@@ -224,9 +224,8 @@ class TxnCorrupt(ProtocolError):
 
 
 class NotWithWorkers(ProtocolError):
-    """A request across streams (subscriptions, bulk ``stages``, multi-range reads,
-    staged appends) that a server with ``--workers`` > 1 does not serve yet: each shard only sees its own
-    streams, and fanning out to every shard is not built."""
+    """A request across streams (subscriptions) that a server with ``--workers`` > 1 does not serve
+    yet: each shard only sees its own streams, and fanning out to every shard is not built."""
 
     status = 501
     code = "NOT_AVAILABLE_WITH_WORKERS"

@@ -38,10 +38,11 @@ SERVER: Final = f"durastream-server/{__version__}"
 
 # Extensions whose requests span streams and that a server with ``--workers`` > 1 does not serve yet:
 # its workers answer them 501 (each sees only its shard, shards/router.py), so it does not advertise
-# them and clients fall back. (The listing, the change feed and multi-range reads span streams too,
-# but are served: shards/fanout.py, shards/changefeed.py, shards/multirange.py; bulk-write's ensure
-# and inline commits: shards/bulkwrite.py.)
-NOT_WITH_WORKERS: Final = frozenset(("staged-append",))
+# them and clients fall back. None left: the listing, the change feed, multi-range reads and
+# bulk-write are fanned out to every shard (shards/fanout.py, changefeed.py, multirange.py,
+# bulkwrite.py), and staged appends are requests of one stream each (a handle belongs to the stream
+# it was staged into), served in that stream's shard like any other (decision 0009).
+NOT_WITH_WORKERS: Final[frozenset[str]] = frozenset()
 
 
 def advertisement(withheld: frozenset[str] = frozenset()) -> tuple[str, str]:

@@ -102,13 +102,13 @@ class EnsureBody(NamedTuple):
 
 
 # A bulk request split by shard (``--workers N``, shards/bulkwrite.py): this worker's part of an
-# ensure or a commits request, answered here; the others' are sent to their workers.
+# ensure, a stages or a commits request, answered here; the others' are sent to their workers.
 EnsureFanOut = Callable[
     ["Request", EnsureBody, Callable[[EnsureBody], Awaitable[list[dict[str, Any]]]]],
     Awaitable[list[dict[str, Any]]],
 ]
 Entry = tuple[str, dict[str, str], bytes]
-CommitsFanOut = Callable[
+RequestsFanOut = Callable[
     ["Request", list[Entry], Callable[[list[Entry]], Awaitable[list[dict[str, Any]]]]],
     Awaitable[list[dict[str, Any]]],
 ]
@@ -219,9 +219,27 @@ def _ensured(info: StreamInfo, *, created: bool) -> dict[str, Any]:
     }
 
 
-async def serve_stages(engine: Engine, request: Request, max_body_bytes: int) -> dict[str, Any]:
-    """Stages (``Durastream-Txn``) of many streams; each answered as its own request."""
-    return await _serve_txn(engine, request, max_body_bytes, (StageRequest,), "a stage")
+_STAGES: Final = (StageRequest,)
+_A_STAGE: Final = "a stage"
+
+
+async def serve_stages(
+    engine: Engine, request: Request, max_body_bytes: int, fan_out: RequestsFanOut | None = None
+) -> dict[str, Any]:
+    """Stages (``Durastream-Txn``) of many streams; each answered as its own request. With
+    ``fan_out`` (``--workers N``), each entry in its stream's shard's worker, where its handle is."""
+    return await _serve_txn(engine, request, max_body_bytes, _STAGES, _A_STAGE, fan_out)
+
+
+def stage_entry(request: Request, entry: Entry, index: int) -> str:
+    """Entry ``index`` of a ``stages`` request checked as its serving checks it: its canonical path,
+    or the error naming the entry, answered at that entry."""
+    raw_path, headers, entry_body = entry
+    path = _path(raw_path, f"requests[{index}].path")
+    check_scope(request, path)
+    if not isinstance(txn.parse_request(path, headers, entry_body), StageRequest):
+        raise BadRequest(f"requests[{index}] must be {_A_STAGE} here")
+    return path
 
 
 _COMMITS: Final = (CommitRequest, AbortRequest)
@@ -229,20 +247,12 @@ _A_COMMIT: Final = "a commit or an abort"
 
 
 async def serve_commits(
-    engine: Engine, request: Request, max_body_bytes: int, fan_out: CommitsFanOut | None = None
+    engine: Engine, request: Request, max_body_bytes: int, fan_out: RequestsFanOut | None = None
 ) -> dict[str, Any]:
     """Commits and aborts (``Durastream-Commit``/``-Abort``) of many streams; each answered as its own
     request: one durable record group per stream, as a single commit makes. With ``fan_out``
     (``--workers N``), each entry in its stream's shard's worker."""
-    if fan_out is None:
-        return await _serve_txn(engine, request, max_body_bytes, _COMMITS, _A_COMMIT)
-    with BULK.held():
-        entries = await read_requests(request, max_body_bytes)
-
-        async def here(part: list[Entry]) -> list[dict[str, Any]]:
-            return await txn_entries(engine, request, part, _COMMITS, _A_COMMIT)
-
-        return {"results": await fan_out(request, entries, here)}
+    return await _serve_txn(engine, request, max_body_bytes, _COMMITS, _A_COMMIT, fan_out)
 
 
 def commit_entry(
@@ -272,11 +282,22 @@ async def read_requests(request: Request, max_body_bytes: int) -> list[Entry]:
 
 
 async def _serve_txn(
-    engine: Engine, request: Request, max_body_bytes: int, kinds: tuple[type, ...], what: str
+    engine: Engine,
+    request: Request,
+    max_body_bytes: int,
+    kinds: tuple[type, ...],
+    what: str,
+    fan_out: RequestsFanOut | None,
 ) -> dict[str, Any]:
     with BULK.held():  # fewer young collections while its entries' objects live (collections_hold)
         entries = await read_requests(request, max_body_bytes)
-        return {"results": await txn_entries(engine, request, entries, kinds, what)}
+
+        async def here(part: list[Entry]) -> list[dict[str, Any]]:
+            return await txn_entries(engine, request, part, kinds, what)
+
+        if fan_out is None:
+            return {"results": await here(entries)}
+        return {"results": await fan_out(request, entries, here)}
 
 
 async def txn_entries(

@@ -83,7 +83,7 @@ class ExtensionResources:
         # out what the workers do not serve, as the header does.
         self._fan_out = fan_out
         self._changes_fan_out = changes_fan_out
-        self._bulk_fan = bulk_fan_out  # bulk-write's ensure and commits (shards/bulkwrite.py)
+        self._bulk_fan = bulk_fan_out  # bulk-write, split by shard (shards/bulkwrite.py)
         self._multirange_fan_out = multirange_fan_out  # reads and lookups: shards/multirange.py
         self._withheld = withheld
 
@@ -111,7 +111,10 @@ class ExtensionResources:
                 self._engine, request, self._max_body_bytes, bulk_fan and bulk_fan.ensure
             )
         elif name == "stages":
-            document = await bulk.serve_stages(self._engine, request, self._max_body_bytes)
+            bulk_fan = self._bulk_fan_out(request)
+            document = await bulk.serve_stages(
+                self._engine, request, self._max_body_bytes, bulk_fan and bulk_fan.stages
+            )
         elif name == "commits":
             bulk_fan = self._bulk_fan_out(request)
             document = await bulk.serve_commits(

@@ -1,27 +1,35 @@
 """``bulk-write`` with ``--workers N`` (decision 0009, "What is left" 2): a bulk request split by shard.
 
-A bulk ``ensure`` or ``commits`` request names streams of every shard, and each worker holds only its
-own. The worker that receives one checks every entry as it would serve it (its path, its token's
-scope, an inline commit's headers: every error that names an entry's index is found here, against the
-request's own indexes), answers the entries that fail, and splits the others by ``shard_of``: its own
-shard's it serves itself (``bulk.ensure_streams``, ``bulk.txn_entries``: the one-process code), every
-other shard's go to that shard's worker as a bulk request of the same resource and body shape, with
-the client's headers and token, marked as a shard's part (``fanout.request_head``; the mark counts
-only on a worker's Unix socket, ``fanout.is_shard_page``), all at once. Their answers are put back at
-their entries' indexes: one document, as one process answers it.
+A bulk ``ensure``, ``stages`` or ``commits`` request names streams of every shard, and each worker
+holds only its own. The worker that receives one checks every entry as it would serve it (its path,
+its token's scope, a stage's or an inline commit's headers: every error that names an entry's index
+is found here, against the request's own indexes), answers the entries that fail, and splits the
+others by ``shard_of``: its own shard's it serves itself (``bulk.ensure_streams``,
+``bulk.txn_entries``: the one-process code), every other shard's go to that shard's worker as a bulk
+request of the same resource and body shape, with the client's headers and token, marked as a
+shard's part (``fanout.request_head``; the mark counts only on a worker's Unix socket,
+``fanout.is_shard_page``), all at once. Their answers are put back at their entries' indexes: one
+document, as one process answers it.
 
 Semantics are decision 0008's, unchanged: each entry is answered as its own request, and nothing is
 atomic across streams (nor, therefore, across shards). What is new is a shard that does not answer:
 the whole request is then 503 ``SHARD_UNAVAILABLE`` with ``Retry-After`` (after every part has
 finished: the other shards' entries are applied, and answered nowhere). That is safe because a bulk
-request is safe to retry whole: an ``ensure`` of a stream that exists answers it as it is (``created``
-false), and an inline commit retried is deduplicated by its producer tuple and commit key (a 204). A
-per-entry 503 would have been as safe but makes every client retry entries one by one. A shard's 4xx
-for its whole part (its checks are the ones this worker already made, so only a token or limit that
-differs between workers could cause one) is the answer to the whole request, never a 503.
+request is safe to retry whole: an ``ensure`` of a stream that exists answers it as it is
+(``created`` false), and a commit retried (inline or of handles) is deduplicated by its producer
+tuple (and commit key): a 204. A per-entry 503 would have been as safe but makes every client retry
+entries one by one. A shard's 4xx for its whole part (its checks are the ones this worker already
+made, so only a token or limit that differs between workers could cause one) is the answer to the
+whole request, never a 503.
 
-Staged appends stay unserved with N > 1 (their handles may span shards): ``stages`` is refused by the
-router, and a ``commits`` entry that commits or aborts handles is answered 501 at its index.
+Staged appends are split the same way: a handle belongs to the one stream it was staged into (its
+staging file lives in that stream's directory, and a commit or abort is a ``POST`` of that stream
+naming only that stream's handles), so a ``stages`` entry and a ``commits`` entry that commits or
+aborts handles go to their stream's shard like an inline commit. A retried ``stages`` request is as
+safe as a retried ``commits``: a stage carrying a producer tuple (the connector's always do) is a 204
+duplicate of the same handle's earlier stage, not a second copy; an abort retried aborts the same
+names again (204). A stage *without* producer headers is not deduplicated by anyone, with one
+process or N: a 503 leaves it as uncertain as a single stage whose connection dropped.
 """
 
 from __future__ import annotations
@@ -29,10 +37,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from durastream_server.engine.api import AppendRequest
-from durastream_server.errors import NotWithWorkers, ProtocolError, ShardUnavailable
+from durastream_server.errors import ProtocolError, ShardUnavailable
 from durastream_server.http import bulk
 from durastream_server.shards.fanout import is_shard_page, request_head
 from durastream_server.shards.layout import shard_of
@@ -41,7 +48,6 @@ if TYPE_CHECKING:
     from durastream_server.http.handlers import Request
     from durastream_server.shards.router import ShardRouter
 
-FLAG: Final = "--workers"
 Answers = list[dict[str, Any]]
 
 
@@ -61,7 +67,7 @@ class ShardRefused(ProtocolError):
 
 
 class BulkFanOut:
-    """Serves an ``ensure`` or ``commits`` request across every shard (module docstring)."""
+    """Serves an ``ensure``, ``stages`` or ``commits`` request across every shard (module docstring)."""
 
     def __init__(self, router: ShardRouter) -> None:
         self._router = router
@@ -101,20 +107,42 @@ class BulkFanOut:
         entries: list[bulk.Entry],
         here: Callable[[list[bulk.Entry]], Awaitable[Answers]],
     ) -> Answers:
-        """Every entry's answer: each inline commit in its stream's shard's worker; commits and aborts
-        of handles (staged appends) 501 at their index."""
+        """Every entry's answer: each commit (inline or of handles) and abort in its stream's
+        shard's worker."""
+        shared = bulk.SharedAppendHeaders()
+
+        def check(entry: bulk.Entry, index: int) -> str:
+            return bulk.commit_entry(request, entry, index, shared)[0]
+
+        return await self._entries(request, entries, here, check)
+
+    async def stages(
+        self,
+        request: Request,
+        entries: list[bulk.Entry],
+        here: Callable[[list[bulk.Entry]], Awaitable[Answers]],
+    ) -> Answers:
+        """Every entry's answer: each stage in its stream's shard's worker (where its handle is)."""
+
+        def check(entry: bulk.Entry, index: int) -> str:
+            return bulk.stage_entry(request, entry, index)
+
+        return await self._entries(request, entries, here, check)
+
+    async def _entries(
+        self,
+        request: Request,
+        entries: list[bulk.Entry],
+        here: Callable[[list[bulk.Entry]], Awaitable[Answers]],
+        check: Callable[[bulk.Entry, int], str],
+    ) -> Answers:
+        """A ``DSR1`` request's answers: each entry ``check``ed here (its path, or its error at its
+        index), then served in its path's shard."""
         results: Answers = [{}] * len(entries)
         parts: dict[int, list[int]] = {}
-        shared = bulk.SharedAppendHeaders()
         for index, entry in enumerate(entries):
             try:
-                path, parsed = bulk.commit_entry(request, entry, index, shared)
-                if not isinstance(parsed, AppendRequest):
-                    raise NotWithWorkers(
-                        f"requests[{index}] commits or aborts staged appends (handles), which may "
-                        f"span shards: a server started with {FLAG} {self._router.count} does not "
-                        f"serve them yet; use {FLAG} 1 for them (inline commits are served)"
-                    )
+                path = check(entry, index)
             except ProtocolError as exc:
                 results[index] = bulk.error_answer(exc)
                 continue

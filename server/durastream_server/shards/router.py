@@ -16,9 +16,11 @@ The listing (``__ds/x-durastream/streams``), the change feed (``.../changes``, `
 multi-range reads (``.../reads``, ``.../lookups``) are served by the worker that receives them, which
 asks every other worker for its shard's part (``fetch``) and merges them (``fanout.py``,
 ``changefeed.py``, ``multirange.py``), and so are ``bulk-write``'s ``ensure`` and ``commits`` (split
-by shard: ``bulkwrite.py``). The other requests across streams (``__ds/`` resources: subscriptions,
-bulk ``stages``; staged appends, whose handles
-may name many streams) are answered 501 by every worker: fanning them out is not built yet. A fork must hash to its source's shard (409).
+by shard: ``bulkwrite.py``, ``stages`` included). Staged appends need nothing more: a handle belongs
+to the one stream it was staged into, so a stage, a commit and an abort are requests of that stream,
+forwarded (or handed off) to its owner like any other. The other ``__ds/`` resources across streams
+(subscriptions) are answered 501 by every worker: fanning them out is not built yet. A fork must hash
+to its source's shard (409).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from durastream_server.errors import (
     ProtocolError,
     ShardUnavailable,
 )
-from durastream_server.http import paths, responses, txn
+from durastream_server.http import paths, responses
 from durastream_server.shards.layout import shard_of
 
 if TYPE_CHECKING:
@@ -59,7 +61,6 @@ _RETRY_PAUSE_SECONDS: Final = 0.05
 _HOP_BY_HOP: Final = frozenset(
     (b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection")
 )
-_TXN_HEADERS: Final = (txn.TXN, txn.COMMIT, txn.ABORT, txn.TTL)  # staged appends (handles)
 _FORKED_FROM: Final = b"stream-forked-from"
 _STREAM_PREFIX: Final = paths.STREAM_PREFIX.encode()
 # ``__ds/`` resources served with N > 1: the extension document (this worker's, which every worker
@@ -71,7 +72,8 @@ _SERVED_ACROSS: Final = frozenset(
         "x-durastream/streams",
         "x-durastream/changes",
         "x-durastream/selections",
-        "x-durastream/ensure",  # bulk-write, split by shard (bulkwrite.py; not ``stages``)
+        "x-durastream/ensure",  # bulk-write, split by shard (bulkwrite.py)
+        "x-durastream/stages",
         "x-durastream/commits",
         "x-durastream/reads",
         "x-durastream/lookups",
@@ -162,18 +164,12 @@ class ShardRouter:
         own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
         if target.kind is paths.RouteKind.SUBSCRIPTIONS and target.target not in _SERVED_ACROSS:
             raise NotWithWorkers(
-                "this resource spans many streams (subscriptions, bulk-write's stages), which a "
+                "this resource spans many streams (subscriptions), which a "
                 f"server started with {FLAG} {self.count} does not serve yet; start the server with "
                 f"{FLAG} 1 for it"
             )
         if target.kind is not paths.RouteKind.STREAM:
             return
-        for name in _TXN_HEADERS:
-            if name in headers:
-                raise NotWithWorkers(
-                    f"staged appends ({name}) may span streams of several shards, which a server "
-                    f"started with {FLAG} {self.count} does not serve yet; use {FLAG} 1 for them"
-                )
         source_header = headers.get(_FORKED_FROM.decode())
         if method == "PUT" and source_header is not None:
             self._check_fork(source_header, target.target)

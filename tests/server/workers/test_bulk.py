@@ -1,7 +1,8 @@
 """``bulk-write`` with ``--workers 2`` (``shards/bulkwrite.py``): a bulk request split by shard.
 
 End to end against real workers and, for every answer, a one-process server given the same bodies:
-an ``ensure`` of paths of both shards, ``commits`` of inline commits of both shards and their retry,
+an ``ensure`` of paths of both shards, ``commits`` of inline commits of both shards and their retry
+(``stages`` and commits of handles: test_staged.py),
 bad bodies and bad entries, and a worker that dies mid-way (the whole request is 503, then served and
 deduplicated). The rule that a shard's 4xx for its part is relayed, never made a 503, is checked on
 the fan-out with a stand-in router (fault injection: the receiving worker's own checks make a real
@@ -75,17 +76,11 @@ def _listed(server: ServerProcess, prefix: str) -> list[str]:
     return [entry["path"] for entry in response.json()["streams"]]
 
 
-def test_bulk_write_is_advertised_and_stages_stay_refused_naming_the_flag(
-    workers: ServerProcess,
-) -> None:
-    assert "bulk-write" not in extensions.NOT_WITH_WORKERS
+def test_bulk_write_and_staged_appends_are_advertised(workers: ServerProcess) -> None:
+    """Both are served (bulk ``stages`` and commits of handles: tests/server/workers/test_staged.py)."""
+    assert not {"bulk-write", "staged-append"} & extensions.NOT_WITH_WORKERS
     advertised = requests.get(workers.stream_url(f"{NS}/extensions")).json()["extensions"]
-    assert "bulk-write" in advertised and "staged-append" not in advertised
-    path = paths_on_both_shards("bulk/stage")[0]
-    body = bulk.encode_requests([(path, {"Durastream-Txn": "h1", "Content-Type": TEXT}, b"x")])
-    response = _post(workers, "stages", data=body)
-    assert response.status_code == 501
-    assert "--workers 2" in response.json()["error"]["message"]
+    assert "bulk-write" in advertised and "staged-append" in advertised
 
 
 @pytest.fixture
@@ -171,21 +166,6 @@ def test_commits_of_both_shards_answer_as_one_process_and_a_retry_is_deduplicate
         assert _read(workers, path) == _read(single, path) == f"row-{k};".encode()
 
 
-def test_a_commit_of_handles_is_501_at_its_index_under_workers(workers: ServerProcess) -> None:
-    path = paths_on_both_shards("bulk/h")[1]
-    _post(workers, "ensure", json={"streams": [path], "content_type": TEXT})
-    handles = (path, {"Durastream-Commit": "@body", **_producer("p")}, b"h")
-    body = bulk.encode_requests([_inline(path, b"a;", "p-1"), handles])
-    response = _post(workers, "commits", data=body)
-    assert response.status_code == 200, response.text
-    inline, staged = response.json()["results"]
-    assert inline["status"] == 200
-    assert staged["status"] == 501 and staged["error"]["code"] == "NOT_AVAILABLE_WITH_WORKERS"
-    assert (
-        "requests[1]" in staged["error"]["message"] and "--workers 2" in staged["error"]["message"]
-    )
-
-
 def test_bad_bodies_are_the_4xx_one_process_gives(
     servers: tuple[ServerProcess, ServerProcess],
 ) -> None:
@@ -203,21 +183,26 @@ def test_bad_bodies_are_the_4xx_one_process_gives(
     assert requests.get(workers.stream_url(f"{NS}/ensure")).status_code == 405
 
 
+def refused_then_retried(server: ServerProcess, resource: str, body: bytes) -> list[dict]:
+    """The results of bulk ``resource`` of ``body`` retried whole after its 503 while shard 1's
+    worker was down (the surviving worker, shard 0, answered it and applied its own entries)."""
+    refused = answer_while_a_worker_is_down(server, f"{NS}/{resource}", {}, 1, data=body)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "SHARD_UNAVAILABLE"
+    assert refused.headers["Retry-After"] == "1"
+    served = _post(server, resource, data=body)  # the whole request again, once restarted
+    assert served.status_code == 200, served.text
+    return served.json()["results"]
+
+
 def test_a_worker_down_makes_the_whole_request_503_then_a_retry_is_served_once(
     workers: ServerProcess,
 ) -> None:
     streams = paths_on_both_shards("bulk/down", each=3)
     _post(workers, "ensure", json={"streams": streams, "content_type": TEXT})
     entries = [_inline(path, f"r{k};".encode(), "p-d") for k, path in enumerate(streams)]
-    body = bulk.encode_requests(entries)
-    # Shard 1 down: the surviving worker (shard 0) answers; its own entries are applied.
-    refused = answer_while_a_worker_is_down(workers, f"{NS}/commits", {}, 1, data=body)
-    assert refused.status_code == 503, refused.text
-    assert refused.json()["error"]["code"] == "SHARD_UNAVAILABLE"
-    assert refused.headers["Retry-After"] == "1"
-    served = _post(workers, "commits", data=body)  # the whole request again, once restarted
-    assert served.status_code == 200, served.text
-    statuses = [result["status"] for result in served.json()["results"]]
+    results = refused_then_retried(workers, "commits", bulk.encode_requests(entries))
+    statuses = [result["status"] for result in results]
     assert statuses == [204 if shard_of(p, 2) == 0 else 200 for p in streams]
     for k, path in enumerate(streams):
         assert _read(workers, path) == f"r{k};".encode()  # once, whichever shard

@@ -1,11 +1,10 @@
 """The connector against ``durastream-server --workers 2`` (decision 0009, first step).
 
-A worker serves only its shard and answers what spans streams and is not fanned out yet (staged
-appends, bulk ``stages``) 501, and does not advertise those extensions. The connector must then do
-what it does on a server without them: the sink writes in ordered mode (``exactlyOnce=transactional``
-is refused naming the option), exactly once across a failed task attempt, with each row's stream owned
-by either worker (so about half of the requests are forwarded); its targets are ensured in bulk
-(``bulk-write`` is split by shard: shards/bulkwrite.py). The listing, the change feed and multi-range
+A worker serves only its shard; what spans streams is fanned out to every shard or answered 501
+(subscriptions). The sink writes exactly once across a failed task attempt, with each row's stream
+owned by either worker (so about half of the requests are forwarded); its targets are ensured in bulk
+(``bulk-write`` is split by shard: shards/bulkwrite.py), and staged appends are served in each
+stream's shard, so ``exactlyOnce=transactional`` (and ``auto``) stages and commits across both. The listing, the change feed and multi-range
 reads are fanned out to every shard, so a ``pattern`` read finds every stream and reads them in packed
 tasks, and a
 streaming ``pattern`` query follows the change feed of both shards and waits on it when idle; the
@@ -59,6 +58,22 @@ def workers_server(tmp_path_factory):
         server.stop()
 
 
+def _write_routed(spark, root: str, base: str, tmp_path, **options: str) -> None:
+    """Write ``ROWS`` rows routed to ``TARGETS`` streams ``<base>/s<k>`` (``options`` added), in two
+    partitions whose first attempt at one row fails."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    df = spark.range(0, ROWS, numPartitions=2).select(
+        F.spark_partition_id().alias("p"),
+        fail_first_attempt(F.col("id"), {ROWS - 7}, markers).alias("n"),
+        F.concat(F.lit(f"{base}/s"), (F.col("id") % TARGETS).cast("string")).alias("stream"),
+    )
+    df.write.format("durastream").option("url", root).option("maxMessagesPerRequest", "10").options(
+        **options
+    ).mode("append").save()
+    assert list(markers.iterdir()), "no attempt failed: nothing was tested"
+
+
 def test_a_routed_write_with_a_failed_attempt_is_exactly_once_and_reads_back(
     sink_spark, workers_server, tmp_path
 ) -> None:
@@ -72,17 +87,7 @@ def test_a_routed_write_with_a_failed_attempt_is_exactly_once_and_reads_back(
     advertised = requests.get(workers_server.stream_url("__ds/x-durastream/extensions")).json()
     assert "bulk-write" in advertised["extensions"]  # the targets are ensured in bulk, both shards
     creates = _requests_of(workers_server, "create")
-    markers = tmp_path / "markers"
-    markers.mkdir()
-    df = spark.range(0, ROWS, numPartitions=2).select(
-        F.spark_partition_id().alias("p"),
-        fail_first_attempt(F.col("id"), {ROWS - 7}, markers).alias("n"),
-        F.concat(F.lit(f"{base}/s"), (F.col("id") % TARGETS).cast("string")).alias("stream"),
-    )
-    df.write.format("durastream").option("url", root).option("maxMessagesPerRequest", "10").mode(
-        "append"
-    ).save()
-    assert list(markers.iterdir()), "no attempt failed: nothing was tested"
+    _write_routed(spark, root, base, tmp_path)
     assert _requests_of(workers_server, "create") == creates, "a target was made by PUT, not ensure"
 
     for k, stream in enumerate(streams):  # no loss, no duplicate, each partition's rows in order
@@ -204,16 +209,27 @@ def test_what_spans_streams_and_is_not_built_is_refused_naming_the_flag(workers_
     assert "--workers 2" in response.json()["error"]["message"]
 
 
-def test_transactional_mode_is_refused_naming_the_option(sink_spark, workers_server) -> None:
-    """Bulk writes are served, but ``exactlyOnce=transactional`` needs staged appends (still 501
-    with ``--workers`` > 1, not advertised): refused before anything is written."""
-    df = sink_spark.range(0, 1).select(F.col("id").alias("n"))
-    with pytest.raises(Exception, match="staged-append.*exactlyOnce=transactional"):
-        (
-            df.write.format("durastream")
-            .option("url", workers_server.base_url + "/v1/stream")
-            .option("stream", unique("workers-txn"))
-            .option("exactlyOnce", "transactional")
-            .mode("append")
-            .save()
-        )
+def test_a_transactional_routed_write_with_a_failed_attempt_is_exactly_once(
+    sink_spark, workers_server, tmp_path
+) -> None:
+    """Staged appends are served by each stream's shard and bulk ``stages``/``commits`` are split by
+    shard (decision 0009): ``exactlyOnce=transactional`` writes rows routed to streams of both
+    shards (full requests staged one by one, the remainders in bulk, committed in bulk by the
+    driver); the failed first attempt's handles are never committed, and each row is read back
+    once."""
+    spark = sink_spark
+    root = workers_server.base_url + "/v1/stream"
+    advertised = requests.get(workers_server.stream_url("__ds/x-durastream/extensions")).json()
+    assert "staged-append" in advertised["extensions"]
+    base = unique("workers-txn")
+    streams = [f"{base}/s{k}" for k in range(TARGETS)]
+    assert {shard_of(s, 2) for s in streams} == {0, 1}
+    stages_before = _requests_of(workers_server, "stage")
+    appends_before = _requests_of(workers_server, "append")
+    _write_routed(spark, root, base, tmp_path, exactlyOnce="transactional")
+    # Transactional: full requests were staged (in both shards' streams), nothing appended.
+    assert _requests_of(workers_server, "stage") > stages_before
+    assert _requests_of(workers_server, "append") == appends_before
+
+    for k, stream in enumerate(streams):  # no loss, no duplicate, each partition's rows in order
+        assert_exactly_once(read_stream(root, stream), range(k, ROWS, TARGETS))
