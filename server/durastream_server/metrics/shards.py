@@ -19,7 +19,8 @@ label names in sorted order, only the escapes it writes, a value as ``floatToGoS
 puts ``shard="<k>"`` among the labels where sorting puts it, and groups the lines by family in first
 seen order. The output is byte for byte what parsing and writing again gives (``tests/server/workers/
 test_health.py`` compares them); any text with a line of another form is merged the slow way, whole,
-so what the parser accepts or refuses (``durastream_shard_up`` 0) stays as it was.
+so what the parser accepts or refuses (``durastream_shard_up`` 0) stays as it was. Merging two
+181-line expositions: 3.4 -> about 0.5 ms; a ``--workers 2`` scrape 5.2 -> 2.1 ms (docs/server.md).
 """
 
 from __future__ import annotations
@@ -97,6 +98,12 @@ _SUFFIXES: Final = {
 }
 
 
+# A sample's labels -> where the shard label goes in them: label sets are few (routes, codes,
+# buckets) and the same every scrape; bounded all the same.
+_INSERTS: Final[dict[str, int]] = {}
+_MAX_INSERTS: Final = 4096
+
+
 class _NotCanonical(Exception):
     """A line not in the exact form ``generate_latest`` writes: the text is merged the slow way."""
 
@@ -131,8 +138,23 @@ class _Relabel:
                 raise _NotCanonical
             if not self._canonical(match[3]):
                 raise _NotCanonical
-            family.append(_labelled(line, match, label))
+            family.append(self._labelled(line, match, label))
             at += 1
+
+    def _labelled(self, line: str, match: re.Match[str], label: str) -> str:
+        """``line`` with ``label`` among its labels where sorting puts it."""
+        labels = match[2]
+        if labels is None:
+            return f"{match[1]}{{{label}}} {match[3]}"
+        at = _INSERTS.get(labels)
+        if at is None:  # label sets repeat (buckets, routes; every shard's, every scrape's)
+            if len(_INSERTS) >= _MAX_INSERTS:
+                _INSERTS.clear()
+            at = _INSERTS[labels] = _insert_at(labels)
+        if at == len(labels):
+            return f"{match[1]}{{{labels},{label}}} {match[3]}"
+        at += match.start(2)
+        return f"{line[:at]}{label},{line[at:]}"
 
     def _family(
         self, lines: list[str], at: int, seen: set[tuple[str, str]]
@@ -162,18 +184,14 @@ class _Relabel:
         return known
 
 
-def _labelled(line: str, match: re.Match[str], label: str) -> str:
-    """``line`` with ``label`` among its labels where sorting puts it (names must be sorted)."""
-    if match[2] is None:
-        return f"{match[1]}{{{label}}} {match[3]}"
-    pairs = list(_LABEL_NAME.finditer(match[2]))
+def _insert_at(labels: str) -> int:
+    """Where ``shard="<k>",`` goes in a sample's ``labels`` (their length: at the end, after a
+    comma); raises ``_NotCanonical`` when the names are not sorted or hold ``shard``."""
+    pairs = list(_LABEL_NAME.finditer(labels))
     names = [pair[1] for pair in pairs]
     if names != sorted(set(names)) or LABEL in names or "__name__" in names:
         raise _NotCanonical  # the parser would sort them, or refuse the line
-    at = next((match.start(2) + pair.start() for pair in pairs if pair[1] > LABEL), None)
-    if at is None:
-        return f"{match[1]}{{{match[2]},{label}}} {match[3]}"
-    return f"{line[:at]}{label},{line[at:]}"
+    return next((pair.start() for pair in pairs if pair[1] > LABEL), len(labels))
 
 
 def merged_exposition(expositions: Mapping[int, bytes | None]) -> bytes:
