@@ -143,7 +143,7 @@ def refill(parts: Mapping[int, Part], order: Sequence[int], limit: int) -> dict[
     room, wanting = limit, []
     for shard in order:
         size = len(parts[shard]["changes"])
-        if size > room:  # dropped whole (limit below N): the page is full
+        if size > room:  # dropped whole by merge_parts (limit below N): no room from it
             continue
         room -= size
         if parts[shard]["more"]:
