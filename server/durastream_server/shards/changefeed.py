@@ -15,6 +15,12 @@ answers one page:
   not fit is dropped whole and its shard keeps its cursor (``more``), so the page never holds more
   than ``limit`` and each shard's cursor moves exactly to the end of the part answered. The turn
   moves by one every page, so no shard waits behind another forever.
+- **Refill.** When the parts taken leave room (a shard had fewer changes than its share) and some of
+  them said ``more``, those shards are asked once more, from the cursor their part answered and
+  without a wait, for the room split over them (``refill``); their second parts follow the first
+  ones in the page and move their cursors on. So a page holds ``limit`` entries whenever the server
+  has that many, at one more round trip only for a page that would have been short; one extra round
+  at most (a second part that comes back short leaves the page short, ``more`` says so).
 - **more** is any part's (or a dropped part); **reset**: a shard asked from a cursor that answers a
   reset (it restarted: new epoch) resets the whole feed: the other shards are asked again from no
   cursor, and the page is the first of a snapshot of all of them.
@@ -37,7 +43,7 @@ import asyncio
 import base64
 import binascii
 import json
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlencode
@@ -130,28 +136,65 @@ def shares(limit: int, count: int) -> list[int]:
     return [base + (place < extra) for place in range(count)]
 
 
+def refill(parts: Mapping[int, Part], order: Sequence[int], limit: int) -> dict[int, int]:
+    """The second round (module docstring): entries to ask again of each shard whose part fits in
+    the page and said ``more``, the room the parts leave split over them in turn order; {} when the
+    page is full or no shard has more."""
+    room, wanting = limit, []
+    for shard in order:
+        size = len(parts[shard]["changes"])
+        if size > room:  # dropped whole by merge_parts (limit below N): no room from it
+            continue
+        room -= size
+        if parts[shard]["more"]:
+            wanting.append(shard)
+    wanting = wanting[:room]  # below one entry each, the first in turn order
+    if not wanting:
+        return {}
+    return dict(zip(wanting, shares(room, len(wanting)), strict=True))
+
+
 def merge_parts(
-    parts: dict[int, Part], state: CompositeCursor, limit: int, *, reset: bool
+    parts: Mapping[int, Part],
+    state: CompositeCursor,
+    limit: int,
+    *,
+    reset: bool,
+    again: Mapping[int, Part] | None = None,
 ) -> dict[str, Any]:
-    """One page from every shard's part (module docstring): taken in turn order while they fit;
-    a dropped part leaves its shard's cursor where it was (in a reset: at its beginning)."""
+    """One page from every shard's part (module docstring): taken in turn order while they fit,
+    then the second round's parts (``again``) the same way; a dropped part leaves its shard's
+    cursor where it was (in a reset: at its beginning; a dropped second part: at its first's end)."""
     count = len(state.cursors)
     found: list[dict[str, Any]] = []
     cursors = list(state.cursors)
-    more = False
-    for place in range(count):
-        shard = (state.turn + place) % count
+    more: dict[int, bool] = {}
+    for shard in _turns(state):
         part = parts[shard]
         if part["changes"] and len(found) + len(part["changes"]) > limit:
-            more = True
+            more[shard] = True
             if reset:
                 cursors[shard] = ""
             continue
         found += part["changes"]
         cursors[shard] = part["cursor"]
-        more = more or part["more"]
+        more[shard] = part["more"]
+    for shard in _turns(state):
+        part = (again or {}).get(shard)
+        # a reset here: the shard restarted between the rounds; its next page tells the reader
+        if part is None or part["reset"] or len(found) + len(part["changes"]) > limit:
+            continue
+        found += part["changes"]
+        cursors[shard] = part["cursor"]
+        more[shard] = part["more"]
     cursor = CompositeCursor(tuple(cursors), (state.turn + 1) % count)
-    return {"changes": found, "cursor": cursor.encode(), "more": more, "reset": reset}
+    return {"changes": found, "cursor": cursor.encode(), "more": any(more.values()), "reset": reset}
+
+
+def _turns(state: CompositeCursor) -> list[int]:
+    """The shards in the order their parts go in the page: from ``state.turn`` on."""
+    count = len(state.cursors)
+    return [(state.turn + place) % count for place in range(count)]
 
 
 def _found(part: Part) -> bool:
@@ -196,7 +239,7 @@ class ChangesFanOut:
             CompositeCursor.start(count) if since is None else CompositeCursor.decode(since, count)
         )
         asked = dict(enumerate(state.cursors))
-        wanted = dict(zip(self._order(state), shares(limit, count), strict=True))
+        wanted = dict(zip(_turns(state), shares(limit, count), strict=True))
         if since is not None and wait_ms:
             parts = await self._waited(request, values, asked, wanted, wait_ms)
         else:
@@ -208,11 +251,13 @@ class ChangesFanOut:
                 await self._parts(request, values, dict.fromkeys(asked, ""), wanted, again)
             )
             state = CompositeCursor(("",) * count, state.turn)
-        return merge_parts(parts, state, limit, reset=since is None or bool(restarted))
-
-    def _order(self, state: CompositeCursor) -> list[int]:
-        count = len(state.cursors)
-        return [(state.turn + place) % count for place in range(count)]
+        wanted = refill(parts, _turns(state), limit)
+        again: dict[int, Part] = {}
+        if wanted:
+            moved = {shard: parts[shard]["cursor"] for shard in wanted}
+            again = await self._parts(request, values, moved, wanted, wanted)
+        reset = since is None or bool(restarted)
+        return merge_parts(parts, state, limit, reset=reset, again=again)
 
     async def _parts(
         self,

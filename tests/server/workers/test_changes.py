@@ -12,13 +12,14 @@ import json
 import os
 import signal
 import sys
+import uuid
 
 import pytest
 import requests
 
 from durastream_server import extensions
 from durastream_server.errors import InvalidParameter
-from durastream_server.shards.changefeed import CompositeCursor, merge_parts, shares
+from durastream_server.shards.changefeed import CompositeCursor, merge_parts, refill, shares
 from durastream_server.shards.layout import shard_of
 from tests.server.workers.test_listing import answer_while_a_worker_is_down
 from tests.server.workers.test_workers import (
@@ -66,6 +67,32 @@ def test_the_limit_is_split_and_a_part_that_does_not_fit_keeps_its_cursor() -> N
     page = merge_parts({0: _part([], "a:2"), 1: _part(["y"], "b:2")}, state, 1, reset=False)
     assert CompositeCursor.decode(page["cursor"], 2).cursors == ("a:2", "b:2")
     assert not page["more"]
+
+
+def test_a_short_part_leaves_its_room_to_the_shards_that_have_more() -> None:
+    state = CompositeCursor(("a:1", "b:1"), 1)
+    first = {0: _part(["x"] * 5, "a:6", more=True), 1: _part(["y"] * 2, "b:3")}
+    assert refill(first, [1, 0], 10) == {0: 3}  # shard 1 used 2 of its 5: shard 0 asked for 3 more
+    again = {0: _part(["z"] * 3, "a:9", more=True)}
+    page = merge_parts(first, state, 10, reset=False, again=again)
+    assert [c["path"] for c in page["changes"]] == ["y"] * 2 + ["x"] * 5 + ["z"] * 3
+    assert page["more"] and CompositeCursor.decode(page["cursor"], 2).cursors == ("a:9", "b:3")
+    # no room, or no shard with more: no second round
+    assert (
+        refill({0: _part(["x"] * 5, "a:6", more=True), 1: _part(["y"] * 5, "b:6")}, [0, 1], 10)
+        == {}
+    )
+    assert refill({0: _part(["x"], "a:2"), 1: _part([], "b:1")}, [0, 1], 10) == {}
+    # limit below N: the room goes to the first shards in turn order, one entry each
+    assert refill({0: _part([], "a:1", more=True), 1: _part([], "b:1", more=True)}, [1, 0], 1) == {
+        1: 1
+    }
+    # a second part that would overflow, or that says reset (a restart between the rounds), is
+    # dropped: its shard's cursor stays at the end of its first part
+    for bad in (_part(["z"] * 4, "a:10"), {**_part(["z"], "e2:1"), "reset": True}):
+        page = merge_parts(first, state, 10, reset=False, again={0: bad})
+        assert len(page["changes"]) == 7 and page["more"]
+        assert CompositeCursor.decode(page["cursor"], 2).cursors == ("a:6", "b:3")
 
 
 def _create_and_append(server: ServerProcess, path: str, body: str) -> None:
@@ -132,6 +159,38 @@ def test_the_feed_reports_both_shards_and_resumes_without_loss_or_repeat(
         assert sorted(p for p, _ in walked[name]) == sorted(set(later)), name
     assert sorted(walked["workers"]) == sorted(walked["single"])
     assert _walk(workers, cursors["workers"], prefix="feed/")[0] == []  # nothing repeated
+
+
+def _paths_of_shards(prefix: str, counts: dict[int, int]) -> list[str]:
+    """Fresh stream paths, ``counts[k]`` of them on shard ``k`` (of 2)."""
+    found: dict[int, list[str]] = {shard: [] for shard in counts}
+    while any(len(found[shard]) < count for shard, count in counts.items()):
+        path = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        if len(found[shard_of(path, 2)]) < counts[shard_of(path, 2)]:
+            found[shard_of(path, 2)].append(path)
+    return [path for paths in found.values() for path in paths]
+
+
+def test_a_page_is_filled_from_the_busy_shard_when_the_other_has_few_changes(
+    workers: ServerProcess, server_factory
+) -> None:
+    single = server_factory()
+    streams = _paths_of_shards("fill/s", {0: 180, 1: 20})  # 90% of the changes on one shard
+    for server in (workers, single):
+        for path in streams:
+            _create_and_append(server, path, "first")
+    page = _ask(workers, prefix="fill/", limit="100")
+    # shard 1's part holds its 20 of its share of 50: the other 30 go to shard 0 in a second round
+    assert len(page["changes"]) == 100 and page["more"]
+    walked: dict[str, list[tuple]] = {}
+    for name, server in (("workers", workers), ("single", single)):
+        walked[name], _ = _walk(server, None, prefix="fill/", limit="100")
+        assert sorted(p for p, _ in walked[name]) == sorted(streams), name  # each once
+    assert sorted(walked["workers"]) == sorted(walked["single"])
+    cursor = page["cursor"]
+    rest, _ = _walk(workers, cursor, prefix="fill/", limit="100")  # the first page's rest: 100 more
+    assert len(rest) == 100
+    assert sorted({c["path"] for c in page["changes"]} | {p for p, _ in rest}) == sorted(streams)
 
 
 def test_a_cursor_this_server_did_not_answer_is_400_naming_since(workers: ServerProcess) -> None:

@@ -16,7 +16,13 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from durastream_server.metrics.shards import UP, merged_exposition
+from durastream_server.metrics.shards import (
+    UP,
+    _NotCanonical,
+    _Relabel,
+    merged_exposition,
+    slow_merged_exposition,
+)
 from durastream_server.shards.fanout import SHARD_PAGE_HEADER
 from durastream_server.shards.overview import whole_health
 from tests.server.workers.test_listing import answer_while_a_worker_is_down
@@ -133,6 +139,83 @@ def test_merged_exposition_labels_every_shard_and_marks_the_missing_ones_down() 
     assert by_name[("x_total", "0")].labels == {"route": "a", "shard": "0"}
     assert ("x_total", "1") in by_name and ("x_total", "2") not in by_name
     assert [by_name[("durastream_shard_up", str(k))].value for k in range(4)] == [1, 1, 0, 0]
+
+
+# Texts in generate_latest's exact form: merged line by line, byte for byte as the slow path writes
+_CANONICAL = {
+    "labels before and after shard, escapes, no labels": (
+        b"# HELP a_total Odd \\\\ help\\nacross lines.\n# TYPE a_total counter\n"
+        b'a_total{alpha="x\\"y, } # =",zone="b\\\\c\\nd"} 2.0\na_total{route="r"} 1e+06\n'
+        b"# HELP g \n# TYPE g gauge\ng NaN\n"
+    ),
+    "histogram, summary, an empty family, odd values": (
+        b'# HELP h Seconds.\n# TYPE h histogram\nh_bucket{le="0.5"} 1.0\nh_bucket{le="+Inf"} 2.0\n'
+        b'h_count 2.0\nh_sum 1.5e-07\n# HELP s S.\n# TYPE s summary\ns{quantile="0.5"} -Inf\n'
+        b"s_count 3.0\ns_sum 1.2345675e+06\n# HELP e Empty.\n# TYPE e gauge\n"
+    ),
+    "families of one shard only, another order, one name of two types": (
+        b"# HELP g Other help, the first seen is kept.\n# TYPE g gauge\ng 3.0\n"
+        b'# HELP only1 One.\n# TYPE only1 gauge\nonly1{tier="t"} 0.0\n'
+        b"# HELP h Seconds.\n# TYPE h summary\nh_count 1.0\nh_sum 2.0\n"
+    ),
+    "nothing": b"",
+}
+# Texts the parser reads in its own way (or refuses): merged the slow way, whole
+_OTHER_FORMS = {
+    "labels not sorted": b'# HELP x X.\n# TYPE x gauge\nx{b="1",a="2"} 1.0\n',
+    "a value not as floatToGoString writes it": b"# HELP x X.\n# TYPE x gauge\nx 1\n",
+    "a timestamp": b"# HELP x X.\n# TYPE x gauge\nx 1.0 1700000000000\n",
+    "a shard label already": b'# HELP x X.\n# TYPE x gauge\nx{shard="9"} 1.0\n',
+    "an escape generate_latest does not write": b"# HELP x tab\\there.\n# TYPE x gauge\nx 1.0\n",
+    "a counter not named _total": b"# HELP x X.\n# TYPE x counter\nx 1.0\n",
+    "a sample of another family": b"# HELP x X.\n# TYPE x gauge\ny 1.0\n",
+    "two blocks of one family": b"# HELP x X.\n# TYPE x gauge\nx 1.0\n# HELP x X.\n# TYPE x gauge\n",
+    "no newline at the end": b"# HELP x X.\n# TYPE x gauge\nx 1.0",
+    "spaces and carriage returns": b"# HELP x X. \r\n# TYPE x gauge\r\nx  1.0\n",
+    "untyped": b"# HELP x X.\n# TYPE x untyped\nx 1.0\n",
+    "empty labels": b"# HELP x X.\n# TYPE x gauge\nx{} 1.0\n",
+    "garbage": b"not { a metric",
+    "not UTF-8": b"# HELP x \xff.\n# TYPE x gauge\nx 1.0\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CANONICAL))
+def test_the_line_merge_writes_what_parsing_and_writing_again_writes(case: str) -> None:
+    texts = [
+        _CANONICAL[case],
+        _CANONICAL["families of one shard only, another order, one name of two types"],
+    ]
+    for expositions in ({0: texts[0], 1: texts[1]}, {0: texts[1], 1: texts[0], 2: None}):
+        relabel = _Relabel()
+        for shard, text in expositions.items():
+            if text is not None:
+                relabel.add(shard, text.decode())  # the fast path takes it (raises otherwise)
+        assert merged_exposition(expositions) == slow_merged_exposition(expositions)
+    assert list(text_string_to_metric_families(merged_exposition(expositions).decode()))
+
+
+@pytest.mark.parametrize("case", sorted(_OTHER_FORMS))
+def test_texts_of_other_forms_are_merged_the_slow_way(case: str) -> None:
+    with pytest.raises((_NotCanonical, UnicodeDecodeError)):
+        _Relabel().add(0, _OTHER_FORMS[case].decode())
+    expositions = {
+        0: _CANONICAL["histogram, summary, an empty family, odd values"],
+        1: _OTHER_FORMS[case],
+    }
+    assert merged_exposition(expositions) == slow_merged_exposition(expositions)
+
+
+def test_a_real_workers_exposition_merges_byte_for_byte_as_before(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory()  # a one-process server writes what each worker writes for itself
+    for path in ("m/a", "m/b"):
+        requests.put(server.stream_url(path), headers={"Content-Type": "text/plain"})
+        requests.post(server.stream_url(path), data="x", headers={"Content-Type": "text/plain"})
+    requests.get(server.stream_url("m/a"), params={"offset": "-1"})
+    one = requests.get(server.base_url + "/metrics", timeout=30).content
+    two = requests.get(server.base_url + "/metrics", timeout=30).content
+    _Relabel().add(0, one.decode())
+    for expositions in ({0: one, 1: two}, {0: one, 1: None}, {0: None, 1: two, 2: one}):
+        assert merged_exposition(expositions) == slow_merged_exposition(expositions)
 
 
 def _scrape(server: ServerProcess) -> list[Sample]:
