@@ -237,8 +237,12 @@ def test_a_pack_whose_streams_are_all_promoted_or_deleted_is_removed(server_fact
     requests.delete(server.stream_url("r/a"), timeout=10).raise_for_status()
     _post(server, "r/b", '{"b":1}')
     _post(server, "r/c", '{"c":1}')
-    poll_until(lambda: not _pack_files(server), "the empty pack to be removed", timeout=30)
-    assert not list((server.data_dir / packs.PACKS_DIR).iterdir())  # its sidecar too
+    # The pack goes first, then its sidecars (``.dead``, ``.idx``), each its own unlink: wait for all.
+    poll_until(
+        lambda: not list((server.data_dir / packs.PACKS_DIR).iterdir()),
+        "the empty pack and its sidecars to be removed",
+        timeout=30,
+    )
     poll_until(
         lambda: (server.health()["packs_bytes"], server.health()["packed_streams"]) == (0, 0),
         "/healthz to report no pack",
