@@ -16,9 +16,10 @@ The listing (``__ds/x-durastream/streams``), the change feed (``.../changes``, `
 multi-range reads (``.../reads``, ``.../lookups``) are served by the worker that receives them, which
 asks every other worker for its shard's part (``fetch``) and merges them (``fanout.py``,
 ``changefeed.py``, ``multirange.py``), and so are ``bulk-write``'s ``ensure`` and ``commits`` (split
-by shard: ``bulkwrite.py``). The other requests across streams (``__ds/`` resources: subscriptions,
-bulk ``stages``; staged appends, whose handles
-may name many streams) are answered 501 by every worker: fanning them out is not built yet. A fork must hash to its source's shard (409).
+by shard: ``bulkwrite.py``). A subscription's requests are forwarded to the worker owning it,
+``shard_of(id)``, which follows the other shards' streams (``subscriptions.py``). The other requests
+across streams (bulk ``stages``; staged appends, whose handles may name many streams) are answered 501
+by every worker: fanning them out is not built yet. A fork must hash to its source's shard (409).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from durastream_server.errors import (
 )
 from durastream_server.http import paths, responses, txn
 from durastream_server.shards.layout import shard_of
+from durastream_server.shards.subscriptions import subscription_owner
 
 if TYPE_CHECKING:
     from durastream_server.shards.handoff import HandOff
@@ -77,6 +79,7 @@ _SERVED_ACROSS: Final = frozenset(
         "x-durastream/lookups",
     )
 )
+_EXTENSIONS: Final = "x-durastream/"  # the extensions' own __ds namespace (not subscriptions)
 _READ_BYTES: Final = 64 * 1024
 # Idle connections kept open to each other shard (one is opened per concurrently forwarded request).
 _POOL_SIZE: Final = 32
@@ -122,6 +125,8 @@ class ShardRouter:
         self._idle: dict[int, list[_Upstream]] = {k: [] for k in range(count)}
         self.forwarded = 0  # requests relayed to another worker (/healthz "shard")
         self.handoff: HandOff | None = None  # set by HandOff (connection hand-off, handoff.py)
+        # Why subscriptions are refused (501) on this server, or None: served by their owner.
+        self.subscriptions_refused: str | None = None
 
     # -- placement ------------------------------------------------------------------------------------
 
@@ -134,9 +139,17 @@ class ShardRouter:
             target = paths.route(raw_path)
         except paths.InvalidPath:
             return None
-        if target.kind is not paths.RouteKind.STREAM:
+        if target.kind is paths.RouteKind.SUBSCRIPTIONS:
+            # A subscription's requests go to its owner (shards/subscriptions.py), unless refused here.
+            shard = (
+                None
+                if self.subscriptions_refused
+                else subscription_owner(target.target, self.count)
+            )
+        elif target.kind is paths.RouteKind.STREAM:
+            shard = shard_of(target.target, self.count)
+        else:
             return None
-        shard = shard_of(target.target, self.count)
         return None if shard == self.index else shard
 
     def as_received(self, scope: Scope) -> None:
@@ -161,8 +174,12 @@ class ShardRouter:
         """Raise for what a server with ``--workers`` > 1 does not serve yet (each worker sees only its
         own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
         if target.kind is paths.RouteKind.SUBSCRIPTIONS and target.target not in _SERVED_ACROSS:
+            if not target.target.startswith(_EXTENSIONS):  # subscriptions, jwks.json
+                if self.subscriptions_refused is not None:
+                    raise NotWithWorkers(self.subscriptions_refused)
+                return
             raise NotWithWorkers(
-                "this resource spans many streams (subscriptions, bulk-write's stages), which a "
+                "this resource spans many streams (bulk-write's stages), which a "
                 f"server started with {FLAG} {self.count} does not serve yet; start the server with "
                 f"{FLAG} 1 for it"
             )
@@ -240,12 +257,13 @@ class ShardRouter:
                 watcher.cancel()
         self._release(owner, upstream, keep)
 
-    async def fetch(self, owner: int, head: bytes) -> tuple[int, bytes]:
+    async def fetch(self, owner: int, head: bytes, *, once: bool = False) -> tuple[int, bytes]:
         """Send ``head`` (a complete request, its body included) to ``owner``'s worker: its answer's status and
         whole body (a fan-out's part, ``fanout.py``). A kept-open connection that fails (the owner
         restarted since it was pooled) is retried once on a new one; ``ShardUnavailable`` (503) when
-        the owner does not answer."""
-        for pooled in (True, False):
+        the owner does not answer. ``once``: one attempt on a new connection, so a failure is
+        reported at once (a follower of the owner's change feed, ``subscriptions.py``)."""
+        for pooled in (False,) if once else (True, False):
             try:
                 upstream = await self._take(owner, pooled=pooled)
             except OSError as exc:
