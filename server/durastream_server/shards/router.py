@@ -38,7 +38,7 @@ from durastream_server.errors import (
     ProtocolError,
     ShardUnavailable,
 )
-from durastream_server.http import paths, responses, txn
+from durastream_server.http import discovery, paths, responses, txn
 from durastream_server.shards.layout import shard_of
 from durastream_server.shards.subscriptions import subscription_owner
 
@@ -79,7 +79,6 @@ _SERVED_ACROSS: Final = frozenset(
         "x-durastream/lookups",
     )
 )
-_EXTENSIONS: Final = "x-durastream/"  # the extensions' own __ds namespace (not subscriptions)
 _READ_BYTES: Final = 64 * 1024
 # Idle connections kept open to each other shard (one is opened per concurrently forwarded request).
 _POOL_SIZE: Final = 32
@@ -174,7 +173,7 @@ class ShardRouter:
         """Raise for what a server with ``--workers`` > 1 does not serve yet (each worker sees only its
         own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
         if target.kind is paths.RouteKind.SUBSCRIPTIONS and target.target not in _SERVED_ACROSS:
-            if not target.target.startswith(_EXTENSIONS):  # subscriptions, jwks.json
+            if not discovery.owns(target.target):  # subscriptions, jwks.json: their owner serves
                 if self.subscriptions_refused is not None:
                     raise NotWithWorkers(self.subscriptions_refused)
                 return

@@ -43,7 +43,7 @@ from urllib.parse import quote, unquote
 from durastream_server.errors import NotFound, ProtocolError, ShardUnavailable
 from durastream_server.http import paths
 from durastream_server.shards.fanout import SHARD_PAGE_HEADER
-from durastream_server.shards.layout import SHARDS_DIR, shard_of
+from durastream_server.shards.layout import shard_of
 from durastream_server.subscriptions.pullwake import WakeStreamWriter, encode_events, wake_events
 
 if TYPE_CHECKING:
@@ -153,9 +153,9 @@ class PeerFeeds:
         while True:
             try:
                 page = await self._page(shard, cursor)
-            except asyncio.CancelledError:
-                raise
-            except (ProtocolError, OSError, ValueError, KeyError) as exc:
+            except (
+                Exception
+            ) as exc:  # a peer down, restarting, or answering nonsense: read it again
                 if shard in self._synced:
                     log.warning("subscriptions: lost the change feed of shard %d (%s)", shard, exc)
                 self._synced.discard(shard)
@@ -168,15 +168,15 @@ class PeerFeeds:
                 path = change["path"]
                 if change.get("deleted"):
                     self._content_types.pop(path, None)
-                    sink.peer_changed(path, None)
+                    _guarded(sink.peer_changed, path, None)
                     continue
                 self._content_types[path] = change["content_type"]
                 if snapshot is not None:
                     snapshot.add(path)
-                sink.peer_changed(path, change["next_offset"])
+                _guarded(sink.peer_changed, path, change["next_offset"])
             cursor = page["cursor"]
             if snapshot is not None and not page["more"]:
-                sink.peer_snapshot(shard, snapshot)
+                _guarded(sink.peer_snapshot, shard, snapshot)
                 snapshot = None
                 self._synced.add(shard)
                 if not self._ever_synced and len(self._synced) == len(self._others):
@@ -237,8 +237,10 @@ class PeerWakeWriter(WakeStreamWriter):
             )
 
 
-def shards_root(shard_data_dir: Path) -> Path | None:
-    """``<root>`` when ``shard_data_dir`` is ``<root>/shards/<k>``, else None."""
-    if shard_data_dir.parent.name != SHARDS_DIR:
-        return None
-    return shard_data_dir.parent.parent
+def _guarded(hook: Callable[..., None], *args: object) -> None:
+    """Call a service hook; its failure (logged) must not stop the follower, as an engine observer's
+    must not fail the stream write (``service._Observer``)."""
+    try:
+        hook(*args)
+    except Exception:
+        log.exception("subscriptions: handling a change of another shard failed (%r)", args[0])

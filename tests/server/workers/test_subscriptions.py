@@ -60,11 +60,12 @@ def workers(server_factory) -> ServerProcess:  # type: ignore[no-untyped-def]
 
 def subscriptions_ready(server: ServerProcess) -> None:
     """Wait until both workers serve subscriptions: for a moment after a start each is still reading
-    the other's streams and answers 503 (new connections, so the kernel spreads them over both)."""
+    the other's streams and answers 503. A request about a subscription is served by its owner,
+    whichever worker receives it: so one probe id owned by each."""
+    probes = [server.stream_url(f"__ds/subscriptions/{_sub_of_shard('probe', k)}") for k in (0, 1)]
 
     def ready() -> bool:
-        probe = server.stream_url("__ds/subscriptions/probe-ready")
-        return all(requests.get(probe).status_code == 404 for _ in range(8))
+        return all(requests.get(probe).status_code == 404 for probe in probes)
 
     poll_until(ready, "subscriptions served by both workers", timeout=30)
 
@@ -165,7 +166,8 @@ def test_pull_wake_with_its_wake_stream_on_the_other_shard(api: Api) -> None:
     api.create_stream(wake)
     sub_id = _sub_of_shard("pw", owner)
     config = {"type": "pull-wake", "pattern": f"{prefix}/*", "wake_stream": wake}
-    assert api.put_sub(sub_id, config).status_code == 201
+    created = api.put_sub(sub_id, config)
+    assert created.status_code == 201, created.text
     paths = _on_shards(prefix, (0, 1))
     for path in paths:
         api.create_stream(path, {"n": 1})
