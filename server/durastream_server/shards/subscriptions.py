@@ -61,6 +61,11 @@ _CHANGES: Final = (paths.STREAM_PREFIX + "__ds/x-durastream/changes").encode()
 _PAGE_LIMIT: Final = 1000
 _WAIT_MS: Final = 20_000
 _RETRY_SECONDS: Final = 0.2
+# After a page with changes, a follower waits this long before asking again, so a peer under a steady
+# load of appends answers at most ~50 pages a second to each follower (each page carrying every change
+# since the last), not one per commit round: it bounds the followers' cost to the peers' CPU, and
+# adds at most this much to a wake for another shard's stream.
+_PACING_SECONDS: Final = 0.02
 
 
 def subscription_owner(target: str, count: int) -> int | None:
@@ -100,9 +105,12 @@ class PeerSink(Protocol):
 class PeerFeeds:
     """Follows every other shard's change feed for the owner's subscriptions (module docstring)."""
 
-    def __init__(self, router: ShardRouter, *, wait_ms: int = _WAIT_MS) -> None:
+    def __init__(
+        self, router: ShardRouter, *, wait_ms: int = _WAIT_MS, pacing: float = _PACING_SECONDS
+    ) -> None:
         self._router = router
         self._wait_ms = wait_ms
+        self._pacing = pacing
         self._others = [k for k in range(router.count) if k != router.index]
         self._synced: set[int] = set()
         self._ever_synced = False
@@ -175,6 +183,8 @@ class PeerFeeds:
                     snapshot.add(path)
                 _guarded(sink.peer_changed, path, change["next_offset"])
             cursor = page["cursor"]
+            if page["changes"] and not page["more"]:
+                await asyncio.sleep(self._pacing)
             if snapshot is not None and not page["more"]:
                 _guarded(sink.peer_snapshot, shard, snapshot)
                 snapshot = None
