@@ -260,9 +260,10 @@ class ShardRouter:
         """Send ``head`` (a complete request, its body included) to ``owner``'s worker: its answer's status and
         whole body (a fan-out's part, ``fanout.py``). A kept-open connection that fails (the owner
         restarted since it was pooled) is retried once on a new one; ``ShardUnavailable`` (503) when
-        the owner does not answer. ``once``: one attempt on a new connection, so a failure is
-        reported at once (a follower of the owner's change feed, ``subscriptions.py``)."""
-        for pooled in (False,) if once else (True, False):
+        the owner does not answer. ``once``: one attempt, no retry, so a failure is reported at
+        once (a follower of the owner's change feed, ``subscriptions.py``, whose pooled connection
+        was in use a moment ago: one that fails means the owner went away)."""
+        for pooled in (True,) if once else (True, False):
             try:
                 upstream = await self._take(owner, pooled=pooled)
             except OSError as exc:

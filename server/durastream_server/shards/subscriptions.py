@@ -62,10 +62,10 @@ _PAGE_LIMIT: Final = 1000
 _WAIT_MS: Final = 20_000
 _RETRY_SECONDS: Final = 0.2
 # After a page with changes, a follower waits this long before asking again, so a peer under a steady
-# load of appends answers at most ~50 pages a second to each follower (each page carrying every change
+# load of appends answers at most ~20 pages a second to each follower (each page carrying every change
 # since the last), not one per commit round: it bounds the followers' cost to the peers' CPU, and
 # adds at most this much to a wake for another shard's stream.
-_PACING_SECONDS: Final = 0.02
+_PACING_SECONDS: Final = 0.05
 
 
 def subscription_owner(target: str, count: int) -> int | None:
