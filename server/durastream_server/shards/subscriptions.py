@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Protocol
@@ -42,7 +43,8 @@ from urllib.parse import quote, unquote
 
 from durastream_server.errors import NotFound, ProtocolError, ShardUnavailable
 from durastream_server.http import paths
-from durastream_server.shards.fanout import SHARD_PAGE_HEADER
+from durastream_server.http.changes import FOLLOWER_HEADER
+from durastream_server.shards.fanout import SHARD_PAGE_HEADER, peer_failed
 from durastream_server.shards.layout import shard_of
 from durastream_server.subscriptions.pullwake import WakeStreamWriter, encode_events, wake_events
 
@@ -58,14 +60,17 @@ AUTH_REFUSAL: Final = (
     "(the workers follow each other's streams without a credential); use --workers 1 for them"
 )
 _CHANGES: Final = (paths.STREAM_PREFIX + "__ds/x-durastream/changes").encode()
+_LISTING: Final = (paths.STREAM_PREFIX + "__ds/x-durastream/streams").encode()
+_LISTING_LIMIT: Final = 10_000
 _PAGE_LIMIT: Final = 1000
 _WAIT_MS: Final = 20_000
 _RETRY_SECONDS: Final = 0.2
-# After a page with changes, a follower waits this long before asking again, so a peer under a steady
-# load of appends answers at most ~20 pages a second to each follower (each page carrying every change
-# since the last), not one per commit round: it bounds the followers' cost to the peers' CPU, and
-# adds at most this much to a wake for another shard's stream.
-_PACING_SECONDS: Final = 0.05
+# Pages with changes a follower asks for at most, a second, after a burst of ``_BURST_PAGES``: under a
+# steady load of appends a peer answers each follower ~20 pages a second (each carrying every change
+# since the last), not one per commit round, which bounds the followers' cost to the peers' CPU; a
+# few changes in a row (a client's create, then its subscription's claim) are not delayed.
+_PAGES_PER_SECOND: Final = 20.0
+_BURST_PAGES: Final = 5.0
 
 
 def subscription_owner(target: str, count: int) -> int | None:
@@ -106,11 +111,11 @@ class PeerFeeds:
     """Follows every other shard's change feed for the owner's subscriptions (module docstring)."""
 
     def __init__(
-        self, router: ShardRouter, *, wait_ms: int = _WAIT_MS, pacing: float = _PACING_SECONDS
+        self, router: ShardRouter, *, wait_ms: int = _WAIT_MS, rate: float = _PAGES_PER_SECOND
     ) -> None:
         self._router = router
         self._wait_ms = wait_ms
-        self._pacing = pacing
+        self._rate = rate
         self._others = [k for k in range(router.count) if k != router.index]
         self._synced: set[int] = set()
         self._ever_synced = False
@@ -155,9 +160,48 @@ class PeerFeeds:
     async def fetch(self, shard: int, head: bytes) -> tuple[int, bytes]:
         return await self._router.fetch(shard, head)
 
+    async def tails_now(self, prefix: str | None, explicit: list[str]) -> list[tuple[str, str]]:
+        """The current tails of the other shards' streams under ``prefix`` (None: none) and of the
+        ``explicit`` paths that exist there, asked of their workers now (their listing), not as the
+        followers last heard: a link made at creation starts at the stream's tail as one process's
+        would, not up to a follower's round trip (and pacing) behind it. 503 if a worker does not
+        answer."""
+        found: list[tuple[str, str]] = []
+        for shard in self._others:
+            if prefix is not None:
+                found += await self._listed(shard, prefix, _LISTING_LIMIT, whole=True)
+        for path in explicit:
+            shard = shard_of(path, self.count)
+            if shard != self.index:
+                found += [item for item in await self._listed(shard, path, 1) if item[0] == path]
+        return found
+
+    async def _listed(
+        self, shard: int, prefix: str, limit: int, *, whole: bool = False
+    ) -> list[tuple[str, str]]:
+        found: list[tuple[str, str]] = []
+        after: str | None = None
+        while True:
+            query = f"prefix={quote(prefix, safe='')}&limit={limit}"
+            if after is not None:
+                query += f"&after={quote(after, safe='')}"
+            head = (
+                b"GET " + _LISTING + b"?" + query.encode("ascii") + b" HTTP/1.1\r\n"
+                b"host: localhost\r\n" + SHARD_PAGE_HEADER.encode() + b": 1\r\n\r\n"
+            )
+            status, body = await self._router.fetch(shard, head)
+            if status != 200:
+                raise peer_failed(shard, status, "a subscription's backfill")
+            page = json.loads(body)
+            found += [(item["path"], item["next_offset"]) for item in page["streams"]]
+            after = page["next"]
+            if not whole or after is None:
+                return found
+
     async def _follow(self, shard: int, sink: PeerSink) -> None:
         cursor: str | None = None
         snapshot: set[str] | None = None
+        bucket = _Pacer(self._rate, _BURST_PAGES)
         while True:
             try:
                 page = await self._page(shard, cursor)
@@ -184,7 +228,7 @@ class PeerFeeds:
                 _guarded(sink.peer_changed, path, change["next_offset"])
             cursor = page["cursor"]
             if page["changes"] and not page["more"]:
-                await asyncio.sleep(self._pacing)
+                await bucket.take()
             if snapshot is not None and not page["more"]:
                 _guarded(sink.peer_snapshot, shard, snapshot)
                 snapshot = None
@@ -199,7 +243,11 @@ class PeerFeeds:
             query += f"&since={quote(cursor, safe='')}&wait={self._wait_ms}"
         head = (
             b"GET " + _CHANGES + b"?" + query.encode("ascii") + b" HTTP/1.1\r\n"
-            b"host: localhost\r\n" + SHARD_PAGE_HEADER.encode() + b": 1\r\n\r\n"
+            b"host: localhost\r\n"
+            + SHARD_PAGE_HEADER.encode()
+            + b": 1\r\n"
+            + FOLLOWER_HEADER.encode()
+            + b": 1\r\n\r\n"
         )
         status, body = await self._router.fetch(shard, head, once=True)
         if status != 200:
@@ -245,6 +293,26 @@ class PeerWakeWriter(WakeStreamWriter):
                 f"appending to wake stream {wake_stream!r} in shard {owner} answered {status}: "
                 f"{answer[:200]!r}"
             )
+
+
+class _Pacer:
+    """A token bucket: ``burst`` pages at once, then ``rate`` a second."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self._rate = rate
+        self._burst = burst
+        self._tokens = burst
+        self._at = time.monotonic()
+
+    async def take(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens < 1.0:
+            await asyncio.sleep((1.0 - self._tokens) / self._rate)
+            self._tokens = 1.0
+            self._at = time.monotonic()
+        self._tokens -= 1.0
 
 
 def _guarded(hook: Callable[..., None], *args: object) -> None:

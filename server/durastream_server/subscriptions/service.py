@@ -76,6 +76,7 @@ from durastream_server.subscriptions.errors import (
     WrongSubscriptionType,
     error_body,
 )
+from durastream_server.subscriptions.glob import compile_pattern
 from durastream_server.subscriptions.http_types import (
     ClientGone,
     SubscriptionHttpRequest,
@@ -236,6 +237,15 @@ class SubscriptionService:
         else:
             self._stream_appended(path, next_offset)
 
+    async def _peer_tails_now(self, prefix: str | None, explicit: list[str]) -> None:
+        """Before links are made at the streams' tails: the other shards' tails as they are now."""
+        if self._peers is None:
+            return
+        for path, tail in await self._peers.tails_now(prefix, explicit):
+            known = self._tails.get(path)
+            if known is None or tail > known:  # the follower may have heard newer meanwhile
+                self.peer_changed(path, tail)
+
     def peer_snapshot(self, shard: int, live: set[str]) -> None:
         """Every live stream of ``shard`` (after a reset): the ones missing were deleted meanwhile."""
         assert self._peers is not None
@@ -333,6 +343,11 @@ class SubscriptionService:
 
     async def _put(self, sub_id: str, request: SubscriptionHttpRequest) -> SubscriptionHttpResponse:
         config = parse_config(await request.read_body(), self._policy)
+        if self._subs.get(sub_id) is None:
+            prefix = (
+                None if config.pattern is None else compile_pattern(config.pattern).literal_prefix()
+            )
+            await self._peer_tails_now(prefix, list(config.streams))
         existing = self._subs.get(sub_id)
         if existing is not None:
             if existing.config_hash != config.config_hash():
@@ -395,6 +410,7 @@ class SubscriptionService:
         paths = parse_stream_list(data["streams"])
         if sub.config.wake_stream in paths:
             raise InvalidField("streams", "must not include the subscription's own wake_stream")
+        await self._peer_tails_now(None, paths)
         changed = False
         for path in paths:
             changed |= sub.link_explicit(path, self._tails.get(path, START_OFFSET))
