@@ -300,9 +300,9 @@ class SubscriptionService:
             return self._jwks(head=method == "HEAD")
         if len(parts) < 2 or parts[0] != "subscriptions" or not parts[1]:
             raise NotFound(f"no control API at __ds/{request.subpath}")
+        sub_id = validate_subscription_id(unquote(parts[1]))
         if self._peers is not None:
             self._peers.check_ready()  # 503 while another shard's streams are not known
-        sub_id = validate_subscription_id(unquote(parts[1]))
         rest = parts[2:]
         if not rest:
             _allow(method, "GET", "PUT", "DELETE")
