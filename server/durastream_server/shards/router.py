@@ -276,7 +276,7 @@ class ShardRouter:
                 keep = await _Answer(upstream.reader, collected.send, head=False).relay()
             except _RELAY_ERRORS as exc:
                 upstream.close()
-                if pooled:
+                if pooled and not once:
                     continue
                 logger.warning("the worker of shard %d dropped a fan-out request (%s)", owner, exc)
                 raise _unavailable(owner) from None
