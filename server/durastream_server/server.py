@@ -19,6 +19,7 @@ import ipaddress
 import logging
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -34,6 +35,7 @@ from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.shards.handoff import HandOff, with_handoff
 from durastream_server.shards.router import ShardRouter, socket_path
+from durastream_server.shards.subscriptions import AUTH_REFUSAL, PeerFeeds, keys_dir
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.subscriptions.service import SubscriptionService
@@ -50,20 +52,27 @@ class Backend:
         self.subscriptions = subscriptions
 
     @classmethod
-    async def open(cls, config: ServerConfig, metrics: WriteMetrics = NO_METRICS) -> Backend:
+    async def open(
+        cls,
+        config: ServerConfig,
+        metrics: WriteMetrics = NO_METRICS,
+        router: ShardRouter | None = None,
+    ) -> Backend:
         # Recovery allocates dozens of objects per stream, all of them long-lived: the cyclic GC's
         # collections during it only re-scan them (with 100,000 streams they took half of start-up).
         # The server freezes what exists once it listens (_Server.startup).
         was_enabled = gc.isenabled()
         gc.disable()
         try:
-            return await cls._open(config, metrics)
+            return await cls._open(config, metrics, router)
         finally:
             if was_enabled:
                 gc.enable()
 
     @classmethod
-    async def _open(cls, config: ServerConfig, metrics: WriteMetrics) -> Backend:
+    async def _open(
+        cls, config: ServerConfig, metrics: WriteMetrics, router: ShardRouter | None
+    ) -> Backend:
         data = await DataDir.open(
             StorageConfig(
                 root=config.data_dir,
@@ -90,6 +99,7 @@ class Backend:
                 state_dir,
                 stream_root_url=config.public_base_url + STREAM_ROOT,
                 allow_local_webhooks=local_webhooks_allowed(config),
+                **worker_subscriptions(config, router),
             )
             # Its start lists every stream: once they are all recovered (requests wait until then).
             await engine.after_recovery(subscriptions.start)
@@ -248,6 +258,15 @@ def exposure_warnings(config: ServerConfig, bound_host: str) -> list[str]:
     return []
 
 
+def worker_subscriptions(config: ServerConfig, router: ShardRouter | None) -> dict[str, Any]:
+    """A worker's subscription wiring (``shards/subscriptions.py``): the server's one keyring and the
+    followers of the other shards' streams; nothing for the one-process server, or when subscriptions
+    are refused (501) on this server."""
+    if router is None or router.subscriptions_refused is not None:
+        return {}
+    return {"keys_dir": keys_dir(config.data_dir), "peers": PeerFeeds(router)}
+
+
 def shard_router(config: ServerConfig) -> ShardRouter | None:
     """A worker's router (``--workers N``, ``shards/router.py``); None for the one-process server."""
     if config.shard_index is None or config.shard_sockets is None:
@@ -255,14 +274,17 @@ def shard_router(config: ServerConfig) -> ShardRouter | None:
     # Every worker answers these 501 (shards/router.py): advertising them would keep clients
     # from falling back (docs/extensions.md, "Advertisement").
     responses.withhold_extensions(extensions.NOT_WITH_WORKERS)
-    return ShardRouter(config.shard_index, config.workers, config.shard_sockets, tls=config.tls)
+    router = ShardRouter(config.shard_index, config.workers, config.shard_sockets, tls=config.tls)
+    if config.auth_tokens:
+        router.subscriptions_refused = AUTH_REFUSAL
+    return router
 
 
 def build_app(config: ServerConfig, router: ShardRouter | None = None) -> DurastreamApp:
     metrics = ServerMetrics()  # the app counts requests, the storage writer its group commits
 
     async def open_backend() -> Backend:
-        return await Backend.open(config, metrics)
+        return await Backend.open(config, metrics, router)
 
     return DurastreamApp(config, open_backend, metrics, router)
 

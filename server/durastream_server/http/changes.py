@@ -30,14 +30,24 @@ EXAMINE_ALLOWANCE: Final = 10_000
 MAX_WAIT_MS: Final = 60_000
 MAX_SELECTION_PATHS: Final = 1_000_000
 MAX_PATH_BYTES: Final = 4096
+# Marks a change query of another worker following this shard for its subscriptions
+# (``shards/subscriptions.py``), honoured only with a shard part's mark from a worker's socket: its wait
+# is not a client's parked reader.
+FOLLOWER_HEADER: Final = "x-durastream-follower"
 PARAMETERS: Final = ("since", "prefix", "pattern", "selection", "limit", "wait")
 _SHAPE: Final = 'a JSON object {"streams": ["path", ...]} with 1 to 1,000,000 stream paths'
 
 
 async def serve_changes(
-    engine: Engine, live: LiveReaders, request: Request, values: dict[str, str]
+    engine: Engine,
+    live: LiveReaders,
+    request: Request,
+    values: dict[str, str],
+    *,
+    counted: bool = True,
 ) -> dict[str, Any]:
-    """One page of changes, after waiting for one if asked to and there is none yet."""
+    """One page of changes, after waiting for one if asked to and there is none yet (a parked
+    reader of ``/healthz`` unless not ``counted``: another worker's follower)."""
     if request.method not in ("GET", "HEAD"):
         raise MethodNotAllowed("use GET", headers={"Allow": "GET, HEAD"})
     since = values.get("since") or None
@@ -56,6 +66,7 @@ async def serve_changes(
                     cursor, match, wait_ms / 1000, release, examine=examine
                 ),
                 disconnect,
+                counted=counted,
             )
         finally:
             await disconnect.close()

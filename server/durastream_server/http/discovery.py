@@ -137,7 +137,10 @@ class ExtensionResources:
             values = query_values(request.query_string, changes.PARAMETERS)
             fan = self._changes_fan_out
             if fan is None or fan.is_shard_part(request):
-                document = await changes.serve_changes(self._engine, self._live, request, values)
+                follower = fan is not None and changes.FOLLOWER_HEADER in request.headers
+                document = await changes.serve_changes(
+                    self._engine, self._live, request, values, counted=not follower
+                )
             else:
                 document = await fan.page(request, values)
         body = (

@@ -161,21 +161,26 @@ class LiveReaders:
         self,
         wait: Callable[[tuple[asyncio.Future[Any], ...]], Awaitable[bool]],
         disconnect: Disconnect,
+        *,
+        counted: bool = True,
     ) -> bool | None:
         """Run ``wait(release)`` as a parked reader (counted for ``/healthz``): True when it saw what
         it waits for, False on its timeout, None when the client hung up or the server is draining.
 
         The engine's waits return early when a ``release`` future (drain, hang-up) completes, so a
         parked reader costs one future, not a task plus an ``asyncio.wait`` (docs/decisions/0004).
+        Not ``counted``: the server's own reader (a worker following another's change feed for its
+        subscriptions, ``shards/subscriptions.py``), no client's.
         """
         if self.draining or disconnect.happened:
             return None
         drained = self._hold(asyncio.get_running_loop().create_future())
-        self.parked += 1
+        step = 1 if counted else 0
+        self.parked += step
         try:
             woke = await wait((drained, disconnect.future))
         finally:
-            self.parked -= 1
+            self.parked -= step
             self._let_go(drained)
         if not woke and (self.draining or disconnect.happened):
             return None

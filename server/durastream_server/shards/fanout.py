@@ -42,6 +42,7 @@ _NOT_CARRIED: Final = frozenset(
         "proxy-connection",
         "content-length",
         SHARD_PAGE_HEADER,
+        "x-durastream-follower",  # http/changes.FOLLOWER_HEADER: the server's own, never a client's
     }
 )
 

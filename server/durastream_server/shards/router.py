@@ -18,9 +18,10 @@ asks every other worker for its shard's part (``fetch``) and merges them (``fano
 ``changefeed.py``, ``multirange.py``), and so are ``bulk-write``'s ``ensure`` and ``commits`` (split
 by shard: ``bulkwrite.py``, ``stages`` included). Staged appends need nothing more: a handle belongs
 to the one stream it was staged into, so a stage, a commit and an abort are requests of that stream,
-forwarded (or handed off) to its owner like any other. The other ``__ds/`` resources across streams
-(subscriptions) are answered 501 by every worker: fanning them out is not built yet. A fork must hash
-to its source's shard (409).
+forwarded (or handed off) to its owner like any other. A subscription's requests are forwarded to the
+worker owning it, ``shard_of(id)``, which follows the other shards' streams (``subscriptions.py``).
+Any other ``__ds/`` resource across streams is answered 501 by every worker. A fork must hash to its
+source's shard (409).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from durastream_server.errors import (
     ProtocolError,
     ShardUnavailable,
 )
-from durastream_server.http import paths, responses
+from durastream_server.http import discovery, paths, responses
 from durastream_server.shards.layout import shard_of
+from durastream_server.shards.subscriptions import subscription_owner
 
 if TYPE_CHECKING:
     from durastream_server.shards.handoff import HandOff
@@ -124,6 +126,8 @@ class ShardRouter:
         self._idle: dict[int, list[_Upstream]] = {k: [] for k in range(count)}
         self.forwarded = 0  # requests relayed to another worker (/healthz "shard")
         self.handoff: HandOff | None = None  # set by HandOff (connection hand-off, handoff.py)
+        # Why subscriptions are refused (501) on this server, or None: served by their owner.
+        self.subscriptions_refused: str | None = None
 
     # -- placement ------------------------------------------------------------------------------------
 
@@ -136,9 +140,17 @@ class ShardRouter:
             target = paths.route(raw_path)
         except paths.InvalidPath:
             return None
-        if target.kind is not paths.RouteKind.STREAM:
+        if target.kind is paths.RouteKind.SUBSCRIPTIONS:
+            # A subscription's requests go to its owner (shards/subscriptions.py), unless refused here.
+            shard = (
+                None
+                if self.subscriptions_refused
+                else subscription_owner(target.target, self.count)
+            )
+        elif target.kind is paths.RouteKind.STREAM:
+            shard = shard_of(target.target, self.count)
+        else:
             return None
-        shard = shard_of(target.target, self.count)
         return None if shard == self.index else shard
 
     def as_received(self, scope: Scope) -> None:
@@ -163,8 +175,12 @@ class ShardRouter:
         """Raise for what a server with ``--workers`` > 1 does not serve yet (each worker sees only its
         own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
         if target.kind is paths.RouteKind.SUBSCRIPTIONS and target.target not in _SERVED_ACROSS:
+            if not discovery.owns(target.target):  # subscriptions, jwks.json: their owner serves
+                if self.subscriptions_refused is not None:
+                    raise NotWithWorkers(self.subscriptions_refused)
+                return
             raise NotWithWorkers(
-                "this resource spans many streams (subscriptions), which a "
+                "this resource spans many streams, which a "
                 f"server started with {FLAG} {self.count} does not serve yet; start the server with "
                 f"{FLAG} 1 for it"
             )
@@ -236,12 +252,14 @@ class ShardRouter:
                 watcher.cancel()
         self._release(owner, upstream, keep)
 
-    async def fetch(self, owner: int, head: bytes) -> tuple[int, bytes]:
+    async def fetch(self, owner: int, head: bytes, *, once: bool = False) -> tuple[int, bytes]:
         """Send ``head`` (a complete request, its body included) to ``owner``'s worker: its answer's status and
         whole body (a fan-out's part, ``fanout.py``). A kept-open connection that fails (the owner
         restarted since it was pooled) is retried once on a new one; ``ShardUnavailable`` (503) when
-        the owner does not answer."""
-        for pooled in (True, False):
+        the owner does not answer. ``once``: one attempt, no retry, so a failure is reported at
+        once (a follower of the owner's change feed, ``subscriptions.py``, whose pooled connection
+        was in use a moment ago: one that fails means the owner went away)."""
+        for pooled in (True,) if once else (True, False):
             try:
                 upstream = await self._take(owner, pooled=pooled)
             except OSError as exc:
@@ -254,7 +272,7 @@ class ShardRouter:
                 keep = await _Answer(upstream.reader, collected.send, head=False).relay()
             except _RELAY_ERRORS as exc:
                 upstream.close()
-                if pooled:
+                if pooled and not once:
                     continue
                 logger.warning("the worker of shard %d dropped a fan-out request (%s)", owner, exc)
                 raise _unavailable(owner) from None

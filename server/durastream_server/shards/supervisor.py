@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Final
 
 from durastream_server.shards.layout import shard_dir
+from durastream_server.shards.subscriptions import prepare_keys
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,9 @@ class Supervisor:
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     def _start_all(self) -> None:
+        prepare_keys(
+            self.root
+        )  # the one webhook keyring every worker signs with (subscriptions.py)
         for worker in self.workers:
             worker.start()
         deadline = time.monotonic() + STARTUP_SECONDS

@@ -64,6 +64,8 @@ import httpx
 
 from durastream_server.engine.engine import Engine, StreamObserver
 from durastream_server.errors import ProtocolError, StorageFailure
+from durastream_server.shards.layout import shard_of
+from durastream_server.shards.subscriptions import PeerFeeds, PeerWakeWriter
 from durastream_server.subscriptions.errors import (
     ConfigMismatch,
     InvalidField,
@@ -74,6 +76,7 @@ from durastream_server.subscriptions.errors import (
     WrongSubscriptionType,
     error_body,
 )
+from durastream_server.subscriptions.glob import compile_pattern
 from durastream_server.subscriptions.http_types import (
     ClientGone,
     SubscriptionHttpRequest,
@@ -153,6 +156,8 @@ class SubscriptionService:
         webhook_timeout: float = DEFAULT_TIMEOUT_S,
         http_client: httpx.AsyncClient | None = None,
         rng: random.Random | None = None,
+        keys_dir: Path | None = None,
+        peers: PeerFeeds | None = None,
     ) -> None:
         self._engine = engine
         self._state_dir = Path(state_dir)
@@ -171,6 +176,12 @@ class SubscriptionService:
         self._tokens: TokenAuthority | None = None
         self._sender: WebhookSender | None = None
         self._wake_writer = WakeStreamWriter(engine, clock)
+        # --workers N (shards/subscriptions.py): the server's one keyring, and the other shards' streams.
+        self._keys_dir = self._state_dir if keys_dir is None else Path(keys_dir)
+        self._peers = peers
+        if peers is not None:
+            self._wake_writer = PeerWakeWriter(self._wake_writer, peers, clock)
+        self._synced = peers is None  # every shard's streams known (always, with one process)
         self._running = False
         self.observer: StreamObserver = _Observer(self)
 
@@ -179,7 +190,7 @@ class SubscriptionService:
     async def start(self) -> None:
         """Load keys and state, reconcile links with the streams that exist, resume wakes and timers."""
         self._state_dir.mkdir(parents=True, exist_ok=True)
-        self._signer = await asyncio.to_thread(WebhookSigner.load_or_create, self._state_dir)
+        self._signer = await asyncio.to_thread(WebhookSigner.load_or_create, self._keys_dir)
         self._tokens = await asyncio.to_thread(TokenAuthority.load_or_create, self._state_dir)
         self._sender = WebhookSender(
             self._signer,
@@ -199,13 +210,62 @@ class SubscriptionService:
             self._subs[sub.id] = sub
         self._engine.add_observer(self.observer)
         self._running = True
+        if self._peers is not None:
+            self._peers.start(self)  # reconciles and resumes once every shard's streams are in
+        else:
+            self._reconcile_all()
+        log.info("subscriptions started: %d loaded", len(self._subs))
+
+    def _reconcile_all(self) -> None:
         for sub in self._subs.values():
             changed = self._reconcile(sub)
             self._resume(sub, changed)
-        log.info("subscriptions started: %d loaded", len(self._subs))
+
+    # -- the other shards' streams (--workers N, shards/subscriptions.py) ---------------------------
+
+    def peer_changed(self, path: str, next_offset: str | None) -> None:
+        """A stream of another shard changed, as this worker's own observer hooks would say it."""
+        known = self._tails.get(path)
+        if next_offset is None:
+            if known is not None:
+                self._stream_deleted(path)
+            return
+        if known is not None and next_offset < known:  # deleted and created again meanwhile
+            self._stream_deleted(path)
+            known = None
+        if known is None:
+            self._stream_created(path, next_offset)
+        else:
+            self._stream_appended(path, next_offset)
+
+    async def _peer_tails_now(self, prefix: str | None, explicit: list[str]) -> None:
+        """Before links are made at the streams' tails: the other shards' tails as they are now."""
+        if self._peers is None:
+            return
+        for path, tail in await self._peers.tails_now(prefix, explicit):
+            known = self._tails.get(path)
+            if known is None or tail > known:  # the follower may have heard newer meanwhile
+                self.peer_changed(path, tail)
+
+    def peer_snapshot(self, shard: int, live: set[str]) -> None:
+        """Every live stream of ``shard`` (after a reset): the ones missing were deleted meanwhile."""
+        assert self._peers is not None
+        count = self._peers.count
+        for path in [p for p in self._tails if p not in live and shard_of(p, count) == shard]:
+            self._stream_deleted(path)
+
+    def peers_synced(self) -> None:
+        """Every other shard's streams are known for the first time: reconcile and resume."""
+        if self._synced or not self._running:
+            return
+        self._synced = True
+        self._reconcile_all()
+        log.info("subscriptions: every shard's streams known")
 
     async def close(self) -> None:
         self._running = False
+        if self._peers is not None:
+            await self._peers.close()
         for handle in self._timers.values():
             handle.cancel()
         self._timers.clear()
@@ -242,6 +302,8 @@ class SubscriptionService:
         if len(parts) < 2 or parts[0] != "subscriptions" or not parts[1]:
             raise NotFound(f"no control API at __ds/{request.subpath}")
         sub_id = validate_subscription_id(unquote(parts[1]))
+        if self._peers is not None:
+            self._peers.check_ready()  # 503 while another shard's streams are not known
         rest = parts[2:]
         if not rest:
             _allow(method, "GET", "PUT", "DELETE")
@@ -282,6 +344,11 @@ class SubscriptionService:
 
     async def _put(self, sub_id: str, request: SubscriptionHttpRequest) -> SubscriptionHttpResponse:
         config = parse_config(await request.read_body(), self._policy)
+        if self._subs.get(sub_id) is None:
+            prefix = (
+                None if config.pattern is None else compile_pattern(config.pattern).literal_prefix()
+            )
+            await self._peer_tails_now(prefix, list(config.streams))
         existing = self._subs.get(sub_id)
         if existing is not None:
             if existing.config_hash != config.config_hash():
@@ -297,7 +364,12 @@ class SubscriptionService:
             config=config,
             created_at=_rfc3339(self._clock()),
         )
-        if sub.pattern is not None:
+        if sub.pattern is not None and self._peers is not None:
+            # Every shard's streams, as the followers keep them (shards/subscriptions.py).
+            for path, tail in list(self._tails.items()):
+                if sub.wants(path):
+                    sub.link_glob(path, tail)
+        elif sub.pattern is not None:
             # Backfill (section 6.2): existing matches are linked at their tail, so no history replays.
             for listing in self._engine.list_streams(sub.pattern.literal_prefix()):
                 self._tails[listing.path] = listing.next_offset
@@ -339,6 +411,7 @@ class SubscriptionService:
         paths = parse_stream_list(data["streams"])
         if sub.config.wake_stream in paths:
             raise InvalidField("streams", "must not include the subscription's own wake_stream")
+        await self._peer_tails_now(None, paths)
         changed = False
         for path in paths:
             changed |= sub.link_explicit(path, self._tails.get(path, START_OFFSET))
@@ -445,6 +518,8 @@ class SubscriptionService:
         if not self._running:
             return
         self._tails[path] = next_offset
+        if not self._synced:
+            return  # linked by the reconciliation once every shard's streams are known
         for sub in list(self._subs.values()):
             # Linked *before* the data that created the stream, so that data is pending work.
             linked = sub.wants(path) and sub.link_glob(path, START_OFFSET)
@@ -455,6 +530,8 @@ class SubscriptionService:
             return
         previous = self._tails.get(path, START_OFFSET)
         self._tails[path] = next_offset
+        if not self._synced:
+            return
         for sub in list(self._subs.values()):
             # A match we never saw created (e.g. lost in a crash) is linked before this append.
             linked = sub.wants(path) and path not in sub.links and sub.link_glob(path, previous)
