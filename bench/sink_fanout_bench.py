@@ -43,11 +43,13 @@ adds the steady-state rows).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -123,10 +125,49 @@ def child(args: argparse.Namespace) -> None:
     out["prefix"] = prefix
     if args.steady:
         out["one_again"] = save(rows, stream=out_stream)
-        out["fan_again"] = save(routed)
+        with spying(args.spy, {"server": args.server_pid, "driver": os.getpid()}):
+            out["fan_again"] = save(routed)
         out.update(streaming(spark, args, rows))
     spark.stop()
     print("RESULT " + json.dumps(out), flush=True)
+
+
+@contextlib.contextmanager
+def spying(directory: Path | None, pids: dict[str, int]):
+    """With ``--spy DIR``: py-spy (raw, collapsed stacks) of each named process and its Python
+    subprocesses (the driver's: Spark's Python workers) while the block runs."""
+    if directory is None:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    spies = [
+        subprocess.Popen(
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(pid),
+                "--format",
+                "raw",
+                "--rate",
+                "100",
+                "--subprocesses",
+                "-o",
+                str(directory / f"{time.strftime('%H%M%S')}-{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
 
 
 class CpuSampler:
@@ -329,6 +370,8 @@ def run_child(args: argparse.Namespace, url: str, pid: int, code: Path | None) -
     ]
     if args.steady:
         command.append("--steady")
+    if args.spy:
+        command += ["--spy", str(args.spy)]
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, check=False, cwd=code or REPO
     )
@@ -365,6 +408,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--batches", type=int, default=3, help="(--steady) writeStream's micro-batches"
+    )
+    parser.add_argument(
+        "--spy", type=Path, help="(--steady) py-spy the server and the driver during fan_again"
     )
     parser.add_argument("--replot", type=Path, help="record the chart of a saved --json run")
     parser.add_argument(
