@@ -85,6 +85,9 @@ def child(args: argparse.Namespace) -> None:
         .config("spark.ui.port", "0")  # a free port: the status API gives the stage's figures
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(args.partitions))
+        # Each file its own partition: writeStream's batches (--steady) run --partitions tasks,
+        # not the few Spark packs small files into.
+        .config("spark.sql.files.openCostInBytes", str(1 << 30))
         .getOrCreate()
     )
     spark.dataSource.register(durastream_spark.DurableStreamDataSource)
@@ -264,6 +267,7 @@ def streaming(spark, args: argparse.Namespace, rows) -> dict[str, object]:
                 batches.append([round(wall, 3), round(cpu, 3), progress["numInputRows"]])
             if name != "stream_warm":
                 out[name] = batches
+                out[name + "_tasks"] = write_stage(spark, 0.0)["tasks"]  # the last batch's
     return out
 
 
