@@ -21,21 +21,40 @@ summed run time (executors), the rest of ``save()`` being the driver (planning, 
 <= 3x server CPU) and ``base / branch`` for ``fan``. Each ``fan`` run is checked: every stream holds its
 rows exactly once.
 
+The steady state (``--steady``, off by default; issue 16 measures both ``df.write`` and ``writeStream``):
+a new stream costs its creation and its first records, which a streaming query pays once, in its first
+batch. With ``--steady`` each child also times
+
+- ``one_again`` / ``fan_again``: the same ``df.write`` of the same rows again, to the one stream and to
+  the ``--streams`` streams, which now exist (sampled streams then hold their rows exactly twice);
+- ``stream_one`` / ``stream_fan``: ``writeStream.format("durastream")`` over a file source that replays
+  the rows ``--batches`` times (default 3), ``--partitions`` parquet files a replay, one replay a
+  micro-batch (``maxFilesPerTrigger``, ``Trigger.AvailableNow``), into one stream and routed by the
+  ``stream`` column to ``--streams`` new streams. Per batch: its wall (the progress's
+  ``triggerExecution``) and the server's CPU over that span (sampled every 10 ms); the first batch
+  (new streams) apart from the median of the later ones (existing streams, the query's targets
+  remembered). Sampled routed streams hold their rows exactly ``--batches`` times.
+
 Run: ``python bench/sink_fanout_bench.py [--rows 40000] [--streams 2000] [--rounds 2] [--json FILE]``
-(``--only branch`` skips the base connector: this checkout's figures alone).
+(``--only branch`` skips the base connector: this checkout's figures alone; ``--steady [--batches K]``
+adds the steady-state rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shlex
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -66,6 +85,9 @@ def child(args: argparse.Namespace) -> None:
         .config("spark.ui.port", "0")  # a free port: the status API gives the stage's figures
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(args.partitions))
+        # Each file its own partition: writeStream's batches (--steady) run --partitions tasks,
+        # not the few Spark packs small files into.
+        .config("spark.sql.files.openCostInBytes", str(1 << 30))
         .getOrCreate()
     )
     spark.dataSource.register(durastream_spark.DurableStreamDataSource)
@@ -96,15 +118,157 @@ def child(args: argparse.Namespace) -> None:
     # ``one`` cold: ~1.0 s against ~0.25 s warm on this machine, flattering ``fan / one`` ~3.5x.
     save(rows, stream=f"warm/{uuid.uuid4().hex[:8]}")
     out: dict[str, object] = {"code": str(Path(durastream_spark.__file__).parent.parent)}
-    out["one"] = save(rows, stream=f"one/{uuid.uuid4().hex[:8]}")
+    out_stream = f"one/{uuid.uuid4().hex[:8]}"
+    out["one"] = save(rows, stream=out_stream)
     prefix = f"fan/{uuid.uuid4().hex[:8]}"
     routed = rows.withColumn(
         "stream", F.concat(F.lit(prefix + "/s"), (F.col("id") % args.streams).cast("string"))
     )
     out["fan"] = save(routed)
     out["prefix"] = prefix
+    if args.steady:
+        out["one_again"] = save(rows, stream=out_stream)
+        with spying(args.spy, {"server": args.server_pid, "driver": os.getpid()}):
+            out["fan_again"] = save(routed)
+        out.update(streaming(spark, args, rows))
     spark.stop()
     print("RESULT " + json.dumps(out), flush=True)
+
+
+@contextlib.contextmanager
+def spying(directory: Path | None, pids: dict[str, int]):
+    """With ``--spy DIR``: py-spy (raw, collapsed stacks) of each named process and its Python
+    subprocesses (the driver's: Spark's Python workers) while the block runs."""
+    if directory is None:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    spies = [
+        subprocess.Popen(
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(pid),
+                "--format",
+                "raw",
+                "--rate",
+                "100",
+                "--subprocesses",
+                "-o",
+                str(directory / f"{time.strftime('%H%M%S')}-{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield
+    finally:
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
+
+
+class CpuSampler:
+    """The server's CPU seconds sampled every ``period`` s in a thread, so a span known only afterwards
+    (a micro-batch's, from the query's progress) gets its CPU by interpolation."""
+
+    def __init__(self, pid: int, period: float = 0.01) -> None:
+        self.pid, self.period = pid, period
+        self.samples: list[tuple[float, float]] = []  # (time.time(), CPU seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.time(), tree_cpu_seconds(self.pid)))
+            self._stop.wait(self.period)
+        self.samples.append((time.time(), tree_cpu_seconds(self.pid)))
+
+    def at(self, when: float) -> float:
+        """CPU seconds at ``when``, interpolated between the samples around it."""
+        before = max((s for s in self.samples if s[0] <= when), default=self.samples[0])
+        after = min((s for s in self.samples if s[0] >= when), default=self.samples[-1])
+        if after[0] <= before[0]:
+            return before[1]
+        share = (when - before[0]) / (after[0] - before[0])
+        return before[1] + share * (after[1] - before[1])
+
+
+def streaming(spark, args: argparse.Namespace, rows) -> dict[str, object]:
+    """``writeStream`` into one stream and routed to ``--streams`` streams: ``--batches`` micro-batches,
+    each a replay of the rows. Returns per query its batches' [wall s, server CPU s, rows] and, for the
+    routed one, the prefix of its streams (checked by the parent)."""
+    from pyspark.sql import functions as F
+
+    out: dict[str, object] = {}
+    with tempfile.TemporaryDirectory(prefix="sink-steady-") as tmp:
+        source = Path(tmp) / "source"
+        for replay in range(args.batches):  # one replay = --partitions files = one micro-batch
+            rows.write.parquet(str(Path(tmp) / f"replay{replay}"))
+            for number, part in enumerate(
+                sorted((Path(tmp) / f"replay{replay}").glob("*.parquet"))
+            ):
+                source.mkdir(exist_ok=True)
+                target = source / f"r{replay:03d}-{number:03d}.parquet"
+                part.rename(target)
+                stamp = 1_700_000_000 + replay  # the file source orders files by modification time
+                os.utime(target, (stamp, stamp))
+        schema = spark.read.parquet(str(source)).schema
+        # Warm-up: one batch of a first query, so the first timed query's first batch is not the
+        # streaming path's cold start (~4.8 s against ~0.5 s warm in a probe).
+        warm = Path(tmp) / "warm"
+        warm.mkdir()
+        for part in source.glob("r000-*.parquet"):
+            shutil.copy(part, warm / part.name)
+        for name in ("stream_warm", "stream_one", "stream_fan"):
+            df = (
+                spark.readStream.schema(schema)
+                .option("maxFilesPerTrigger", str(args.partitions))
+                .parquet(str(warm if name == "stream_warm" else source))
+            )
+            writer = df.writeStream.format("durastream").option("url", args.url)
+            if name in ("stream_warm", "stream_one"):
+                writer = writer.option("stream", f"sone/{uuid.uuid4().hex[:8]}")
+            else:
+                prefix = f"sfan/{uuid.uuid4().hex[:8]}"
+                out["stream_prefix"] = prefix
+                df = df.withColumn(
+                    "stream",
+                    F.concat(F.lit(prefix + "/s"), (F.col("id") % args.streams).cast("string")),
+                )
+                writer = df.writeStream.format("durastream").option("url", args.url)
+            with CpuSampler(args.server_pid) as sampler:
+                query = (
+                    writer.option("checkpointLocation", str(Path(tmp) / f"ckpt-{name}"))
+                    .trigger(availableNow=True)
+                    .start()
+                )
+                query.awaitTermination()
+            batches = []
+            for progress in query.recentProgress:
+                if not progress["numInputRows"]:
+                    continue
+                start = parse_time(progress["timestamp"].replace("Z", "GMT")) / 1000
+                wall = progress["durationMs"]["triggerExecution"] / 1000
+                cpu = sampler.at(start + wall) - sampler.at(start)
+                batches.append([round(wall, 3), round(cpu, 3), progress["numInputRows"]])
+            if name != "stream_warm":
+                out[name] = batches
+                out[name + "_tasks"] = write_stage(spark, 0.0)["tasks"]  # the last batch's
+    return out
 
 
 def count_requests(log: Path, start: int) -> dict[str, int]:
@@ -154,8 +318,8 @@ def parse_time(text: str) -> float:
     return stamp.timestamp() * 1000
 
 
-def check(url: str, prefix: str, streams: int, rows: int) -> None:
-    """Every routed stream holds its rows exactly once."""
+def check(url: str, prefix: str, streams: int, rows: int, times: int = 1) -> None:
+    """Every sampled routed stream holds its rows exactly once per save or batch (``times``)."""
     from durastream_spark.options import ConnectionOptions
     from durastream_spark.protocol.client import StreamClient
 
@@ -163,7 +327,8 @@ def check(url: str, prefix: str, streams: int, rows: int) -> None:
     for s in range(0, streams, max(1, streams // 50)):  # a sample of 50 streams, every one checked
         chunk = client.read(f"{prefix}/s{s}", "-1")
         ids = sorted(m["id"] for m in json.loads(chunk.body))
-        assert ids == list(range(s, rows, streams)), f"{prefix}/s{s}: {len(ids)} rows"
+        expected = sorted(list(range(s, rows, streams)) * times)
+        assert ids == expected, f"{prefix}/s{s}: {len(ids)} rows, {len(expected)} expected"
 
 
 def report_layout(variant: str, server: object) -> None:
@@ -204,7 +369,13 @@ def run_child(args: argparse.Namespace, url: str, pid: int, code: Path | None) -
         str(args.partitions),
         "--access-log",
         str(args.access_log),
+        "--batches",
+        str(args.batches),
     ]
+    if args.steady:
+        command.append("--steady")
+    if args.spy:
+        command += ["--spy", str(args.spy)]
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, check=False, cwd=code or REPO
     )
@@ -233,6 +404,17 @@ def main() -> None:
     parser.add_argument("--access-log", help="(child) the server's log, with its access lines")
     parser.add_argument(
         "--only", choices=("branch", "base"), help="run one connector (default: both, alternating)"
+    )
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="also time the same df.write again (existing streams) and writeStream (batches)",
+    )
+    parser.add_argument(
+        "--batches", type=int, default=3, help="(--steady) writeStream's micro-batches"
+    )
+    parser.add_argument(
+        "--spy", type=Path, help="(--steady) py-spy the server and the driver during fan_again"
     )
     parser.add_argument("--replot", type=Path, help="record the chart of a saved --json run")
     parser.add_argument(
@@ -283,7 +465,12 @@ def main() -> None:
                             continue
                         code = base_code if name == "base" else None
                         result = run_child(args, url, server.pid, code)
-                        check(url, result["prefix"], args.streams, args.rows)
+                        times = 2 if args.steady else 1  # the routed df.write, again
+                        check(url, result["prefix"], args.streams, args.rows, times)
+                        if args.steady:
+                            check(
+                                url, result["stream_prefix"], args.streams, args.rows, args.batches
+                            )
                         key = f"{name} {variant}".strip()
                         runs.setdefault(key, []).append(result)
                         print(key, json.dumps(result), flush=True)
@@ -317,6 +504,8 @@ def main() -> None:
             "one_figures": results[-1]["one"][2],
             "fan_figures": results[-1]["fan"][2],
         }
+        if args.steady:
+            summary[name].update(steady_summary(results))
     if runs.get("base") and runs.get("branch"):
         summary["fan_base_over_branch_wall"] = round(
             summary["base"]["fan_s"] / summary["branch"]["fan_s"], 2
@@ -328,6 +517,34 @@ def main() -> None:
     if args.only or args.variant != [""]:
         return
     charts.record("sink_fanout", figures(summary), full=full)
+
+
+def steady_summary(results: list[dict]) -> dict[str, float]:
+    """Medians over the runs of the steady-state rows, and their ratios to the one-stream baseline:
+    ``again`` (df.write to existing streams), ``first`` (writeStream's first batch: new streams),
+    ``later`` (its later batches: existing streams; the median of each run's later batches)."""
+    out: dict[str, float] = {}
+
+    def later(batches: list, column: int) -> float:
+        return statistics.median(b[column] for b in batches[1:]) if len(batches) > 1 else 0.0
+
+    picks = {
+        "again": lambda r, one, c: r["one_again" if one else "fan_again"][c],
+        "first": lambda r, one, c: r["stream_one" if one else "stream_fan"][0][c],
+        "later": lambda r, one, c: later(r["stream_one" if one else "stream_fan"], c),
+    }
+    for label, pick in picks.items():
+        one_wall = statistics.median(pick(r, True, 0) for r in results)
+        one_cpu = statistics.median(pick(r, True, 1) for r in results)
+        fan_wall = statistics.median(pick(r, False, 0) for r in results)
+        fan_cpu = statistics.median(pick(r, False, 1) for r in results)
+        out[f"{label}_one_s"] = round(one_wall, 3)
+        out[f"{label}_one_server_cpu_s"] = round(one_cpu, 3)
+        out[f"{label}_fan_s"] = round(fan_wall, 3)
+        out[f"{label}_fan_server_cpu_s"] = round(fan_cpu, 3)
+        out[f"{label}_fan_over_one_wall"] = round(fan_wall / max(one_wall, 0.001), 2)
+        out[f"{label}_fan_over_one_cpu"] = round(fan_cpu / max(one_cpu, 0.01), 2)
+    return out
 
 
 def figures(summary: dict) -> dict:
