@@ -204,9 +204,11 @@ def test_a_streaming_pattern_query_follows_both_shards_change_feed_each_row_once
 
 
 def test_what_spans_streams_and_is_not_built_is_refused_naming_the_flag(workers_server) -> None:
-    response = requests.get(workers_server.stream_url("__ds/subscriptions/s1"))
+    response = requests.get(workers_server.stream_url("__ds/x-durastream"))
     assert response.status_code == 501
     assert "--workers 2" in response.json()["error"]["message"]
+    # Subscriptions are served by their owning worker (h59): an unknown one is the spec's 404.
+    assert requests.get(workers_server.stream_url("__ds/subscriptions/s1")).status_code == 404
 
 
 def test_a_transactional_routed_write_with_a_failed_attempt_is_exactly_once(
