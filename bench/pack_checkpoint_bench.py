@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import json
+import pstats
 import shutil
 import sys
 import time
@@ -34,6 +36,7 @@ class Counter:
     def __init__(self) -> None:
         self.rows: list[dict[str, float]] = []
         self.now: dict[str, float] = {}
+        self.profile: cProfile.Profile | None = None
 
     def install(self) -> None:
         write_pack = packs.write_pack
@@ -50,13 +53,19 @@ class Counter:
 
         def timed_carry(self, *args, **kwargs):  # noqa: ANN001, ANN202
             t = time.thread_time()
-            out = carry_out(self, *args, **kwargs)
+            if counter.profile is not None:
+                out = counter.profile.runcall(carry_out, self, *args, **kwargs)
+            else:
+                out = carry_out(self, *args, **kwargs)
             counter.now["carry_out_s"] = counter.now.get("carry_out_s", 0) + time.thread_time() - t
             return out
 
         def timed_carried(self, *args, **kwargs):  # noqa: ANN001, ANN202
             t = time.thread_time()
-            out = carried_out(self, *args, **kwargs)
+            if counter.profile is not None:
+                out = counter.profile.runcall(carried_out, self, *args, **kwargs)
+            else:
+                out = carried_out(self, *args, **kwargs)
             counter.now["carried_out_s"] = (
                 counter.now.get("carried_out_s", 0) + time.thread_time() - t
             )
@@ -85,29 +94,30 @@ async def main_async(args: argparse.Namespace, counter: Counter) -> None:
     await checkpoint(dd)
     counter.take()
     for r in range(args.rounds):
-        await asyncio.gather(
-            *(
-                log.stage(
-                    AppendEntry(
-                        position=log.state.tail,
-                        messages=(b'"r%d"' % r,),
-                        timestamp_ms=2,
-                        closes=False,
-                        producer=None,
-                        stream_seq=None,
-                        digest=b"d" * 24,
+        for k in range(args.records):
+            await asyncio.gather(
+                *(
+                    log.stage(
+                        AppendEntry(
+                            position=log.state.tail,
+                            messages=(b'"r%d.%d"' % (r, k),),
+                            timestamp_ms=2,
+                            closes=False,
+                            producer=None,
+                            stream_seq=None,
+                            digest=b"d" * 24,
+                        )
                     )
+                    for log in logs
                 )
-                for log in logs
             )
-        )
         assert all(log.packed for log in logs), "a stream was promoted"
         await checkpoint(dd)
         row = counter.take()
         print(
             f"round {r}: {row.get('packs', 0)} packs, {row.get('entries', 0)} entries, "
             f"{row.get('bytes', 0)} bytes written; carry_out {row.get('carry_out_s', 0) * 1e3:.1f} ms, "
-            f"carried_out {row.get('carried_out_s', 0) * 1e3:.1f} ms ({args.streams} new records)"
+            f"carried_out {row.get('carried_out_s', 0) * 1e3:.1f} ms ({args.streams * args.records} new records)"
         )
     await dd.close()
 
@@ -117,12 +127,18 @@ def main() -> None:
     parser.add_argument("--dir", required=True)
     parser.add_argument("--streams", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--records", type=int, default=1, help="appends a stream a round")
+    parser.add_argument("--profile", action="store_true", help="cProfile the rounds (loop only)")
     parser.add_argument("--json")
     args = parser.parse_args()
     committer.CHECKPOINT_IDLE_SECONDS = 3600.0  # the script decides when checkpoints run
     counter = Counter()
     counter.install()
+    if args.profile:
+        counter.profile = cProfile.Profile()
     asyncio.run(main_async(args, counter))
+    if counter.profile is not None:
+        pstats.Stats(counter.profile).sort_stats("tottime").print_stats(15)
     if args.json:
         Path(args.json).write_text(json.dumps(counter.rows[1:]))
 

@@ -805,11 +805,7 @@ class PackBook:
             extents = self.extents.get(log_id)
             if extents is None:
                 continue
-            rows = [
-                (p.offset, p.length, p.position)
-                for p in extents.pieces(extents.start, extents.end)
-                if p.where == IN_WAL and p.generation == generation and p.position > 0
-            ]
+            rows = [row for row in extents.in_file(IN_WAL, generation) if row[2] > 0]
             if rows:
                 records[log_id] = rows
         remove = [g for g in self.kept if not self.counts.get(g)]
@@ -924,11 +920,7 @@ class PackBook:
                 extents = self.extents.get(log_id)
                 if extents is None:
                     continue
-                had = {
-                    p.position
-                    for p in extents.pieces(extents.start, extents.end)
-                    if p.where == where and p.generation == generation
-                }
+                had = {position for _, _, position in extents.in_file(where, generation)}
                 if had:
                     extents.relocate(
                         where,
