@@ -55,12 +55,15 @@ from durastream_server.storage.extents import (
     Extents,
     Piece,
     coalesce,
+    coalesce_sized,
     records_offsets,
 )
 from durastream_server.storage.files import fsync_dir, pread_exact, replace_file
 from durastream_server.storage.records import StreamHeader
 from durastream_server.storage.recovery import Quarantine, Recovered, recover_packed
 from durastream_server.storage.wal import (
+    FIXED_SIZE,
+    HEAD_SIZE,
     WAL_DIR,
     Kind,
     Scan,
@@ -153,14 +156,27 @@ def append_dead(directory: Path, generation: int, ids: list[str], *, sync: bool)
         fsync_dir(directory)
 
 
-def write_pack(directory: Path, generation: int, entries: list[WalEntry], *, sync: bool) -> int:
+def records_sizes(entries: list[WalEntry]) -> list[int]:
+    """Each entry's records bytes, for ``write_pack`` and ``_rows`` when the caller did not keep them."""
+    return [sum(map(len, entry.records)) for entry in entries]
+
+
+def write_pack(
+    directory: Path,
+    generation: int,
+    entries: list[WalEntry],
+    *,
+    sync: bool,
+    sizes: list[int] | None = None,
+) -> int:
     """Make ``packs/<generation>.pack`` hold exactly ``entries`` (packed creates, encoded with
     ``generation`` as the WAL file that first held them wrote them: byte for byte the same entries, so
     the generation check of ``wal.scan`` passes), replacing any pack of that generation atomically:
     ``files.replace_file``: a temporary file (``TMP_SUFFIX``), ``fdatasync``, ``rename``, then ``fsync`` of
     ``packs/`` (with ``sync``). A crash
     leaves the old pack or the new one, never a part of either (a stray temporary file is removed at
-    start-up). Returns the new pack's size."""
+    start-up). ``sizes``: each entry's records bytes if the caller knows them (``records_sizes``).
+    Returns the new pack's size."""
     buffers: list[bytes | bytearray | memoryview] = []
     for entry in entries:
         buffers += encode_entry(generation, entry)
@@ -168,7 +184,13 @@ def write_pack(directory: Path, generation: int, entries: list[WalEntry], *, syn
     # written once the rename is durable (``packindex``): no index ever describes other bytes.
     packindex.remove(directory, generation, sync=sync)
     size = replace_file(directory / pack_name(generation), buffers, sync=sync)
-    packindex.write(directory, generation, size, packindex.rows_of_entries(entries), sync=sync)
+    packindex.write(
+        directory,
+        generation,
+        size,
+        packindex.rows_of_entries(entries, sizes if sizes is not None else records_sizes(entries)),
+        sync=sync,
+    )
     return size
 
 
@@ -855,8 +877,9 @@ class PackBook:
         if wal is not None:
             if plan.keep or plan.records:
                 entries = list(plan.keep)
+                sizes = records_sizes(entries)  # the creates' header records: one each
                 for log_id, rows in plan.records.items():
-                    entries += coalesce(
+                    merged, merged_sizes = coalesce_sized(
                         [
                             WalEntry(
                                 log_id,
@@ -868,11 +891,13 @@ class PackBook:
                             for offset, length, position in rows
                         ]
                     )
+                    entries += merged
+                    sizes += merged_sizes
                 records = len(entries) - len(plan.keep)
-                size = write_pack(packs, plan.generation, entries, sync=sync)
+                size = write_pack(packs, plan.generation, entries, sync=sync, sizes=sizes)
                 written[plan.generation] = (size, len(entries))
                 if self.appends:
-                    moved[(IN_WAL, plan.generation)] = _rows(entries)
+                    moved[(IN_WAL, plan.generation)] = _rows(entries, sizes)
             if remove_wal:
                 wal.remove()
         if remove_wal:
@@ -930,11 +955,18 @@ class PackBook:
                     )
 
 
-def _rows(entries: list[WalEntry]) -> dict[str, list[tuple[int, int, int]]]:
+def _rows(
+    entries: list[WalEntry], sizes: list[int] | None = None
+) -> dict[str, list[tuple[int, int, int]]]:
     """Where each stream's entries of a pack written from ``entries`` have their records: id ->
-    [(file offset, length, position)]."""
+    [(file offset, length, position)]. ``sizes``: each entry's records bytes, if known."""
+    if sizes is None:
+        sizes = records_sizes(entries)
     out: dict[str, list[tuple[int, int, int]]] = {}
-    for entry, at in zip(entries, records_offsets(entries), strict=True):
-        length = sum(len(r) for r in entry.records)
-        out.setdefault(entry.log_id, []).append((at, length, entry.offset))
+    at = 0
+    fixed = HEAD_SIZE + FIXED_SIZE
+    for entry, length in zip(entries, sizes, strict=True):
+        start = at + fixed + len(entry.log_id)  # as ``records_offsets`` lays them out
+        out.setdefault(entry.log_id, []).append((start, length, entry.offset))
+        at = start + length
     return out

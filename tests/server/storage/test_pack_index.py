@@ -7,12 +7,14 @@ serve whole; a missing, torn or stale index falls back to the scan (and today's 
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 
 import pytest
 
 from durastream_server import datacheck, errors
-from durastream_server.storage import DataDir, codec, committer, packindex, packs
+from durastream_server.storage import DataDir, codec, committer, packindex, packs, wal
+from durastream_server.storage.extents import coalesce, coalesce_sized, records_offsets
 
 from ._util import append, checkpoint, config, crash_copy, header, open_dd, read_all, run
 
@@ -271,3 +273,44 @@ def test_a_pack_kept_for_its_damage_outlives_the_deletes_of_its_other_streams(
 def test_the_path_of_a_packed_create_is_read_as_the_header_holds_it(path: str) -> None:
     record = bytes(codec.encode_header(header(path, fork_source_path="/x/path")))
     assert packindex._create_path(record) == packs.header_path(record) == path
+
+
+def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
+    tmp_path: Path,
+) -> None:
+    """Issue 16: a checkpoint passes each entry's records bytes (``coalesce_sized``) instead of
+    summing them again; the pack, its index and the records' offsets are byte for byte those of
+    the sums (and of the rows a clean scan of the pack gives)."""
+    rng = random.Random(16)
+    entries: list[wal.WalEntry] = []
+    sizes: list[int] = []
+    for s in range(40):
+        log_id = f"{rng.getrandbits(128):032x}"
+        create = wal.WalEntry(log_id, 0, 0, [b'{"path":"/s%d"}' % s], wal.Kind.PACKED)
+        entries.append(create)
+        sizes.append(len(create.records[0]))
+        position, run = 40, []
+        for _ in range(rng.randint(1, 6)):
+            record = rng.randbytes(rng.randint(1, 40))
+            run.append(wal.WalEntry(log_id, 0, position, [record], wal.Kind.PACKED_RECORDS))
+            position += len(record) + (rng.random() < 0.3)  # some runs do not follow on
+        merged, merged_sizes = coalesce_sized(run)
+        assert merged == coalesce(run)
+        assert merged_sizes == packs.records_sizes(merged)
+        entries += merged
+        sizes += merged_sizes
+    known, summed = tmp_path / "known", tmp_path / "summed"
+    known.mkdir()
+    summed.mkdir()
+    size = packs.write_pack(known, 3, entries, sync=False, sizes=sizes)
+    assert packs.write_pack(summed, 3, entries, sync=False) == size
+    for name in (packs.pack_name(3), packindex.index_name(3)):
+        assert (known / name).read_bytes() == (summed / name).read_bytes()
+    scanned = wal.scan(known / packs.pack_name(3), 3, resync=True)
+    assert packindex.rows_of_entries(entries, sizes) == packindex.rows_of_scan(scanned)
+    rows = packs._rows(entries, sizes)
+    assert rows == packs._rows(entries)
+    offsets = records_offsets(entries)
+    assert [r for e in entries for r in rows[e.log_id] if r[2] == e.offset] == [
+        (at, n, e.offset) for e, at, n in zip(entries, offsets, sizes, strict=True)
+    ]
