@@ -44,10 +44,10 @@ class Counter:
         carried_out = packs.PackBook.carried_out
         counter = self
 
-        def counting_write(directory, generation, entries, *, sync):  # noqa: ANN001, ANN202
+        def counting_write(directory, generation, entries, *, sync, **kwargs):  # noqa: ANN001, ANN202
             counter.now["packs"] = counter.now.get("packs", 0) + 1
             counter.now["entries"] = counter.now.get("entries", 0) + len(entries)
-            size = write_pack(directory, generation, entries, sync=sync)
+            size = write_pack(directory, generation, entries, sync=sync, **kwargs)
             counter.now["bytes"] = counter.now.get("bytes", 0) + size
             return size
 
