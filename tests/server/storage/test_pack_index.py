@@ -7,6 +7,7 @@ serve whole; a missing, torn or stale index falls back to the scan (and today's 
 from __future__ import annotations
 
 import logging
+import os
 import random
 from pathlib import Path
 
@@ -314,3 +315,46 @@ def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
     assert [r for e in entries for r in rows[e.log_id] if r[2] == e.offset] == [
         (at, n, e.offset) for e, at, n in zip(entries, offsets, sizes, strict=True)
     ]
+
+
+def test_a_checkpoint_reads_its_wal_files_ranges_in_windows_as_one_pread_each_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16: ``_read_ranges`` reads nearby ranges in one window (close ones together, far ones
+    and a window's limit apart), each range the bytes a ``pread`` of it gives; past the file's end
+    it raises OSError as ``pread_exact`` does."""
+    monkeypatch.setattr(packs, "_READ_WINDOW", 4096)
+    rng = random.Random(16)
+    data = rng.randbytes(200_000)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    streams, at = [], 0
+    for _ in range(50):
+        rows = []
+        for _ in range(rng.randint(1, 5)):
+            at += rng.choice([0, 3, 100, 20_000])
+            length = rng.randint(1, 900)
+            if at + length > len(data):
+                break
+            rows.append((at, length, 0))
+            at += length
+        streams.append(rows)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        reads = 0
+        real = packs.pread_exact
+
+        def counting(*args: int) -> bytes:
+            nonlocal reads
+            reads += 1
+            return real(*args)
+
+        monkeypatch.setattr(packs, "pread_exact", counting)
+        got = packs._read_ranges(fd, rng.sample(streams, len(streams)))
+        wanted = [(offset, length) for rows in streams for offset, length, _ in rows]
+        assert {o: bytes(v) for o, v in got.items()} == {o: data[o : o + n] for o, n in wanted}
+        assert 1 < reads < len(wanted)
+        with pytest.raises(OSError, match="short read"):
+            packs._read_ranges(fd, [[(len(data) - 10, 20, 0)]])
+    finally:
+        os.close(fd)
