@@ -150,6 +150,8 @@ class Extents:
         generation: int,
         moved: Iterable[tuple[int, int, int]],
         to: tuple[int, int],
+        *,
+        known_only: bool = False,
     ) -> None:
         """The extents in file (``where``, ``generation``) are now the ``moved`` ranges (offset,
         length, position) of file ``to`` (a checkpoint carried them into a pack). The logical ranges
@@ -157,9 +159,16 @@ class Extents:
 
         The extents before the first one moved stay as they are (one C-level slice): only the rest is
         rebuilt, so relocating a retired WAL file's extents (the stream's last ones) costs what they
-        are, not every pack the stream has (issue 16)."""
+        are, not every pack the stream has (issue 16). With ``known_only`` the ``moved`` ranges that
+        do not start where one of the file's extents starts are left out (a pack's rewrite moves
+        every entry of the stream, the void ones too), and a stream with none there is left as is."""
         a = self._a
         matched = self._matching(where, generation)
+        if known_only:
+            if not matched:
+                return
+            starts = {a[i + 3] for i in matched}
+            moved = [row for row in moved if row[2] in starts]
         head = matched[0] if matched else len(a)
         gone = [(a[i + 3], a[i + 2]) for i in matched]
         moved = list(moved)

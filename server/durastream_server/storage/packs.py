@@ -941,14 +941,7 @@ class PackBook:
                 extents = self.extents.get(log_id)
                 if extents is None:
                     continue
-                had = {position for _, _, position in extents.in_file(where, generation)}
-                if had:
-                    extents.relocate(
-                        where,
-                        generation,
-                        [row for row in rows if row[2] in had],
-                        (IN_PACK, generation),
-                    )
+                extents.relocate(where, generation, rows, (IN_PACK, generation), known_only=True)
 
 
 # ``_read_ranges``: ranges of a WAL file closer than this are read in one ``pread``, up to a window

@@ -4,6 +4,7 @@ of a retired WAL file's extents into its pack, and the memory an idle stream's e
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 import tracemalloc
@@ -144,6 +145,10 @@ def test_relocate_keeps_the_extents_ahead_and_equals_a_whole_rebuild() -> None:
             moved.append((cursor, length, pos))
             cursor += length if at else 10
         expected = _relocated_whole(extents, where, generation, moved, to)
+        before = extents.rows()
+        other = copy.deepcopy(extents)  # a rewrite's void entry (an unknown start) is left out
+        other.relocate(where, generation, [*moved, (1 << 30, 5, 1 << 40)], to, known_only=True)
+        assert other.rows() == (expected if gone else before), case
         extents.relocate(where, generation, moved, to)
         assert extents.rows() == expected, case
         assert extents.in_file(where, generation) == [] or to == (where, generation)
