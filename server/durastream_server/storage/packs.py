@@ -950,15 +950,17 @@ _READ_GAP = 16 << 10
 _READ_WINDOW = 1 << 20
 
 
-def _read_ranges(fd: int, streams: Iterable[list[tuple[int, int, int]]]) -> dict[int, memoryview]:
+def _read_ranges(fd: int, streams: Iterable[list[tuple[int, int, int]]]) -> dict[int, bytes]:
     """The bytes of every (offset, length, position) range of ``streams`` in file ``fd``, by offset.
 
     A checkpoint carries every live packed record of its WAL file; one ``pread`` each was a syscall
     per (stream, round) (issue 16: 100,000 for a routed save). The ranges are read in file order,
-    nearby ones in one read of at most ``_READ_WINDOW`` bytes, each a slice of its window's bytes.
+    nearby ones in one read of at most ``_READ_WINDOW`` bytes, each a copy of its part of the window
+    (bytes, as a ``pread`` gives: a memoryview slice is an object the garbage collector tracks, and
+    10,000 of them a checkpoint made a collection every other one).
     Raises OSError as ``pread_exact`` does (a short read: the file shrank)."""
     ranges = sorted((offset, length) for rows in streams for offset, length, _ in rows)
-    out: dict[int, memoryview] = {}
+    out: dict[int, bytes] = {}
     i = 0
     while i < len(ranges):
         start, end = ranges[i][0], ranges[i][0] + ranges[i][1]
@@ -969,7 +971,7 @@ def _read_ranges(fd: int, streams: Iterable[list[tuple[int, int, int]]]) -> dict
                 break
             end = max(end, offset + length)
             j += 1
-        window = memoryview(pread_exact(fd, end - start, start))
+        window = pread_exact(fd, end - start, start)
         for offset, length in ranges[i:j]:
             out[offset] = window[offset - start : offset - start + length]
         i = j
