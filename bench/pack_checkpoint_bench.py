@@ -51,29 +51,23 @@ class Counter:
             counter.now["bytes"] = counter.now.get("bytes", 0) + size
             return size
 
-        def timed_carry(self, *args, **kwargs):  # noqa: ANN001, ANN202
-            t = time.thread_time()
-            if counter.profile is not None:
-                out = counter.profile.runcall(carry_out, self, *args, **kwargs)
-            else:
-                out = carry_out(self, *args, **kwargs)
-            counter.now["carry_out_s"] = counter.now.get("carry_out_s", 0) + time.thread_time() - t
-            return out
+        def timed(name: str, method):  # noqa: ANN001, ANN202
+            """``method`` timed (CPU of the calling thread) into ``counter.now[name]``."""
 
-        def timed_carried(self, *args, **kwargs):  # noqa: ANN001, ANN202
-            t = time.thread_time()
-            if counter.profile is not None:
-                out = counter.profile.runcall(carried_out, self, *args, **kwargs)
-            else:
-                out = carried_out(self, *args, **kwargs)
-            counter.now["carried_out_s"] = (
-                counter.now.get("carried_out_s", 0) + time.thread_time() - t
-            )
-            return out
+            def call(self, *args, **kwargs):  # noqa: ANN001, ANN202
+                t = time.thread_time()
+                if counter.profile is not None:
+                    out = counter.profile.runcall(method, self, *args, **kwargs)
+                else:
+                    out = method(self, *args, **kwargs)
+                counter.now[name] = counter.now.get(name, 0) + time.thread_time() - t
+                return out
+
+            return call
 
         packs.write_pack = counting_write
-        packs.PackBook.carry_out = timed_carry
-        packs.PackBook.carried_out = timed_carried
+        packs.PackBook.carry_out = timed("carry_out_s", carry_out)
+        packs.PackBook.carried_out = timed("carried_out_s", carried_out)
 
     def take(self) -> dict[str, float]:
         row, self.now = self.now, {}
