@@ -208,20 +208,13 @@ def _covered(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def coalesce(entries: list[WalEntry]) -> list[WalEntry]:
-    """``coalesce_sized`` without the sizes."""
-    return coalesce_sized(entries)[0]
-
-
-def coalesce_sized(entries: list[WalEntry]) -> tuple[list[WalEntry], list[int]]:
     """One stream's packed entries of a file, in order, merged where their records follow each other
     (``offset`` is the logical position in the virtual segment 0): a checkpoint writes a stream's
     rounds of one WAL file into its pack as one entry, so the stream has one extent there. The
     records are the same bytes; only the entry framing between them goes.
 
     Linear: each run's records and end are kept as it grows (re-summing and re-copying the run at
-    every entry made a stream of 5,000 rounds cost 250 ms of the checkpoint). Also returns each
-    merged entry's records bytes: known here, so a checkpoint does not sum them again to lay out the
-    pack and its index (``packs.write_pack``)."""
+    every entry made a stream of 5,000 rounds cost 250 ms of the checkpoint)."""
     runs: list[tuple[WalEntry, list[bytes | bytearray | memoryview], int]] = []
     for entry in entries:
         size = sum(map(len, entry.records))
@@ -233,13 +226,12 @@ def coalesce_sized(entries: list[WalEntry]) -> tuple[list[WalEntry], list[int]]:
                 continue
         if size:
             runs.append((entry, [*entry.records], entry.offset + size))
-    merged = [
+    return [
         first
         if len(records) == len(first.records)
         else WalEntry(first.log_id, first.segment, first.offset, records, first.kind)
         for first, records, _ in runs
     ]
-    return merged, [end - first.offset for first, _, end in runs]
 
 
 def records_offsets(entries: list[WalEntry], base: int = 0) -> list[int]:

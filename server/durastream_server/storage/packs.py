@@ -56,7 +56,6 @@ from durastream_server.storage.extents import (
     Extents,
     Piece,
     coalesce,
-    coalesce_sized,
     records_offsets,
 )
 from durastream_server.storage.files import fsync_dir, pread_exact, replace_file
@@ -881,14 +880,7 @@ class PackBook:
                 sizes = records_sizes(entries)  # the creates' header records: one each
                 read = _read_ranges(wal.fd, plan.records.values())
                 for log_id, rows in plan.records.items():
-                    merged, merged_sizes = coalesce_sized(
-                        [
-                            WalEntry(log_id, 0, position, [read[offset]], Kind.PACKED_RECORDS)
-                            for offset, _, position in rows
-                        ]
-                    )
-                    entries += merged
-                    sizes += merged_sizes
+                    _carried_entries(log_id, rows, read, entries, sizes)
                 records = len(entries) - len(plan.keep)
                 size = write_pack(packs, plan.generation, entries, sync=sync, sizes=sizes)
                 written[plan.generation] = (size, len(entries))
@@ -942,6 +934,33 @@ class PackBook:
                 if extents is None:
                     continue
                 extents.relocate(where, generation, rows, (IN_PACK, generation), known_only=True)
+
+
+def _carried_entries(
+    log_id: str,
+    rows: list[tuple[int, int, int]],
+    read: dict[int, bytes],
+    entries: list[WalEntry],
+    sizes: list[int],
+) -> None:
+    """Append to ``entries`` (and their records bytes to ``sizes``) one stream's packed records of
+    a retired WAL file, ``rows`` (offset, length, position) in order, merged where they follow each
+    other: what ``coalesce`` makes of one entry per row, without making those entries (a
+    ``WalEntry`` per (stream, round) was ~10% of the carry for 10 rounds a stream, issue 16)."""
+    records: list[bytes] = []
+    first = end = -1
+    for offset, length, position in rows:
+        if position != end and records:
+            entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
+            sizes.append(end - first)
+            records = []
+        if not records:
+            first = end = position
+        records.append(read[offset])
+        end += length
+    if records:
+        entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
+        sizes.append(end - first)
 
 
 # ``_read_ranges``: ranges of a WAL file closer than this are read in one ``pread``, up to a window

@@ -15,7 +15,7 @@ import pytest
 
 from durastream_server import datacheck, errors
 from durastream_server.storage import DataDir, codec, committer, packindex, packs, wal
-from durastream_server.storage.extents import coalesce, coalesce_sized, records_offsets
+from durastream_server.storage.extents import coalesce, records_offsets
 
 from ._util import append, checkpoint, config, crash_copy, header, open_dd, read_all, run
 
@@ -279,9 +279,10 @@ def test_the_path_of_a_packed_create_is_read_as_the_header_holds_it(path: str) -
 def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
     tmp_path: Path,
 ) -> None:
-    """Issue 16: a checkpoint passes each entry's records bytes (``coalesce_sized``) instead of
-    summing them again; the pack, its index and the records' offsets are byte for byte those of
-    the sums (and of the rows a clean scan of the pack gives)."""
+    """Issue 16: a checkpoint merges a stream's rows as ``coalesce`` merges its entries
+    (``_carried_entries``) and passes each entry's records bytes instead of summing them again; the
+    pack, its index and the records' offsets are byte for byte those of the sums (and of the rows
+    a clean scan of the pack gives)."""
     rng = random.Random(16)
     entries: list[wal.WalEntry] = []
     sizes: list[int] = []
@@ -295,11 +296,18 @@ def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
             record = rng.randbytes(rng.randint(1, 40))
             run.append(wal.WalEntry(log_id, 0, position, [record], wal.Kind.PACKED_RECORDS))
             position += len(record) + (rng.random() < 0.3)  # some runs do not follow on
-        merged, merged_sizes = coalesce_sized(run)
-        assert merged == coalesce(run)
-        assert merged_sizes == packs.records_sizes(merged)
-        entries += merged
-        sizes += merged_sizes
+        merged = coalesce(run)
+        read = {10_000 * s + e.offset: e.records[0] for e in run}  # as if at these WAL offsets
+        rows = [(10_000 * s + e.offset, len(e.records[0]), e.offset) for e in run]
+        carried: list[wal.WalEntry] = []
+        carried_sizes: list[int] = []
+        packs._carried_entries(log_id, rows, read, carried, carried_sizes)
+        assert [(e.offset, list(e.records)) for e in carried] == [
+            (e.offset, list(e.records)) for e in merged
+        ]
+        assert carried_sizes == packs.records_sizes(merged)
+        entries += carried
+        sizes += carried_sizes
     known, summed = tmp_path / "known", tmp_path / "summed"
     known.mkdir()
     summed.mkdir()
