@@ -120,37 +120,76 @@ class Extents:
             i += 1
         return out
 
+    def in_file(self, where: int, generation: int) -> list[tuple[int, int, int]]:
+        """The extents in file (``where``, ``generation``) as (offset, length, position), in order.
+
+        A checkpoint asks this of every stream it carries (``PackBook.plan`` and ``carried_out``):
+        building a ``Piece`` per extent made that cost grow with the stream's packs, one more each
+        checkpoint that carried its records (issue 16). The keys are copied out at C speed and only
+        the extents from the first match on are visited in Python (a retired WAL file's extents are
+        the stream's last ones but those of the WAL files after it)."""
+        return [
+            (self._a[i + 1], self._a[i + 2], self._a[i + 3])
+            for i in self._matching(where, generation)
+        ]
+
+    def _matching(self, where: int, generation: int) -> list[int]:
+        """The array index of each extent in file (``where``, ``generation``), in order."""
+        a = self._a
+        key = generation * 2 + where
+        keys = a[::_FIELDS]
+        try:
+            first = keys.index(key)
+        except ValueError:
+            return []
+        return [k * _FIELDS for k in range(first, len(keys)) if keys[k] == key]
+
     def relocate(
         self,
         where: int,
         generation: int,
         moved: Iterable[tuple[int, int, int]],
         to: tuple[int, int],
+        *,
+        known_only: bool = False,
     ) -> None:
         """The extents in file (``where``, ``generation``) are now the ``moved`` ranges (offset,
         length, position) of file ``to`` (a checkpoint carried them into a pack). The logical ranges
-        they cover must be exactly the ones removed: the bytes moved, none were lost or added."""
+        they cover must be exactly the ones removed: the bytes moved, none were lost or added.
+
+        The extents before the first one moved stay as they are (one C-level slice): only the rest is
+        rebuilt, so relocating a retired WAL file's extents (the stream's last ones) costs what they
+        are, not every pack the stream has (issue 16). With ``known_only`` the ``moved`` ranges that
+        do not start where one of the file's extents starts are left out (a pack's rewrite moves
+        every entry of the stream, the void ones too), and a stream with none there is left as is."""
         a = self._a
-        key = generation * 2 + where
-        kept: list[tuple[int, int, int, int]] = []
-        gone: list[tuple[int, int]] = []
-        for i in range(0, len(a), _FIELDS):
-            extent = (a[i], a[i + 1], a[i + 2], a[i + 3])
-            if extent[0] == key:
-                gone.append((extent[3], extent[2]))
-            else:
-                kept.append(extent)
-        new_key = to[1] * 2 + to[0]
+        matched = self._matching(where, generation)
+        if known_only:
+            if not matched:
+                return
+            starts = {a[i + 3] for i in matched}
+            moved = [row for row in moved if row[2] in starts]
+        head = matched[0] if matched else len(a)
+        gone = [(a[i + 3], a[i + 2]) for i in matched]
+        moved = list(moved)
         came = [(position, length) for _, length, position in moved]
         if _covered(gone) != _covered(came):
             raise ValueError(
                 f"relocating extents of file {(where, generation)}: {sorted(came)} do not cover "
                 f"{sorted(gone)}"
             )
-        kept += [(new_key, offset, length, position) for offset, length, position in moved]
-        kept.sort(key=lambda extent: extent[3])
+        key = generation * 2 + where
+        new_key = to[1] * 2 + to[0]
+        tail = [
+            (a[i], a[i + 1], a[i + 2], a[i + 3])
+            for i in range(head, len(a), _FIELDS)
+            if a[i] != key
+        ]
+        tail += [(new_key, offset, length, position) for offset, length, position in moved]
+        tail.sort(key=lambda extent: extent[3])
         fresh = Extents()
-        for k, offset, length, position in kept:
+        fresh._a = a[:head]  # a new array: the old one is left as it was
+        for k, offset, length, position in tail:
             if fresh._a and position != fresh.end:
                 raise ValueError(f"relocating leaves a gap at {fresh.end}")
             fresh.add(k & 1, k >> 1, offset, length, position)

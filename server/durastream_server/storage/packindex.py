@@ -71,14 +71,16 @@ def _create_path(header: bytes) -> str | None:
     return path if isinstance(path, str) else None
 
 
-def rows_of_entries(entries: list[WalEntry]) -> list[Row]:
-    """The rows of a pack ``write_pack`` lays out from ``entries``, in order."""
+def rows_of_entries(entries: list[WalEntry], sizes: list[int]) -> list[Row]:
+    """The rows of a pack ``write_pack`` lays out from ``entries``, in order; ``sizes``: each
+    entry's records bytes (``packs.records_sizes``; summing them here was ~10% of a routed save's
+    server CPU, issue 16)."""
     rows = []
     at = 0
     fixed = HEAD_SIZE + FIXED_SIZE
     packed = Kind.PACKED
-    for entry in entries:
-        length = fixed + len(entry.log_id) + sum(map(len, entry.records))
+    for entry, size in zip(entries, sizes, strict=True):
+        length = fixed + len(entry.log_id) + size
         path = _create_path(entry.records[0]) if entry.kind == packed and entry.records else None
         rows.append(Row(at, length, entry.kind, entry.log_id, entry.offset, path))
         at += length

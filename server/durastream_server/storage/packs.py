@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,8 @@ from durastream_server.storage.files import fsync_dir, pread_exact, replace_file
 from durastream_server.storage.records import StreamHeader
 from durastream_server.storage.recovery import Quarantine, Recovered, recover_packed
 from durastream_server.storage.wal import (
+    FIXED_SIZE,
+    HEAD_SIZE,
     WAL_DIR,
     Kind,
     Scan,
@@ -153,14 +156,27 @@ def append_dead(directory: Path, generation: int, ids: list[str], *, sync: bool)
         fsync_dir(directory)
 
 
-def write_pack(directory: Path, generation: int, entries: list[WalEntry], *, sync: bool) -> int:
+def records_sizes(entries: list[WalEntry]) -> list[int]:
+    """Each entry's records bytes, for ``write_pack`` and ``_rows`` when the caller did not keep them."""
+    return [sum(map(len, entry.records)) for entry in entries]
+
+
+def write_pack(
+    directory: Path,
+    generation: int,
+    entries: list[WalEntry],
+    *,
+    sync: bool,
+    sizes: list[int] | None = None,
+) -> int:
     """Make ``packs/<generation>.pack`` hold exactly ``entries`` (packed creates, encoded with
     ``generation`` as the WAL file that first held them wrote them: byte for byte the same entries, so
     the generation check of ``wal.scan`` passes), replacing any pack of that generation atomically:
     ``files.replace_file``: a temporary file (``TMP_SUFFIX``), ``fdatasync``, ``rename``, then ``fsync`` of
     ``packs/`` (with ``sync``). A crash
     leaves the old pack or the new one, never a part of either (a stray temporary file is removed at
-    start-up). Returns the new pack's size."""
+    start-up). ``sizes``: each entry's records bytes if the caller knows them (``records_sizes``).
+    Returns the new pack's size."""
     buffers: list[bytes | bytearray | memoryview] = []
     for entry in entries:
         buffers += encode_entry(generation, entry)
@@ -168,7 +184,13 @@ def write_pack(directory: Path, generation: int, entries: list[WalEntry], *, syn
     # written once the rename is durable (``packindex``): no index ever describes other bytes.
     packindex.remove(directory, generation, sync=sync)
     size = replace_file(directory / pack_name(generation), buffers, sync=sync)
-    packindex.write(directory, generation, size, packindex.rows_of_entries(entries), sync=sync)
+    packindex.write(
+        directory,
+        generation,
+        size,
+        packindex.rows_of_entries(entries, sizes if sizes is not None else records_sizes(entries)),
+        sync=sync,
+    )
     return size
 
 
@@ -805,11 +827,7 @@ class PackBook:
             extents = self.extents.get(log_id)
             if extents is None:
                 continue
-            rows = [
-                (p.offset, p.length, p.position)
-                for p in extents.pieces(extents.start, extents.end)
-                if p.where == IN_WAL and p.generation == generation and p.position > 0
-            ]
+            rows = [row for row in extents.in_file(IN_WAL, generation) if row[2] > 0]
             if rows:
                 records[log_id] = rows
         remove = [g for g in self.kept if not self.counts.get(g)]
@@ -859,24 +877,15 @@ class PackBook:
         if wal is not None:
             if plan.keep or plan.records:
                 entries = list(plan.keep)
+                sizes = records_sizes(entries)  # the creates' header records: one each
+                read = _read_ranges(wal.fd, plan.records.values())
                 for log_id, rows in plan.records.items():
-                    entries += coalesce(
-                        [
-                            WalEntry(
-                                log_id,
-                                0,
-                                position,
-                                [pread_exact(wal.fd, length, offset)],
-                                Kind.PACKED_RECORDS,
-                            )
-                            for offset, length, position in rows
-                        ]
-                    )
+                    _carried_entries(log_id, rows, read, entries, sizes)
                 records = len(entries) - len(plan.keep)
-                size = write_pack(packs, plan.generation, entries, sync=sync)
+                size = write_pack(packs, plan.generation, entries, sync=sync, sizes=sizes)
                 written[plan.generation] = (size, len(entries))
                 if self.appends:
-                    moved[(IN_WAL, plan.generation)] = _rows(entries)
+                    moved[(IN_WAL, plan.generation)] = _rows(entries, sizes)
             if remove_wal:
                 wal.remove()
         if remove_wal:
@@ -924,25 +933,82 @@ class PackBook:
                 extents = self.extents.get(log_id)
                 if extents is None:
                     continue
-                had = {
-                    p.position
-                    for p in extents.pieces(extents.start, extents.end)
-                    if p.where == where and p.generation == generation
-                }
-                if had:
-                    extents.relocate(
-                        where,
-                        generation,
-                        [row for row in rows if row[2] in had],
-                        (IN_PACK, generation),
-                    )
+                extents.relocate(where, generation, rows, (IN_PACK, generation), known_only=True)
 
 
-def _rows(entries: list[WalEntry]) -> dict[str, list[tuple[int, int, int]]]:
+def _carried_entries(
+    log_id: str,
+    rows: list[tuple[int, int, int]],
+    read: dict[int, bytes],
+    entries: list[WalEntry],
+    sizes: list[int],
+) -> None:
+    """Append to ``entries`` (and their records bytes to ``sizes``) one stream's packed records of
+    a retired WAL file, ``rows`` (offset, length, position) in order, merged where they follow each
+    other: what ``coalesce`` makes of one entry per row, without making those entries (a
+    ``WalEntry`` per (stream, round) was ~10% of the carry for 10 rounds a stream, issue 16)."""
+    records: list[bytes] = []
+    first = end = -1
+    for offset, length, position in rows:
+        if position != end and records:
+            entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
+            sizes.append(end - first)
+            records = []
+        if not records:
+            first = end = position
+        records.append(read[offset])
+        end += length
+    if records:
+        entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
+        sizes.append(end - first)
+
+
+# ``_read_ranges``: ranges of a WAL file closer than this are read in one ``pread``, up to a window
+# of ``_READ_WINDOW`` bytes (the other streams' records between them are read and dropped).
+_READ_GAP = 16 << 10
+_READ_WINDOW = 1 << 20
+
+
+def _read_ranges(fd: int, streams: Iterable[list[tuple[int, int, int]]]) -> dict[int, bytes]:
+    """The bytes of every (offset, length, position) range of ``streams`` in file ``fd``, by offset.
+
+    A checkpoint carries every live packed record of its WAL file; one ``pread`` each was a syscall
+    per (stream, round) (issue 16: 100,000 for a routed save). The ranges are read in file order,
+    nearby ones in one read of at most ``_READ_WINDOW`` bytes, each a copy of its part of the window
+    (bytes, as a ``pread`` gives: a memoryview slice is an object the garbage collector tracks, and
+    10,000 of them a checkpoint made a collection every other one).
+    Raises OSError as ``pread_exact`` does (a short read: the file shrank)."""
+    ranges = sorted((offset, length) for rows in streams for offset, length, _ in rows)
+    out: dict[int, bytes] = {}
+    i = 0
+    while i < len(ranges):
+        start, end = ranges[i][0], ranges[i][0] + ranges[i][1]
+        j = i + 1
+        while j < len(ranges):
+            offset, length = ranges[j]
+            if offset - end > _READ_GAP or offset + length - start > _READ_WINDOW:
+                break
+            end = max(end, offset + length)
+            j += 1
+        window = pread_exact(fd, end - start, start)
+        for offset, length in ranges[i:j]:
+            out[offset] = window[offset - start : offset - start + length]
+        i = j
+    return out
+
+
+def _rows(
+    entries: list[WalEntry], sizes: list[int] | None = None
+) -> dict[str, list[tuple[int, int, int]]]:
     """Where each stream's entries of a pack written from ``entries`` have their records: id ->
-    [(file offset, length, position)]."""
+    [(file offset, length, position)]. ``sizes``: each entry's records bytes, if known."""
+    if sizes is None:
+        sizes = records_sizes(entries)
     out: dict[str, list[tuple[int, int, int]]] = {}
-    for entry, at in zip(entries, records_offsets(entries), strict=True):
-        length = sum(len(r) for r in entry.records)
-        out.setdefault(entry.log_id, []).append((at, length, entry.offset))
+    at = 0
+    fixed = HEAD_SIZE + FIXED_SIZE
+    for entry, length in zip(entries, sizes, strict=True):
+        start = at + fixed + len(entry.log_id)  # as ``records_offsets`` lays them out
+        out.setdefault(entry.log_id, []).append((start, length, entry.offset))
+        at = start + length
     return out

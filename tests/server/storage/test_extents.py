@@ -4,7 +4,9 @@ of a retired WAL file's extents into its pack, and the memory an idle stream's e
 
 from __future__ import annotations
 
+import copy
 import os
+import random
 import tracemalloc
 from pathlib import Path
 
@@ -96,6 +98,60 @@ def test_relocate_moves_a_wal_files_extents_into_its_pack_and_checks_the_cover()
     with pytest.raises(ValueError, match="do not cover"):
         extents.relocate(IN_WAL, 6, [(0, 10, 101)], (IN_PACK, 6))
     assert extents.pieces(100, 110) == [Piece(IN_WAL, 6, 300, 10, 100)]  # unchanged on refusal
+
+
+def _relocated_whole(
+    extents: Extents,
+    where: int,
+    generation: int,
+    moved: list[tuple[int, int, int]],
+    to: tuple[int, int],
+) -> tuple[int, ...]:
+    """What ``relocate`` made before it kept the extents ahead of the first moved one: every
+    extent rebuilt in logical order (the reference the faster one must equal, extent for extent)."""
+    rows = extents.rows()
+    key = generation * 2 + where
+    kept = [rows[i : i + 4] for i in range(0, len(rows), 4) if rows[i] != key]
+    kept += [(to[1] * 2 + to[0], offset, length, position) for offset, length, position in moved]
+    fresh = Extents()
+    for k, offset, length, position in sorted(kept, key=lambda e: e[3]):
+        fresh.add(k & 1, k >> 1, offset, length, position)
+    return fresh.rows()
+
+
+def test_relocate_keeps_the_extents_ahead_and_equals_a_whole_rebuild() -> None:
+    """Issue 16: a stream carried at every checkpoint gains a pack extent each time; relocating its
+    retired WAL file's extents rebuilds only from the first of them, with the same result as the
+    whole rebuild: a stream with many packs, the WAL file's extents among or after others, merged
+    with a neighbour in the same pack, a pack's rewrite moving extents in the middle, none moved."""
+    rng = random.Random(16)
+    for case in range(300):
+        extents = Extents()
+        position = 0
+        for _ in range(rng.randint(1, 30)):
+            where, generation = rng.choice(
+                [(IN_PACK, g) for g in range(1, 6)] + [(IN_WAL, 7), (IN_WAL, 8)]
+            )
+            length = rng.randint(1, 9)
+            extents.add(where, generation, rng.randint(0, 1 << 20), length, position)
+            position += length
+        where, generation = rng.choice([(IN_WAL, 7), (IN_PACK, 3), (IN_WAL, 9)])
+        gone = extents.in_file(where, generation)
+        to = (IN_PACK, generation)
+        at = rng.choice([0, 500])
+        moved = []
+        cursor = at
+        for _, length, pos in gone:  # back to back in the new file (merged) or spaced apart
+            moved.append((cursor, length, pos))
+            cursor += length if at else 10
+        expected = _relocated_whole(extents, where, generation, moved, to)
+        before = extents.rows()
+        other = copy.deepcopy(extents)  # a rewrite's void entry (an unknown start) is left out
+        other.relocate(where, generation, [*moved, (1 << 30, 5, 1 << 40)], to, known_only=True)
+        assert other.rows() == (expected if gone else before), case
+        extents.relocate(where, generation, moved, to)
+        assert extents.rows() == expected, case
+        assert extents.in_file(where, generation) == [] or to == (where, generation)
 
 
 def test_coalesced_entries_written_to_a_file_are_read_back_through_their_extents(

@@ -7,12 +7,15 @@ serve whole; a missing, torn or stale index falls back to the scan (and today's 
 from __future__ import annotations
 
 import logging
+import os
+import random
 from pathlib import Path
 
 import pytest
 
 from durastream_server import datacheck, errors
-from durastream_server.storage import DataDir, codec, committer, packindex, packs
+from durastream_server.storage import DataDir, codec, committer, packindex, packs, wal
+from durastream_server.storage.extents import coalesce, records_offsets
 
 from ._util import append, checkpoint, config, crash_copy, header, open_dd, read_all, run
 
@@ -271,3 +274,95 @@ def test_a_pack_kept_for_its_damage_outlives_the_deletes_of_its_other_streams(
 def test_the_path_of_a_packed_create_is_read_as_the_header_holds_it(path: str) -> None:
     record = bytes(codec.encode_header(header(path, fork_source_path="/x/path")))
     assert packindex._create_path(record) == packs.header_path(record) == path
+
+
+def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
+    tmp_path: Path,
+) -> None:
+    """Issue 16: a checkpoint merges a stream's rows as ``coalesce`` merges its entries
+    (``_carried_entries``) and passes each entry's records bytes instead of summing them again; the
+    pack, its index and the records' offsets are byte for byte those of the sums (and of the rows
+    a clean scan of the pack gives)."""
+    rng = random.Random(16)
+    entries: list[wal.WalEntry] = []
+    sizes: list[int] = []
+    for s in range(40):
+        log_id = f"{rng.getrandbits(128):032x}"
+        create = wal.WalEntry(log_id, 0, 0, [b'{"path":"/s%d"}' % s], wal.Kind.PACKED)
+        entries.append(create)
+        sizes.append(len(create.records[0]))
+        position, run = 40, []
+        for _ in range(rng.randint(1, 6)):
+            record = rng.randbytes(rng.randint(1, 40))
+            run.append(wal.WalEntry(log_id, 0, position, [record], wal.Kind.PACKED_RECORDS))
+            position += len(record) + (rng.random() < 0.3)  # some runs do not follow on
+        merged = coalesce(run)
+        read = {10_000 * s + e.offset: e.records[0] for e in run}  # as if at these WAL offsets
+        rows = [(10_000 * s + e.offset, len(e.records[0]), e.offset) for e in run]
+        carried: list[wal.WalEntry] = []
+        carried_sizes: list[int] = []
+        packs._carried_entries(log_id, rows, read, carried, carried_sizes)
+        assert [(e.offset, list(e.records)) for e in carried] == [
+            (e.offset, list(e.records)) for e in merged
+        ]
+        assert carried_sizes == packs.records_sizes(merged)
+        entries += carried
+        sizes += carried_sizes
+    known, summed = tmp_path / "known", tmp_path / "summed"
+    known.mkdir()
+    summed.mkdir()
+    size = packs.write_pack(known, 3, entries, sync=False, sizes=sizes)
+    assert packs.write_pack(summed, 3, entries, sync=False) == size
+    for name in (packs.pack_name(3), packindex.index_name(3)):
+        assert (known / name).read_bytes() == (summed / name).read_bytes()
+    scanned = wal.scan(known / packs.pack_name(3), 3, resync=True)
+    assert packindex.rows_of_entries(entries, sizes) == packindex.rows_of_scan(scanned)
+    rows = packs._rows(entries, sizes)
+    assert rows == packs._rows(entries)
+    offsets = records_offsets(entries)
+    assert [r for e in entries for r in rows[e.log_id] if r[2] == e.offset] == [
+        (at, n, e.offset) for e, at, n in zip(entries, offsets, sizes, strict=True)
+    ]
+
+
+def test_a_checkpoint_reads_its_wal_files_ranges_in_windows_as_one_pread_each_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16: ``_read_ranges`` reads nearby ranges in one window (close ones together, far ones
+    and a window's limit apart), each range the bytes a ``pread`` of it gives; past the file's end
+    it raises OSError as ``pread_exact`` does."""
+    monkeypatch.setattr(packs, "_READ_WINDOW", 4096)
+    rng = random.Random(16)
+    data = rng.randbytes(200_000)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    streams, at = [], 0
+    for _ in range(50):
+        rows = []
+        for _ in range(rng.randint(1, 5)):
+            at += rng.choice([0, 3, 100, 20_000])
+            length = rng.randint(1, 900)
+            if at + length > len(data):
+                break
+            rows.append((at, length, 0))
+            at += length
+        streams.append(rows)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        reads = 0
+        real = packs.pread_exact
+
+        def counting(*args: int) -> bytes:
+            nonlocal reads
+            reads += 1
+            return real(*args)
+
+        monkeypatch.setattr(packs, "pread_exact", counting)
+        got = packs._read_ranges(fd, rng.sample(streams, len(streams)))
+        wanted = [(offset, length) for rows in streams for offset, length, _ in rows]
+        assert got == {o: data[o : o + n] for o, n in wanted}
+        assert 1 < reads < len(wanted)
+        with pytest.raises(OSError, match="short read"):
+            packs._read_ranges(fd, [[(len(data) - 10, 20, 0)]])
+    finally:
+        os.close(fd)
