@@ -234,13 +234,18 @@ def coalesce(entries: list[WalEntry]) -> list[WalEntry]:
     ]
 
 
-def records_offsets(entries: list[WalEntry], base: int = 0) -> list[int]:
+def records_offsets(
+    entries: list[WalEntry], base: int = 0, sizes: list[int] | None = None
+) -> list[int]:
     """Where each entry's records start in a file that holds ``entries`` encoded one after the other
-    from ``base`` (``wal.encode_entry``): the ``offset`` of their extents."""
+    from ``base`` (``wal.encode_entry``): the ``offset`` of their extents. ``sizes``: each entry's
+    records bytes, if the caller knows them (a checkpoint does: not summed again)."""
+    if sizes is None:
+        sizes = [sum(map(len, entry.records)) for entry in entries]  # no generator frame per entry
     out = []
     at = base
-    for entry in entries:
+    for entry, size in zip(entries, sizes, strict=True):
         start = at + HEAD_SIZE + FIXED_SIZE + len(entry.log_id)
         out.append(start)
-        at = start + sum(map(len, entry.records))  # no generator frame per entry
+        at = start + size
     return out

@@ -62,8 +62,6 @@ from durastream_server.storage.files import fsync_dir, pread_exact, replace_file
 from durastream_server.storage.records import StreamHeader
 from durastream_server.storage.recovery import Quarantine, Recovered, recover_packed
 from durastream_server.storage.wal import (
-    FIXED_SIZE,
-    HEAD_SIZE,
     WAL_DIR,
     Kind,
     Scan,
@@ -1005,10 +1003,8 @@ def _rows(
     if sizes is None:
         sizes = records_sizes(entries)
     out: dict[str, list[tuple[int, int, int]]] = {}
-    at = 0
-    fixed = HEAD_SIZE + FIXED_SIZE
-    for entry, length in zip(entries, sizes, strict=True):
-        start = at + fixed + len(entry.log_id)  # as ``records_offsets`` lays them out
-        out.setdefault(entry.log_id, []).append((start, length, entry.offset))
-        at = start + length
+    for entry, at, length in zip(
+        entries, records_offsets(entries, sizes=sizes), sizes, strict=True
+    ):
+        out.setdefault(entry.log_id, []).append((at, length, entry.offset))
     return out
