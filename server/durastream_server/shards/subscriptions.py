@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 from urllib.parse import quote, unquote
 
 from durastream_server.errors import NotFound, ProtocolError, ShardUnavailable
-from durastream_server.http import paths
-from durastream_server.http.changes import FOLLOWER_HEADER
+from durastream_server.http import discovery, paths
+from durastream_server.http.changes import DEFAULT_LIMIT, FOLLOWER_HEADER
 from durastream_server.shards.fanout import SHARD_PAGE_HEADER, peer_failed
 from durastream_server.shards.layout import shard_of
 from durastream_server.subscriptions.pullwake import WakeStreamWriter, encode_events, wake_events
@@ -61,8 +61,8 @@ AUTH_REFUSAL: Final = (
 )
 _CHANGES: Final = (paths.STREAM_PREFIX + "__ds/x-durastream/changes").encode()
 _LISTING: Final = (paths.STREAM_PREFIX + "__ds/x-durastream/streams").encode()
-_LISTING_LIMIT: Final = 10_000
-_PAGE_LIMIT: Final = 1000
+_LISTING_LIMIT: Final = discovery.MAX_LIMIT  # the largest listing page: fewest round trips
+_PAGE_LIMIT: Final = DEFAULT_LIMIT  # a change page as the feed sizes it by default
 _WAIT_MS: Final = 20_000
 _RETRY_SECONDS: Final = 0.2
 # Pages with changes a follower asks for at most, a second, after a burst of ``_BURST_PAGES``: under a
