@@ -91,16 +91,18 @@ uvloop.run(main())
 """
 
 
-def run(src: Path, streams: int, appends: int, profile: str) -> dict:
+def checkout_child(src: Path, argv: list[str]) -> dict:
+    """Run ``python <argv>`` with ``src``'s server package on the path (a fresh process per figure,
+    so checkouts never share imports) and return the JSON of its last output line."""
     env = {**os.environ, "PYTHONPATH": str(src / "server")}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(streams), str(appends), profile],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
+        [sys.executable, *argv], env=env, check=True, capture_output=True, text=True
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def run(src: Path, streams: int, appends: int, profile: str) -> dict:
+    return checkout_child(src, ["-c", CHILD, str(streams), str(appends), profile])
 
 
 def main() -> None:
