@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import shutil
 import statistics
@@ -208,6 +209,19 @@ def _settle_without_round() -> None:
     StreamLog.stage_to = stage_to  # type: ignore[method-assign]
 
 
+def _start_serving() -> None:
+    """What the server does with the cyclic GC once it listens (``server.py``): this checkout's
+    ``collections_hold.start_serving``, or, in a checkout without it, the ``gc.freeze()`` it does."""
+    from durastream_server.http import collections_hold
+
+    start = getattr(collections_hold, "start_serving", None)
+    if start is not None:
+        start()
+    else:
+        gc.collect()
+        gc.freeze()
+
+
 async def _settled(clients: list[Client], deadline: float) -> None:
     while any(c.buffer or c.answers < c.expected for c in clients):  # type: ignore[attr-defined]
         if time.monotonic() > deadline:
@@ -266,6 +280,7 @@ async def child(stack: str, seconds: float, rounds: int) -> dict[str, Any]:
             client.expected = 1  # type: ignore[attr-defined]
             clients.append(client)
         await _settled(clients, time.monotonic() + 30)
+        _start_serving()
         results = []
         for _ in range(rounds):
             for client in clients:

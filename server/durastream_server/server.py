@@ -29,6 +29,7 @@ from durastream_server.engine.engine import Engine
 from durastream_server.engine.txnapi import TxnLimits
 from durastream_server.http import fastpath, responses
 from durastream_server.http.app import DurastreamApp
+from durastream_server.http.collections_hold import start_serving
 from durastream_server.http.guard import protocol_class
 from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
@@ -146,12 +147,7 @@ class _Server(uvicorn.Server):
         if self.started and sockets:
             await self._listen(sockets)
         if self.started:
-            # What exists now (modules, the app, recovered streams) lives as long as the server. Move
-            # it out of the cyclic GC's reach, so a full collection scans only what requests created:
-            # unfrozen, one took ~20 ms in the middle of a commit that woke 100 long-polls
-            # (docs/decisions/0004-performance.md).
-            gc.collect()
-            gc.freeze()
+            start_serving()  # gc.freeze() and the serving young threshold (collections_hold.py)
         if self.started and sockets:
             self._on_started(bound_url(sockets[0], tls=self.config.is_ssl))
 

@@ -32,6 +32,23 @@ from contextlib import contextmanager
 from typing import Final
 
 BULK_YOUNG_THRESHOLD: Final = 10_000
+# The young threshold once the server listens (``server.py``, after its ``gc.freeze()``): about 64
+# small appends in flight keep their objects alive across a commit round, so at the interpreter's 700
+# a young collection ran every ~55 requests and found nothing (docs/benchmarks.md, h66-leanrequest).
+SERVING_YOUNG_THRESHOLD: Final = 2_000
+
+
+def start_serving() -> None:
+    """Once the server listens: what exists now (modules, the app, recovered streams) lives as long
+    as the server, so it is moved out of the cyclic GC's reach (``gc.freeze``: a full collection then
+    scans only what requests created; unfrozen, one took ~20 ms in the middle of a commit that woke
+    100 long-polls, docs/decisions/0004-performance.md), and the young threshold becomes
+    ``SERVING_YOUNG_THRESHOLD`` (unless collections are off)."""
+    gc.collect()
+    gc.freeze()
+    young, middle, old = gc.get_threshold()
+    if 0 < young < SERVING_YOUNG_THRESHOLD:
+        gc.set_threshold(SERVING_YOUNG_THRESHOLD, middle, old)
 
 
 class BulkCollections:

@@ -14,7 +14,13 @@ import pytest
 
 from durastream_server.engine.engine import Engine
 from durastream_server.http import bulk, multirange
-from durastream_server.http.collections_hold import BULK, BULK_YOUNG_THRESHOLD, BulkCollections
+from durastream_server.http.collections_hold import (
+    BULK,
+    BULK_YOUNG_THRESHOLD,
+    SERVING_YOUNG_THRESHOLD,
+    BulkCollections,
+    start_serving,
+)
 from durastream_server.http.handlers import Request
 from tests.server.engine.support import Recorder, append, create, run
 
@@ -220,3 +226,23 @@ def test_a_multi_range_read_runs_under_the_hold(
 
     run(tmp_path, scenario)
     assert during == {(BULK_YOUNG_THRESHOLD, 1)}
+
+
+def test_serving_freezes_the_heap_and_raises_the_young_threshold_once(
+    thresholds: tuple[int, int, int],
+) -> None:
+    """What the server does once it listens: the heap frozen, the young threshold raised to
+    ``SERVING_YOUNG_THRESHOLD`` with the older ones kept; a bulk hold then raises it further and
+    puts the serving one back."""
+    try:
+        start_serving()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (SERVING_YOUNG_THRESHOLD, *thresholds[1:])
+        with BulkCollections().held():
+            assert gc.get_threshold()[0] == BULK_YOUNG_THRESHOLD
+        assert gc.get_threshold() == (SERVING_YOUNG_THRESHOLD, *thresholds[1:])
+        gc.set_threshold(0, 10, 10)  # collections off (an embedding process's choice): kept off
+        start_serving()
+        assert gc.get_threshold() == (0, 10, 10)
+    finally:
+        gc.unfreeze()
