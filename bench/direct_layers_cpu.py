@@ -21,6 +21,10 @@ loop thread's own CPU (``time.thread_time``) per answered request, in five stack
   engine's checks, staging, the commit round's callbacks and settling, plus the process's CPU
   (commit and I/O threads).
 
+The heap is frozen and the GC's thresholds set as the server sets them once it listens
+(``collections_hold.start_serving``, or main's ``gc.freeze()`` in a checkout without it), and each
+line also shows the loop thread's CPU in the cyclic GC's collections (``gc.callbacks``).
+
 Each (checkout, stack) runs in a fresh process (``PYTHONPATH=<checkout>/server``), checkouts
 alternating; compare checkouts by the paired ratios, and layers by the differences between stacks.
 
@@ -209,6 +213,22 @@ def _settle_without_round() -> None:
     StreamLog.stage_to = stage_to  # type: ignore[method-assign]
 
 
+class _CollectionTimes:
+    """A ``gc.callbacks`` entry: the cyclic GC's collections and the loop thread's CPU in them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.count += 1
+            self.seconds += time.thread_time() - self._started
+
+
 def _start_serving() -> None:
     """What the server does with the cyclic GC once it listens (``server.py``): this checkout's
     ``collections_hold.start_serving``, or, in a checkout without it, the ``gc.freeze()`` it does."""
@@ -286,6 +306,8 @@ async def child(stack: str, seconds: float, rounds: int) -> dict[str, Any]:
             for client in clients:
                 client.stopped = False
                 client.answers = 0
+            collections = _CollectionTimes()
+            gc.callbacks.append(collections)
             thread0, process0, wall0 = time.thread_time(), time.process_time(), time.perf_counter()
             for client in clients:
                 client.send_next()
@@ -294,6 +316,7 @@ async def child(stack: str, seconds: float, rounds: int) -> dict[str, Any]:
                 client.stopped = True
             answered = sum(c.answers for c in clients)
             thread1, process1, wall1 = time.thread_time(), time.process_time(), time.perf_counter()
+            gc.callbacks.remove(collections)
             for client in clients:
                 client.expected = client.answers + 1  # type: ignore[attr-defined]
             await _settled(clients, time.monotonic() + 30)
@@ -302,6 +325,8 @@ async def child(stack: str, seconds: float, rounds: int) -> dict[str, Any]:
                     "loop_us": 1e6 * (thread1 - thread0) / answered,
                     "process_us": 1e6 * (process1 - process0) / answered,
                     "requests_per_s": answered / (wall1 - wall0),
+                    "gc_us": 1e6 * collections.seconds / answered,
+                    "gc_collections": collections.count,
                 }
             )
         statuses: dict[str, int] = {}
@@ -344,12 +369,14 @@ def main() -> None:
             for checkout in order:
                 result = run_child(checkout, stack, args.seconds, args.rounds)
                 loop_us = statistics.median(r["loop_us"] for r in result["rounds"])
+                gc_us = statistics.median(r["gc_us"] for r in result["rounds"])
                 process_us = statistics.median(r["process_us"] for r in result["rounds"])
                 rate = statistics.median(r["requests_per_s"] for r in result["rounds"])
                 figures.setdefault((stack, checkout), []).append(loop_us)
                 print(
                     f"{repeat} {stack:9} {checkout}: loop {loop_us:6.1f} us, process "
-                    f"{process_us:6.1f} us per request, {rate:,.0f}/s, {result['statuses']}",
+                    f"{process_us:6.1f} us per request (cyclic GC {gc_us:.1f} us), {rate:,.0f}/s, "
+                    f"{result['statuses']}",
                     flush=True,
                 )
     print("\nloop-thread CPU per request, median (min-max) over repeats:")
