@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-BULK_YOUNG_THRESHOLD: Final = 10_000
+BULK_YOUNG_THRESHOLD: Final = 50_000
 
 
 class BulkCollections:
