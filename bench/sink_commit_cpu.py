@@ -4,7 +4,7 @@ A batch of ``--partitions`` commit messages, each with one inline part per strea
 streams (ensured first, outside the timing), committed by ``sink.commit.commit_batch`` against a real
 server: the driver's Python CPU (``time.process_time`` of this process, which builds the bulk bodies
 and parses the answers) and the server's (``/proc``), per part. ``--profile`` prints the driver's
-cProfile. Compares nothing by itself: run it against two checkouts (``PYTHONPATH``) and alternate.
+cProfile; ``--spy DIR`` records the server's stacks (py-spy, raw) during each run's commit. Compares nothing by itself: run it against two checkouts (``PYTHONPATH``) and alternate.
 
 Run: ``python bench/sink_commit_cpu.py [--streams 10000] [--partitions 2] [--repeat 3] [--profile]``
 """
@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from listing_bench import server_cpu_seconds  # noqa: E402
+from sink_fanout_bench import spying  # noqa: E402
 
 
 def main() -> None:
@@ -36,6 +37,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10, help="rows of ~100 B per part")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--server-args", default="", help="extra server arguments")
+    parser.add_argument(
+        "--spy", type=Path, help="py-spy the server during each commit (not timed: it slows it)"
+    )
     args = parser.parse_args()
 
     from durastream_spark.protocol.bulk import BulkWrites
@@ -85,7 +89,8 @@ def main() -> None:
                 profiler = cProfile.Profile() if args.profile and run == args.repeat - 1 else None
                 if profiler:
                     profiler.enable()
-                commit_batch(client, options, messages, batch_id=None)
+                with spying(args.spy, {"server": server.pid}):
+                    commit_batch(client, options, messages, batch_id=None)
                 if profiler:
                     profiler.disable()
                 wall = time.perf_counter() - wall0

@@ -820,14 +820,42 @@ class Engine:
         take a path of their own (a large body, a closed stream, a duplicate) are followed there."""
         loop = asyncio.get_running_loop()
         batch = Batch(len(requests))
+        # A stream's parts of one multi-part commit entry (bulk-write 2) come in a row, with the
+        # same path, content type and commit key: the stream's lookup, the type and the keyed
+        # digest are judged once for the row, not once per part (nothing is awaited in this loop,
+        # so the stream found for the first part is the one every part of the row finds). Each part
+        # is still checked (closed, producer, Stream-Seq), staged and answered as its own append.
+        last_path: str | None = None
+        last_type: str | None = None
+        inc: Incarnation | None = None
+        request_type: contenttype.ContentType | None = None
+        keyed: dict[tuple[bool, str], bytes] = {}
         for index, request in enumerate(requests):
             try:
-                inc, request_type = self._append_target(request)
+                if (
+                    inc is None
+                    or request.path != last_path
+                    or request.content_type != last_type
+                    or not request.body
+                ):
+                    last_path = None
+                    inc, request_type = self._append_target(request)
+                    if request.body:
+                        last_path, last_type = request.path, request.content_type
                 if len(request.body) >= INLINE_BODY_BYTES:
                     task = loop.create_task(self._append_offloaded(request, inc, request_type))
                     batch.follow(index, task)
                     continue
-                digest = _small_digest(request, request_type)
+                key = request.key
+                if key is None:
+                    digest = _small_digest(request, request_type)
+                else:
+                    producers.check_tuple_syntax(request.producer)
+                    digest = keyed.get((request.close, key), b"")
+                    if not digest:
+                        digest = keyed[request.close, key] = txnspace.commit_digest(
+                            (), request.close, key
+                        )
                 checked = self._checked_append(inc, request, request_type, None, digest)
                 if not isinstance(checked, tuple):
                     batch.follow(index, checked)
@@ -1881,7 +1909,10 @@ class _AppendSlot(Slot):
         path: str | None,
         emit: Callable[..., None],
     ) -> None:
-        super().__init__(batch, index)
+        # ``Slot.__init__``'s fields set here: one call less for each of a bulk request's appends.
+        self._batch = batch
+        self._index = index
+        self._done = False
         self._answer = answer
         self._path = path  # None: nothing appended (a close alone), nothing to tell
         self._emit = emit

@@ -13,15 +13,18 @@ So while at least one bulk request is in flight, the young threshold is ``BULK_Y
 (the older generations' thresholds are kept); the first request to start raises it, the last to end
 puts the previous thresholds back. Collections still run (garbage stays bounded by the threshold), they
 are just rarer, and each young one scans more objects (well under a millisecond at this size). Outside
-bulk requests nothing changes: decision 0004 kept the default threshold for the latency of small
-requests (fewer but longer pauses did not help there), and a bulk request's own answer takes far longer
-than such a pause.
+bulk requests the serving threshold holds (``SERVING_YOUNG_THRESHOLD``, set by ``start_serving``: 2,000,
+kept small for the latency of small requests, decision 0004), and a bulk request's own answer takes far
+longer than such a pause.
 
 On since 2026-11-28 (session h35): re-measured in alternating pairs, it cut the routed save of 100,000
 rows to 10,000 new streams to 0.83x the server CPU (packed appends, the default), and the regression
 seen once without packed appends (h29) did not reproduce: that layout's routed save varies by 1.7x
 between runs of the same code, and the pairs with and without the hold were within it
 (docs/benchmarks.md, sink section, Run 9).
+Raised from 10,000 to 50,000 (session h64): a ``commits`` request of 1,000 two-part entries still
+made 17-27 young collections per 20,000 parts, 6-14 us of a part's ~25 us of loop CPU in process;
+at 50,000, 2.4-5.4 us (docs/benchmarks.md, sink section, Run 17: about half of that run's 0.85x).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-BULK_YOUNG_THRESHOLD: Final = 10_000
+BULK_YOUNG_THRESHOLD: Final = 50_000
 # The young threshold once the server listens (``server.py``, after its ``gc.freeze()``): about 64
 # small appends in flight keep their objects alive across a commit round, so at the interpreter's 700
 # a young collection ran every ~55 requests and found nothing (docs/benchmarks.md, h66-leanrequest).

@@ -11,7 +11,13 @@ import pytest
 
 from durastream_server.engine.api import AppendRequest, AppendResult, CreateResult
 from durastream_server.engine.engine import Engine
-from durastream_server.errors import ConfigMismatch, NotFound, StorageFailure, StreamClosed
+from durastream_server.errors import (
+    ConfigMismatch,
+    NotFound,
+    ProtocolError,
+    StorageFailure,
+    StreamClosed,
+)
 from durastream_server.storage import catalog
 from durastream_server.storage.datadir import Durability, _create_failed, _NewStream
 from durastream_server.storage.records import ProducerTuple, StreamHeader
@@ -210,6 +216,62 @@ def test_a_batch_of_appends_settles_each_entry_as_its_own_append(
         assert await text(engine, "a/0") == b"seen"
         appended = [e[1] for e in recorder.events if e[0] == "appended"]
         assert sorted(appended) == sorted([*paths[1:], "a/1", "a/0"])  # a/0: its first append
+
+    _run(tmp_path, durability, scenario)
+
+
+@pytest.mark.parametrize("durability", DURABILITIES)
+def test_a_run_of_keyed_parts_of_one_stream_is_still_judged_part_by_part(
+    tmp_path: Path, durability: Durability
+) -> None:
+    """A multi-part entry's parts reach ``append_batch`` as a run of one stream (same path, type
+    and commit key): the run shares the stream's lookup and the keyed digest, but each part keeps
+    its own verdict: a replayed part is a duplicate, a part after it is appended, a part reusing its
+    tuple under another key is refused, a missing stream's run fails alone, and the stream after
+    it is appended."""
+
+    def part(path: str, producer: str, body: bytes, key: str = "k1") -> AppendRequest:
+        return AppendRequest(
+            path=path,
+            content_type="text/plain",
+            body=body,
+            producer=ProducerTuple(producer, 3, 0),
+            key=key,
+        )
+
+    async def scenario(engine: Engine) -> None:
+        await engine.create_batch_nowait(["r/a", "r/b"], "text/plain")
+        first = engine.append_batch([part("r/a", "w-0", b"A0")])
+        await first.all_done
+        assert isinstance(first.outcomes[0], AppendResult)
+        batch = engine.append_batch(
+            [
+                part("r/a", "w-0", b"A0"),  # the replay of the committed part
+                part("r/a", "w-1", b"A1"),
+                part("r/a", "w-2", b"A2", key="other"),  # the same run's type, another key
+                part("r/none", "w-0", b"N0"),
+                part("r/none", "w-1", b"N1"),
+                part("r/b", "w-0", b"B0"),
+                part("r/b", "w-1", b"B1"),
+            ]
+        )
+        await batch.all_done
+        replay, fresh, other_key, *missing, b0, b1 = batch.outcomes
+        assert isinstance(replay, AppendResult) and replay.duplicate
+        assert isinstance(fresh, AppendResult) and not fresh.duplicate
+        assert isinstance(other_key, AppendResult) and not other_key.duplicate
+        assert all(isinstance(m, NotFound) for m in missing)
+        assert isinstance(b0, AppendResult) and isinstance(b1, AppendResult)
+        assert await text(engine, "r/a") == b"A0A1A2"
+        assert await text(engine, "r/b") == b"B0B1"
+        again = engine.append_batch(
+            [part("r/a", "w-1", b"A1", key="other"), part("r/a", "w-2", b"A2", key="other")]
+        )
+        await again.all_done
+        reused, replayed = again.outcomes
+        assert isinstance(reused, ProtocolError) and reused.status == 409  # w-1's tuple, key k1
+        assert isinstance(replayed, AppendResult) and replayed.duplicate
+        assert await text(engine, "r/a") == b"A0A1A2"
 
     _run(tmp_path, durability, scenario)
 
