@@ -22,8 +22,17 @@ from durastream_spark.protocol import extensions as ext
 from durastream_spark.protocol.bulk import BulkWrites
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink.commit import BatchFigures, commit_batch
+from durastream_spark.sink.identity import TaskIdentity
 from durastream_spark.sink.messages import SinkCommitMessage
-from tests.spark.sink.support import WriterHarness, read_stream, record_batches, unique
+from durastream_spark.sink.partition import PartitionWrite
+from durastream_spark.sink.plan import BATCH, plan_write
+from tests.spark.sink.support import (
+    WriterHarness,
+    client_for,
+    read_stream,
+    record_batches,
+    unique,
+)
 from tests.support.http import poll_until
 
 STREAMS = 150
@@ -232,6 +241,56 @@ def test_a_stream_deleted_between_batches_is_created_again_by_the_commit(logged)
     before = _ensure_requests(server, client, f"{base}/s005")
     _, figures = _write_batch(writer, base, epoch=1)
     assert _ensure_requests(server, client, f"{base}/s005") == before + 1
+    assert {s.committed for s in figures.per_stream} == {2}
+    got = sorted(m["n"] for m in read_stream(root, f"{base}/s005"))
+    assert got == sorted(p * 10_000 + r * STREAMS + 5 for p in (0, 1) for r in range(4))
+    assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
+
+
+def _save(root: str, base: str, **extra: str) -> BatchFigures:
+    """One routed ``df.write`` job as Spark runs it: a batch plan (a new job id), two tasks, the
+    commit (``batch_id=None``)."""
+    plan = plan_write(
+        {"url": root, "exactlyOnce": "transactional", **extra}, SCHEMA, False, kind=BATCH
+    )
+    assert plan.job_id is not None
+    messages = [
+        PartitionWrite(plan, TaskIdentity(plan.job_id, 0, partition, 0)).write_arrow(
+            record_batches(ARROW, _rows(base, partition), 250)
+        )
+        for partition in (0, 1)
+    ]
+    return commit_batch(plan.client, plan.options, messages, batch_id=None)
+
+
+def test_a_later_df_write_job_sends_no_ensure_and_repairs_a_deleted_stream(logged) -> None:
+    """df.write jobs of one worker process share what they ensured: the second job to the same 150
+    streams sends no ensure. s005, deleted before the third job, is answered 404 by its inline
+    commit and created again (one PUT), holding exactly the third job's rows; s006 all three's."""
+    _, root, base, server = logged
+    client = client_for(root)
+    _save(root, base)
+    after_first = _ensure_requests(server, client)
+    assert after_first >= 1
+    _save(root, base)
+    assert _ensure_requests(server, client) == after_first
+    client.delete(f"{base}/s005")
+    before = _ensure_requests(server, client, f"{base}/s005")
+    figures = _save(root, base)
+    assert _ensure_requests(server, client, f"{base}/s005") == before + 1  # its PUT
+    assert {s.committed for s in figures.per_stream} == {2}
+    got = sorted(m["n"] for m in read_stream(root, f"{base}/s005"))
+    assert got == sorted(p * 10_000 + r * STREAMS + 5 for p in (0, 1) for r in range(4))
+    assert len(read_stream(root, f"{base}/s006")) == 3 * 2 * ROWS_PER_STREAM
+
+
+def test_a_later_df_write_job_staging_to_a_deleted_stream_ensures_it_again(logged) -> None:
+    """The same with staged requests (``maxMessagesPerRequest=3``): the task's first stage to the
+    deleted, remembered stream is answered 404, the stream is ensured again and staged once more."""
+    _, root, base, _ = logged
+    _save(root, base, maxMessagesPerRequest="3")
+    client_for(root).delete(f"{base}/s005")
+    figures = _save(root, base, maxMessagesPerRequest="3")
     assert {s.committed for s in figures.per_stream} == {2}
     got = sorted(m["n"] for m in read_stream(root, f"{base}/s005"))
     assert got == sorted(p * 10_000 + r * STREAMS + 5 for p in (0, 1) for r in range(4))
