@@ -3,7 +3,7 @@
 What ``sink_fanout_bench.py`` times as a whole (a ``df.write`` routed to many streams), taken apart in
 one process against a real server: ``--partitions`` task writes (``PartitionWrite.write_arrow`` of one
 Arrow batch each, as Spark's Python worker gets it: ``id``, ``name``, ``pad``, ``stream`` columns,
-``--rows`` rows in all routed to ``--streams`` streams), then the driver's ``commit_batch`` of their
+``--rows`` rows in all routed to ``--streams`` streams, in batches of 10,000 rows as Spark sends them), then the driver's ``commit_batch`` of their
 messages. Each round writes to new streams (``new``) and then the same rows to the same, now existing,
 streams (``again``: what a daily job or a later micro-batch pays). Figures per phase: this process's
 CPU (``time.process_time``), the server's CPU (``/proc``), and, from cProfile's cumulative times of
@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from listing_bench import server_cpu_seconds  # noqa: E402
 
+SPARK_BATCH_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch's default
 # Functions whose cumulative time names a phase of the task's write (matched on "file:function").
 PHASES = {
     "encode": ("encoding.py", "encode"),
@@ -118,8 +119,11 @@ def main() -> None:
                         time.perf_counter(),
                     )
                     profile.enable()
-                    messages = [
-                        PartitionWrite(plan, TaskIdentity(job, 0, part, 0)).write_arrow([batch])
+                    messages = [  # in Spark's Arrow batches (maxRecordsPerBatch, 10,000 rows)
+                        PartitionWrite(plan, TaskIdentity(job, 0, part, 0)).write_arrow(
+                            batch.slice(first, SPARK_BATCH_ROWS)
+                            for first in range(0, batch.num_rows, SPARK_BATCH_ROWS)
+                        )
                         for part, batch in enumerate(data)
                     ]
                     profile.disable()

@@ -117,12 +117,13 @@ def split(values: pa.Array, payloads: pa.Array) -> Iterator[tuple[str, pa.Array]
 
 
 def split_rows(
-    values: pa.Array, payloads: pa.Array, separator: int
+    values: pa.Array, payloads: pa.Array, separator: int, *, first: int | None = None
 ) -> Iterator[tuple[str, EncodedRows]]:
     """``split``, each target's payloads as ``EncodedRows`` (what the mode writers take) over the one
     grouped buffer: its offsets are read into Python once per batch, not once per target (a batch
-    routed to 10,000 targets built 10,000 offset lists)."""
-    names, grouped, counts = _grouped(values, payloads)
+    routed to 10,000 targets built 10,000 offset lists). ``first``: the partition's row number of
+    the batch's first row, for errors."""
+    names, grouped, counts = _grouped(values, payloads, first)
     rows = EncodedRows.from_arrow(grouped, separator)
     start = 0
     for name, count in zip(names, counts, strict=True):
@@ -130,14 +131,21 @@ def split_rows(
         start += count
 
 
-def _grouped(values: pa.Array, payloads: pa.Array) -> tuple[list[str], pa.Array, list[int]]:
+def _grouped(
+    values: pa.Array, payloads: pa.Array, first: int | None = None
+) -> tuple[list[str], pa.Array, list[int]]:
     """The batch's distinct targets (checked), its payloads grouped by target (a stable sort: each
     target's rows in input order) and each target's row count, in the order of the targets."""
     targets = normalize_paths(values)
     if targets.null_count:
         position = int(pc.index(pc.is_null(targets), True).as_py())
+        where = (
+            f"Row {position} of this batch"
+            if first is None
+            else f"Row {first + position} of this partition (counting from 0)"
+        )
         raise UnsupportedWrite(
-            f"Row {position} of this batch has a null '{STREAM_COLUMN}' column, so it has no target "
+            f"{where} has a null '{STREAM_COLUMN}' column, so it has no target "
             f"stream (the option '{STREAM}' is not set: the column names every row's target). Filter "
             "such rows out, or fill the column, e.g. coalesce(col('stream'), lit('events/other'))."
         )
