@@ -24,6 +24,7 @@ from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink.commit import BatchFigures, commit_batch
 from durastream_spark.sink.identity import TaskIdentity
 from durastream_spark.sink.messages import SinkCommitMessage
+from durastream_spark.sink import partition
 from durastream_spark.sink.partition import PartitionWrite
 from durastream_spark.sink.plan import BATCH, plan_write
 from tests.spark.sink.support import (
@@ -394,3 +395,38 @@ def test_a_failed_attempt_then_a_multi_part_commit_is_exactly_once(harness) -> N
     assert counts["per_stream"] == STREAMS
     assert {s.committed for s in figures.per_stream} == {2}
     _assert_every_stream_once(root, base)
+
+
+@pytest.mark.parametrize("route_bytes", [None, 700])
+def test_routed_input_in_any_batches_makes_the_same_requests(
+    harness, monkeypatch, route_bytes
+) -> None:
+    """Batches are split by target together (up to ``ROUTE_BYTES``): each stream's rows reach its
+    batcher in the same order however Spark cut the input, so the inline parts are byte-identical
+    and the staged requests as many (``maxMessagesPerRequest=3``: full requests staged from the
+    task), and every stream holds its rows once, in order. 700 bytes: a split every few batches."""
+    _, root, base = harness
+    if route_bytes is not None:
+        monkeypatch.setattr(partition, "ROUTE_BYTES", route_bytes)
+    rows = _rows(base, 0)
+    for extra in ({}, {"maxMessagesPerRequest": "3"}):
+        options = {"url": root, "exactlyOnce": "transactional", **extra}
+        shapes = []
+        for size in (len(rows), 250, 7):
+            writer = WriterHarness(options, SCHEMA, unique("fanout-batches"))
+            message = writer.write(
+                record_batches(ARROW, rows, size), epoch=0, partition=0, attempt=0
+            )
+            shapes.append(
+                [
+                    (p.stream, p.rows, p.bytes, p.requests, len(p.handles), p.inline)
+                    for p in message.parts
+                ]
+            )
+            if size == 7:  # the last shape committed: the rows land once, in input order
+                commit_batch(writer.plan.client, writer.plan.options, [message], batch_id=0)
+        assert shapes[0] == shapes[1] == shapes[2]
+        assert any(shape[4] for shape in shapes[0]) == bool(extra)  # staged only with the cap
+    for s in (0, 77, 149):
+        got = [m["n"] for m in read_stream(root, f"{base}/s{s:03d}")]
+        assert got == 2 * [r * STREAMS + s for r in range(ROWS_PER_STREAM)]
