@@ -21,10 +21,10 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from durastream_spark.protocol import extensions as ext
 from durastream_spark.protocol.bulk import BulkWrites
 from durastream_spark.protocol.client import StreamClient
+from durastream_spark.sink import partition
 from durastream_spark.sink.commit import BatchFigures, commit_batch
 from durastream_spark.sink.identity import TaskIdentity
 from durastream_spark.sink.messages import SinkCommitMessage
-from durastream_spark.sink import partition
 from durastream_spark.sink.partition import PartitionWrite
 from durastream_spark.sink.plan import BATCH, plan_write
 from tests.spark.sink.support import (
