@@ -109,7 +109,9 @@ def child(args: argparse.Namespace) -> None:
         wall = time.perf_counter() - started
         server_cpu = tree_cpu_seconds(args.server_pid) - cpu
         time.sleep(0.2)  # the server's last access-log lines reach the file
-        figures = {"requests": count_requests(Path(args.access_log), logged)}
+        answered = server_requests(Path(args.access_log), logged)
+        figures: dict[str, object] = {"requests": {k: n for k, (n, _) in answered.items()}}
+        figures["server_ms"] = {k: round(ms, 1) for k, (_, ms) in answered.items()}
         figures.update(write_stage(spark, wall))
         return [wall, server_cpu, figures]
 
@@ -271,21 +273,24 @@ def streaming(spark, args: argparse.Namespace, rows) -> dict[str, object]:
     return out
 
 
-def count_requests(log: Path, start: int) -> dict[str, int]:
-    """Requests in the server's access log after byte ``start``, by method and kind."""
-    counts: dict[str, int] = {}
+def server_requests(log: Path, start: int) -> dict[str, tuple[int, float]]:
+    """Per method and kind after byte ``start``: (requests, the server's summed ms answering them).
+    The ms of ``POST commits`` and ``POST ensure`` are the waits on the server of the commit and of
+    the tasks' ensures (the requests of one kind may overlap: up to 4 bulk requests in flight)."""
+    counts: dict[str, tuple[int, float]] = {}
     with log.open("rb") as file:
         file.seek(start)
         for line in file.read().decode("utf-8", "replace").splitlines():
-            found = re.search(r" (GET|HEAD|PUT|POST|DELETE) (\S+) -> \d+ ", line)
+            found = re.search(r" (GET|HEAD|PUT|POST|DELETE) (\S+) -> \d+ in ([0-9.]+) ms", line)
             if not found:
                 continue
-            method, target = found.groups()
+            method, target, ms = found.groups()
             kind = target.split("?")[0].rsplit("/", 1)[-1] if "__ds/" in target else "stream"
             if "/metrics" in target or "/healthz" in target:
                 continue
             key = f"{method} {kind}"
-            counts[key] = counts.get(key, 0) + 1
+            count, total = counts.get(key, (0, 0.0))
+            counts[key] = (count + 1, total + float(ms))
     return counts
 
 
