@@ -101,6 +101,7 @@ def child(args: argparse.Namespace) -> None:
     def save(df, **options: str) -> list:
         """[wall s, server CPU s, {figures: requests by kind, the write stage's tasks and times}]."""
         cpu = tree_cpu_seconds(args.server_pid)  # with --workers N: the workers' too
+        workers = python_workers_cpu(os.getpid())
         logged = Path(args.access_log).stat().st_size
         started = time.perf_counter()
         df.write.format("durastream").option("url", args.url).options(**options).mode(
@@ -108,10 +109,12 @@ def child(args: argparse.Namespace) -> None:
         ).save()
         wall = time.perf_counter() - started
         server_cpu = tree_cpu_seconds(args.server_pid) - cpu
+        workers = python_workers_cpu(os.getpid()) - workers
         time.sleep(0.2)  # the server's last access-log lines reach the file
         answered = server_requests(Path(args.access_log), logged)
         figures: dict[str, object] = {"requests": {k: n for k, (n, _) in answered.items()}}
         figures["server_ms"] = {k: round(ms, 1) for k, (_, ms) in answered.items()}
+        figures["workers_cpu_s"] = round(workers, 3)  # the tasks' and the commit's Python
         figures.update(write_stage(spark, wall))
         return [wall, server_cpu, figures]
 
@@ -271,6 +274,31 @@ def streaming(spark, args: argparse.Namespace, rows) -> dict[str, object]:
                 out[name] = batches
                 out[name + "_tasks"] = write_stage(spark, 0.0)["tasks"]  # the last batch's
     return out
+
+
+def python_workers_cpu(root: int) -> float:
+    """CPU seconds of Spark's Python workers below ``root`` (this child; its JVM; the JVM's
+    ``pyspark.daemon`` and the workers it forks, which run the tasks' ``write`` and the job's
+    ``commit``): the connector's own CPU, steadier than wall time on a shared machine. Live processes'
+    user + system time plus what the daemon reaped of exited workers (its children's times)."""
+    total = 0
+    pending = [root]
+    while pending:
+        pid = pending.pop()
+        try:
+            for task in Path(
+                f"/proc/{pid}/task"
+            ).iterdir():  # the JVM forks from any of its threads
+                children = task / "children"
+                pending += [int(child) for child in children.read_text().split()]
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):  # exited meanwhile
+            continue
+        if b"pyspark" in command and (b"daemon" in command or b"worker" in command):
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def server_requests(log: Path, start: int) -> dict[str, tuple[int, float]]:
