@@ -17,7 +17,10 @@ on ``PYTHONPATH`` of a child process (Spark's Python workers inherit it). Rounds
 Figures per run: wall seconds of ``save()`` and the server's CPU seconds during it (``/proc``; wall time
 on this shared machine is noisy, CPU much less); the requests the server answered during it, by kind
 (its access log); and from Spark's status API the write stage's tasks, its duration and the tasks'
-summed run time (executors), the rest of ``save()`` being the driver (planning, commit). Ratios: ``fan / one`` per connector (target <= 2x wall,
+summed run time (executors), the rest of ``save()`` being the driver (planning, commit); the
+Python workers' CPU (``workers_cpu_s``: the tasks' ``write`` and the job's ``commit``, which Spark 4
+runs in a Python worker too) and per request kind the server's summed answer time (``server_ms``:
+the commit's and the ensures' waits on the server). Ratios: ``fan / one`` per connector (target <= 2x wall,
 <= 3x server CPU) and ``base / branch`` for ``fan``. Each ``fan`` run is checked: every stream holds its
 rows exactly once.
 
