@@ -23,6 +23,7 @@ from durastream_spark.protocol.bulk import BulkWrites
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink import partition
 from durastream_spark.sink.commit import BatchFigures, commit_batch
+from durastream_spark.sink.errors import UnsupportedWrite
 from durastream_spark.sink.identity import TaskIdentity
 from durastream_spark.sink.messages import SinkCommitMessage
 from durastream_spark.sink.partition import PartitionWrite
@@ -430,3 +431,12 @@ def test_routed_input_in_any_batches_makes_the_same_requests(
     for s in (0, 77, 149):
         got = [m["n"] for m in read_stream(root, f"{base}/s{s:03d}")]
         assert got == 2 * [r * STREAMS + s for r in range(ROWS_PER_STREAM)]
+
+
+def test_a_null_target_names_its_row_in_the_partition(harness) -> None:
+    """Batches are split together, so the error counts the row in the partition, not in a batch:
+    row 7 is in the third batch of three rows."""
+    writer, _, base = harness
+    rows = [{"n": n, "stream": None if n == 7 else f"{base}/s{n % 2}"} for n in range(10)]
+    with pytest.raises(UnsupportedWrite, match="Row 7 of this partition .* null 'stream'"):
+        writer.write(record_batches(ARROW, rows, 3), epoch=0, partition=0, attempt=0)
