@@ -23,7 +23,7 @@ from durastream_spark.protocol.bulk import BulkWrites
 from durastream_spark.protocol.client import StreamClient
 from durastream_spark.sink import partition
 from durastream_spark.sink.commit import BatchFigures, commit_batch
-from durastream_spark.sink.errors import UnsupportedWrite
+from durastream_spark.sink.errors import CommitError, UnsupportedWrite
 from durastream_spark.sink.identity import TaskIdentity
 from durastream_spark.sink.messages import SinkCommitMessage
 from durastream_spark.sink.partition import PartitionWrite
@@ -440,3 +440,18 @@ def test_a_null_target_names_its_row_in_the_partition(harness) -> None:
     rows = [{"n": n, "stream": None if n == 7 else f"{base}/s{n % 2}"} for n in range(10)]
     with pytest.raises(UnsupportedWrite, match="Row 7 of this partition .* null 'stream'"):
         writer.write(record_batches(ARROW, rows, 3), epoch=0, partition=0, attempt=0)
+
+
+def test_a_later_df_write_job_to_a_remembered_stream_closed_since_fails_naming_it(logged) -> None:
+    """s005, remembered as ensured, was closed before the second job: the job is not told by an
+    ensure (none is sent) but by the commit, which fails naming the stream; the other streams are
+    committed and s005 holds only the first job's rows."""
+    _, root, base, _ = logged
+    client = client_for(root)
+    _save(root, base)
+    client.close(f"{base}/s005")
+    with pytest.raises(CommitError, match=f"stream '{base}/s005'") as failed:
+        _save(root, base)
+    assert "closed" in str(failed.value).lower()
+    assert len(read_stream(root, f"{base}/s005")) == 2 * ROWS_PER_STREAM
+    assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
