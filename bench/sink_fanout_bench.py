@@ -17,7 +17,10 @@ on ``PYTHONPATH`` of a child process (Spark's Python workers inherit it). Rounds
 Figures per run: wall seconds of ``save()`` and the server's CPU seconds during it (``/proc``; wall time
 on this shared machine is noisy, CPU much less); the requests the server answered during it, by kind
 (its access log); and from Spark's status API the write stage's tasks, its duration and the tasks'
-summed run time (executors), the rest of ``save()`` being the driver (planning, commit). Ratios: ``fan / one`` per connector (target <= 2x wall,
+summed run time (executors), the rest of ``save()`` being the driver (planning, commit); the
+Python workers' CPU (``workers_cpu_s``: the tasks' ``write`` and the job's ``commit``, which Spark 4
+runs in a Python worker too) and per request kind the server's summed answer time (``server_ms``:
+the commit's and the ensures' waits on the server). Ratios: ``fan / one`` per connector (target <= 2x wall,
 <= 3x server CPU) and ``base / branch`` for ``fan``. Each ``fan`` run is checked: every stream holds its
 rows exactly once.
 
@@ -101,6 +104,7 @@ def child(args: argparse.Namespace) -> None:
     def save(df, **options: str) -> list:
         """[wall s, server CPU s, {figures: requests by kind, the write stage's tasks and times}]."""
         cpu = tree_cpu_seconds(args.server_pid)  # with --workers N: the workers' too
+        workers = python_workers_cpu(os.getpid())
         logged = Path(args.access_log).stat().st_size
         started = time.perf_counter()
         df.write.format("durastream").option("url", args.url).options(**options).mode(
@@ -108,8 +112,12 @@ def child(args: argparse.Namespace) -> None:
         ).save()
         wall = time.perf_counter() - started
         server_cpu = tree_cpu_seconds(args.server_pid) - cpu
+        workers = python_workers_cpu(os.getpid()) - workers
         time.sleep(0.2)  # the server's last access-log lines reach the file
-        figures = {"requests": count_requests(Path(args.access_log), logged)}
+        answered = server_requests(Path(args.access_log), logged)
+        figures: dict[str, object] = {"requests": {k: n for k, (n, _) in answered.items()}}
+        figures["server_ms"] = {k: round(ms, 1) for k, (_, ms) in answered.items()}
+        figures["workers_cpu_s"] = round(workers, 3)  # the tasks' and the commit's Python
         figures.update(write_stage(spark, wall))
         return [wall, server_cpu, figures]
 
@@ -271,21 +279,49 @@ def streaming(spark, args: argparse.Namespace, rows) -> dict[str, object]:
     return out
 
 
-def count_requests(log: Path, start: int) -> dict[str, int]:
-    """Requests in the server's access log after byte ``start``, by method and kind."""
-    counts: dict[str, int] = {}
+def python_workers_cpu(root: int) -> float:
+    """CPU seconds of Spark's Python workers below ``root`` (this child; its JVM; the JVM's
+    ``pyspark.daemon`` and the workers it forks, which run the tasks' ``write`` and the job's
+    ``commit``): the connector's own CPU, steadier than wall time on a shared machine. Live processes'
+    user + system time plus what the daemon reaped of exited workers (its children's times)."""
+    total = 0
+    pending = [root]
+    while pending:
+        pid = pending.pop()
+        try:
+            for task in Path(
+                f"/proc/{pid}/task"
+            ).iterdir():  # the JVM forks from any of its threads
+                children = task / "children"
+                pending += [int(child) for child in children.read_text().split()]
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):  # exited meanwhile
+            continue
+        if b"pyspark" in command and (b"daemon" in command or b"worker" in command):
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def server_requests(log: Path, start: int) -> dict[str, tuple[int, float]]:
+    """Per method and kind after byte ``start``: (requests, the server's summed ms answering them).
+    The ms of ``POST commits`` and ``POST ensure`` are the waits on the server of the commit and of
+    the tasks' ensures (the requests of one kind may overlap: up to 4 bulk requests in flight)."""
+    counts: dict[str, tuple[int, float]] = {}
     with log.open("rb") as file:
         file.seek(start)
         for line in file.read().decode("utf-8", "replace").splitlines():
-            found = re.search(r" (GET|HEAD|PUT|POST|DELETE) (\S+) -> \d+ ", line)
+            found = re.search(r" (GET|HEAD|PUT|POST|DELETE) (\S+) -> \d+ in ([0-9.]+) ms", line)
             if not found:
                 continue
-            method, target = found.groups()
+            method, target, ms = found.groups()
             kind = target.split("?")[0].rsplit("/", 1)[-1] if "__ds/" in target else "stream"
             if "/metrics" in target or "/healthz" in target:
                 continue
             key = f"{method} {kind}"
-            counts[key] = counts.get(key, 0) + 1
+            count, total = counts.get(key, (0, 0.0))
+            counts[key] = (count + 1, total + float(ms))
     return counts
 
 

@@ -124,6 +124,10 @@ class EncodedRows:
         data = memoryview(buffers[2]) if buffers[2] is not None else memoryview(b"")
         return cls(data, offsets, separator)
 
+    def slice(self, start: int, count: int) -> EncodedRows:
+        """Rows ``start`` to ``start + count`` (the same buffer, no copy of the data)."""
+        return EncodedRows(self.data, self.offsets[start : start + count + 1], self.separator)
+
     @classmethod
     def from_payloads(cls, payloads: Sequence[bytes], separator: int) -> EncodedRows:
         """From separate payloads (separators already included when ``separator`` is 1)."""

@@ -32,15 +32,59 @@ from durastream_spark.sink.messages import SinkCommitMessage
 from durastream_spark.sink.mode_writer import ModeWriter
 from durastream_spark.sink.options import TRANSACTIONAL
 from durastream_spark.sink.ordered import OrderedPartitionWriter
-from durastream_spark.sink.plan import SinkPlan
+from durastream_spark.sink.plan import STREAMING, SinkPlan
 from durastream_spark.sink.producer import RequestPool
-from durastream_spark.sink.targets import TargetStreams, forget_query, query_targets
+from durastream_spark.sink.targets import BATCH_JOBS, TargetStreams, forget_query, query_targets
 from durastream_spark.sink.transactional import TransactionalPartitionWriter
 from durastream_spark.worker_heap import freeze_startup_heap
 
 log = logging.getLogger(__name__)
 
 ROW_CHUNK = 4096  # rows encoded together on the row path
+# Routed Arrow input: consecutive batches are split by target together, up to this many payload bytes.
+ROUTE_BYTES = 16 * 1024 * 1024
+
+
+class _Pending:
+    """Routed input batches not yet split: their routing values and payloads, in input order.
+
+    Why: Spark hands a task its rows in batches of ``maxRecordsPerBatch`` (10,000) rows; routed to
+    10,000 streams, each batch gave every stream one row, so the per-target work (a group, the
+    batcher, the writer's bookkeeping) ran once per (batch, target) instead of once per target. The
+    requests are the same either way: each stream's batcher gets the same rows in the same order.
+    """
+
+    def __init__(self) -> None:
+        self._values: list[pa.Array] = []
+        self._payloads: list[pa.Array] = []
+        self._first = 0
+        self.bytes = 0
+
+    def add(self, values: pa.Array, payloads: pa.Array, position: int) -> None:
+        if not self._values:
+            self._first = position
+        self._values.append(values)
+        self._payloads.append(payloads)
+        self.bytes += payloads.nbytes
+
+    def take(self) -> tuple[pa.Array, pa.Array, int] | None:
+        """The pending rows as one batch (routing values, payloads, the partition's row number of the
+        first), and start afresh; None if there are none."""
+        values, payloads, first = self._values, self._payloads, self._first
+        self._values, self._payloads, self.bytes = [], [], 0
+        if not values:
+            return None
+        return _concat(values), _concat(payloads), first
+
+
+def _concat(arrays: list[pa.Array]) -> pa.Array:
+    if len(arrays) == 1:
+        return arrays[0]
+    if len({array.type for array in arrays}) > 1:  # string and large_string (or binary): one type
+        binary = any(pa.types.is_binary(a.type) or pa.types.is_large_binary(a.type) for a in arrays)
+        wide = pa.large_binary() if binary else pa.large_string()
+        arrays = [array.cast(wide) for array in arrays]
+    return pa.concat_arrays(arrays)
 
 
 class PartitionWrite:
@@ -50,7 +94,12 @@ class PartitionWrite:
         freeze_startup_heap()
         self._plan = plan
         self._identity = identity
-        self._query = (plan.client.connection.url, identity.writer_key, plan.options.content_type)
+        # Whose ensured targets this task shares: a streaming query's (its earlier batches'), or every
+        # df.write job's of this worker process (a daily job writing the same 10,000 streams again
+        # ensured them all again: ~13% of its tasks' CPU). A target deleted meanwhile is answered 404
+        # and ensured again (the stage here, the inline commit on the driver), exactly once.
+        owner = identity.writer_key if plan.kind == STREAMING else BATCH_JOBS
+        self._query = (plan.client.connection.url, owner, plan.options.content_type)
         known = None  # the targets this query's earlier tasks ensured (routed, bulk-write servers)
         routed_in_bulk = (
             plan.mode == TRANSACTIONAL
@@ -68,22 +117,25 @@ class PartitionWrite:
     def write_arrow(self, batches: Iterable[pa.RecordBatch]) -> SinkCommitMessage:
         encoder = ArrowPayloadEncoder(self._plan.layout)
         column = self._plan.routing.column
+        separator = self._plan.layout.separator
 
         def feed(writer: ModeWriter) -> None:
+            pending = _Pending()  # routed: input batches split together (see ROUTE_BYTES)
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
                 payloads = encoder.encode(batch)
                 if self._check_values:
                     self._raise_if_invalid(json_values.check_arrow(payloads), batch)
-                self._position += batch.num_rows
                 if column is None:
+                    self._position += batch.num_rows
                     self._add(writer, self._fixed(), payloads)
                     continue
-                groups = list(routing.split(batch.column(column), payloads))
-                self._ensure_all(path for path, _ in groups)
-                for path, rows in groups:
-                    self._add(writer, path, rows)
+                if pending.bytes and pending.bytes + payloads.nbytes > ROUTE_BYTES:
+                    self._route(writer, pending.take(), separator)
+                pending.add(batch.column(column), payloads, self._position)
+                self._position += batch.num_rows
+            self._route(writer, pending.take(), separator)
 
         return self._run(feed)
 
@@ -183,6 +235,18 @@ class PartitionWrite:
         self._ensure_all(by_target)
         for path, payloads in by_target.items():
             writer.add(path, EncodedRows.from_payloads(payloads, separator))
+
+    def _route(
+        self, writer: ModeWriter, pending: tuple[pa.Array, pa.Array, int] | None, separator: int
+    ) -> None:
+        """Split the pending rows by target, ensure the new targets together, hand each its rows."""
+        if pending is None:
+            return
+        values, payloads, first = pending
+        groups = list(routing.split_rows(values, payloads, separator, first=first))
+        self._ensure_all(path for path, _ in groups)
+        for path, rows in groups:  # every target ensured above
+            writer.add(path, rows)
 
     def _add(self, writer: ModeWriter, path: str, payloads: pa.Array) -> None:
         self._ensure(path)

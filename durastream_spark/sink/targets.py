@@ -6,6 +6,12 @@ another content type, or a closed stream, fails with an error naming the stream 
 missing stream is created with ``contentType`` when ``createStreams`` is true (``PUT`` is idempotent, so
 tasks racing to create the same stream all succeed). On servers with ``bulk-write`` the targets a task
 meets together (those of one input batch) are checked and created in one ``ensure`` request.
+
+Routed writes on such servers remember what they ensured, per worker process (``query_targets``): a
+streaming query's later batches, and later ``df.write`` jobs (``BATCH_JOBS``), do not ensure the same
+streams again. A remembered target deleted since is answered 404 by the write and ensured again; one
+closed or recreated with another content type since fails the write with the server's error for it
+(naming the stream) instead of this module's.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ log = logging.getLogger(__name__)
 MAX_QUERIES = 16
 MAX_TARGETS_PER_QUERY = 1_000_000
 
-QueryKey = tuple[str, str, str]  # (server root URL, writer key, content type)
+QueryKey = tuple[str, str, str]  # (server root URL, writer key or BATCH_JOBS, content type)
+# The owner of the targets every df.write job of a worker process shares (a job's writer key is new
+# each time; a streaming query's is its id, the same for all its batches).
+BATCH_JOBS = "*df.write*"
 
 _lock = threading.Lock()
 _queries: OrderedDict[QueryKey, set[str]] = OrderedDict()

@@ -97,7 +97,10 @@ INLINE_TASK_BYTES = 16 * 1024 * 1024
 @dataclass
 class _StreamState:
     batcher: RequestBatcher
-    parallel: IndependentRequests[StageResult]
+    # Made by the first request staged from the task (most routed streams have none: their whole part
+    # is one remainder, inline or staged in bulk), so a task routing to 10,000 streams does not build
+    # (and drain) 10,000 of them.
+    parallel: IndependentRequests[StageResult] | None = None
     handles: list[str] = field(default_factory=list)
     tails: list[PipelinedProducer[StageResult]] = field(default_factory=list)
     tail_bytes: int = 0
@@ -150,7 +153,8 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
             self._stage_in_bulk(bulk, entries)
         parts = []
         for stream, state in self._streams.items():
-            state.parallel.drain()
+            if state.parallel is not None:
+                state.parallel.drain()
             for tail in state.tails:
                 tail.drain()
             parts.append(
@@ -194,7 +198,7 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
             raise failures[0]
 
     def _open(self, stream: str) -> _StreamState:
-        return _StreamState(self._batcher(), IndependentRequests(self._pool))
+        return _StreamState(self._batcher())
 
     def _submit(self, stream: str, state: _StreamState, request: Request) -> None:
         if not request.body:  # only empty values of a byte stream: nothing to stage
@@ -205,6 +209,8 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         if len(state.handles) < PARALLEL_HANDLES:
             handle = self._new_handle(state)
             body = request.body
+            if state.parallel is None:
+                state.parallel = IndependentRequests(self._pool)
             state.parallel.submit(lambda: self._send(stream, handle, 0, body))
             return
         if not state.tails or (

@@ -21,9 +21,20 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from durastream_spark.protocol import extensions as ext
 from durastream_spark.protocol.bulk import BulkWrites
 from durastream_spark.protocol.client import StreamClient
+from durastream_spark.sink import partition
 from durastream_spark.sink.commit import BatchFigures, commit_batch
+from durastream_spark.sink.errors import CommitError, UnsupportedWrite
+from durastream_spark.sink.identity import TaskIdentity
 from durastream_spark.sink.messages import SinkCommitMessage
-from tests.spark.sink.support import WriterHarness, read_stream, record_batches, unique
+from durastream_spark.sink.partition import PartitionWrite
+from durastream_spark.sink.plan import BATCH, plan_write
+from tests.spark.sink.support import (
+    WriterHarness,
+    client_for,
+    read_stream,
+    record_batches,
+    unique,
+)
 from tests.support.http import poll_until
 
 STREAMS = 150
@@ -238,6 +249,56 @@ def test_a_stream_deleted_between_batches_is_created_again_by_the_commit(logged)
     assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
 
 
+def _save(root: str, base: str, **extra: str) -> BatchFigures:
+    """One routed ``df.write`` job as Spark runs it: a batch plan (a new job id), two tasks, the
+    commit (``batch_id=None``)."""
+    plan = plan_write(
+        {"url": root, "exactlyOnce": "transactional", **extra}, SCHEMA, False, kind=BATCH
+    )
+    assert plan.job_id is not None
+    messages = [
+        PartitionWrite(plan, TaskIdentity(plan.job_id, 0, partition, 0)).write_arrow(
+            record_batches(ARROW, _rows(base, partition), 250)
+        )
+        for partition in (0, 1)
+    ]
+    return commit_batch(plan.client, plan.options, messages, batch_id=None)
+
+
+def test_a_later_df_write_job_sends_no_ensure_and_repairs_a_deleted_stream(logged) -> None:
+    """df.write jobs of one worker process share what they ensured: the second job to the same 150
+    streams sends no ensure. s005, deleted before the third job, is answered 404 by its inline
+    commit and created again (one PUT), holding exactly the third job's rows; s006 all three's."""
+    _, root, base, server = logged
+    client = client_for(root)
+    _save(root, base)
+    after_first = _ensure_requests(server, client)
+    assert after_first >= 1
+    _save(root, base)
+    assert _ensure_requests(server, client) == after_first
+    client.delete(f"{base}/s005")
+    before = _ensure_requests(server, client, f"{base}/s005")
+    figures = _save(root, base)
+    assert _ensure_requests(server, client, f"{base}/s005") == before + 1  # its PUT
+    assert {s.committed for s in figures.per_stream} == {2}
+    got = sorted(m["n"] for m in read_stream(root, f"{base}/s005"))
+    assert got == sorted(p * 10_000 + r * STREAMS + 5 for p in (0, 1) for r in range(4))
+    assert len(read_stream(root, f"{base}/s006")) == 3 * 2 * ROWS_PER_STREAM
+
+
+def test_a_later_df_write_job_staging_to_a_deleted_stream_ensures_it_again(logged) -> None:
+    """The same with staged requests (``maxMessagesPerRequest=3``): the task's first stage to the
+    deleted, remembered stream is answered 404, the stream is ensured again and staged once more."""
+    _, root, base, _ = logged
+    _save(root, base, maxMessagesPerRequest="3")
+    client_for(root).delete(f"{base}/s005")
+    figures = _save(root, base, maxMessagesPerRequest="3")
+    assert {s.committed for s in figures.per_stream} == {2}
+    got = sorted(m["n"] for m in read_stream(root, f"{base}/s005"))
+    assert got == sorted(p * 10_000 + r * STREAMS + 5 for p in (0, 1) for r in range(4))
+    assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
+
+
 def test_a_staged_write_to_a_deleted_stream_ensures_it_again(logged) -> None:
     """Full requests are staged as they fill (``maxMessagesPerRequest=3``): the first stage to the
     deleted (but remembered) stream is answered 404, the task ensures it again and stages once more;
@@ -335,3 +396,62 @@ def test_a_failed_attempt_then_a_multi_part_commit_is_exactly_once(harness) -> N
     assert counts["per_stream"] == STREAMS
     assert {s.committed for s in figures.per_stream} == {2}
     _assert_every_stream_once(root, base)
+
+
+@pytest.mark.parametrize("route_bytes", [None, 700])
+def test_routed_input_in_any_batches_makes_the_same_requests(
+    harness, monkeypatch, route_bytes
+) -> None:
+    """Batches are split by target together (up to ``ROUTE_BYTES``): each stream's rows reach its
+    batcher in the same order however Spark cut the input, so the inline parts are byte-identical
+    and the staged requests as many (``maxMessagesPerRequest=3``: full requests staged from the
+    task), and every stream holds its rows once, in order. 700 bytes: a split every few batches."""
+    _, root, base = harness
+    if route_bytes is not None:
+        monkeypatch.setattr(partition, "ROUTE_BYTES", route_bytes)
+    rows = _rows(base, 0)
+    for extra in ({}, {"maxMessagesPerRequest": "3"}):
+        options = {"url": root, "exactlyOnce": "transactional", **extra}
+        shapes = []
+        for size in (len(rows), 250, 7):
+            writer = WriterHarness(options, SCHEMA, unique("fanout-batches"))
+            message = writer.write(
+                record_batches(ARROW, rows, size), epoch=0, partition=0, attempt=0
+            )
+            shapes.append(
+                [
+                    (p.stream, p.rows, p.bytes, p.requests, len(p.handles), p.inline)
+                    for p in message.parts
+                ]
+            )
+            if size == 7:  # the last shape committed: the rows land once, in input order
+                commit_batch(writer.plan.client, writer.plan.options, [message], batch_id=0)
+        assert shapes[0] == shapes[1] == shapes[2]
+        assert any(shape[4] for shape in shapes[0]) == bool(extra)  # staged only with the cap
+    for s in (0, 77, 149):
+        got = [m["n"] for m in read_stream(root, f"{base}/s{s:03d}")]
+        assert got == 2 * [r * STREAMS + s for r in range(ROWS_PER_STREAM)]
+
+
+def test_a_null_target_names_its_row_in_the_partition(harness) -> None:
+    """Batches are split together, so the error counts the row in the partition, not in a batch:
+    row 7 is in the third batch of three rows."""
+    writer, _, base = harness
+    rows = [{"n": n, "stream": None if n == 7 else f"{base}/s{n % 2}"} for n in range(10)]
+    with pytest.raises(UnsupportedWrite, match="Row 7 of this partition .* null 'stream'"):
+        writer.write(record_batches(ARROW, rows, 3), epoch=0, partition=0, attempt=0)
+
+
+def test_a_later_df_write_job_to_a_remembered_stream_closed_since_fails_naming_it(logged) -> None:
+    """s005, remembered as ensured, was closed before the second job: the job is not told by an
+    ensure (none is sent) but by the commit, which fails naming the stream; the other streams are
+    committed and s005 holds only the first job's rows."""
+    _, root, base, _ = logged
+    client = client_for(root)
+    _save(root, base)
+    client.close(f"{base}/s005")
+    with pytest.raises(CommitError, match=f"stream '{base}/s005'") as failed:
+        _save(root, base)
+    assert "closed" in str(failed.value).lower()
+    assert len(read_stream(root, f"{base}/s005")) == 2 * ROWS_PER_STREAM
+    assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
