@@ -56,6 +56,7 @@ from durastream_server.storage.extents import (
     Extents,
     Piece,
     coalesce,
+    merge_choice,
     records_offsets,
 )
 from durastream_server.storage.files import fsync_dir, pread_exact, replace_file
@@ -652,6 +653,10 @@ class Retirement:
     # Step 2: the live packed records the retired WAL file holds, read back from it by ``carry_out``
     # (never held in memory while serving): stream id -> [(WAL file offset, length, position)].
     records: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    # Step 2c: streams whose last pack extents (generation, offset, length, position) are merged with
+    # their ``records`` into one entry of the new pack (``extents.merge_choice``); their entries in
+    # those packs are void once the new pack is durable (a sidecar line each, by id).
+    merges: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
 
     def files_moved(self) -> list[tuple[int, int]]:
         """The files (where, generation) ``carry_out`` may rename over or remove: what packed reads
@@ -710,6 +715,11 @@ class PackBook:
         self.header_at: dict[str, int] = {}
         self.extents: dict[str, Extents] = {}
         self._records: dict[int, set[str]] = {}  # WAL generation -> ids with packed records in it
+        # Step 2c: streams planned to be merged out of these packs, until ``carried_out`` (their
+        # counts there are taken off by ``plan``: a drop meanwhile must not take them off again),
+        # and the packs merges took entries from since the last plan (compaction candidates).
+        self._merging: dict[str, set[int]] = {}
+        self._shrunk: set[int] = set()
 
     def load(self, settled: Settled) -> None:
         for log_id, (generation, _) in settled.live.items():
@@ -783,10 +793,11 @@ class PackBook:
             dying = self._dying.setdefault(generation, [])
             dying.append((log_id, created))
             if extents is not None:  # its records entries in packs (one per row; headers at 0)
+                merging = self._merging.get(log_id, ())
                 dying += [
                     (log_id, p.generation)
                     for p in extents.pieces(extents.start, extents.end)
-                    if p.where == IN_PACK and p.position > 0
+                    if p.where == IN_PACK and p.position > 0 and p.generation not in merging
                 ]
 
     def void_now(self, log_id: str) -> None:
@@ -828,6 +839,9 @@ class PackBook:
             rows = [row for row in extents.in_file(IN_WAL, generation) if row[2] > 0]
             if rows:
                 records[log_id] = rows
+        for g in self._shrunk - dead.keys():  # packs that merges took entries from
+            dead[g] = []
+        self._shrunk = set()
         remove = [g for g in self.kept if not self.counts.get(g)]
         compact = [
             g
@@ -836,9 +850,40 @@ class PackBook:
             and g not in self.read_through
             and worth_rewriting(self.counts.get(g, 0), self.entries.get(g, 0))
         ]
+        for g in [g for g in dead if not dead[g] and g not in compact]:
+            del dead[g]  # a merge source not worth rewriting: nothing to write
+        merges = self._plan_merges(records, {*compact, *remove})
         for g in [g for g, n in self.counts.items() if not n and g <= generation]:
             del self.counts[g]
-        return Retirement(generation, dead, keep, remove, compact, records)
+        return Retirement(generation, dead, keep, remove, compact, records, merges)
+
+    def _plan_merges(
+        self, records: dict[str, list[tuple[int, int, int]]], moving: set[int]
+    ) -> dict[str, list[tuple[int, int, int, int]]]:
+        """Step 2c: the streams carried whose pack extents are merged with their new records
+        (``extents.merge_choice``), none of whose sources this plan rewrites or removes. Their
+        entries there stop counting now (one an extent)."""
+        merges: dict[str, list[tuple[int, int, int, int]]] = {}
+        for log_id, rows in records.items():
+            extents = self.extents.get(log_id)
+            created = self.live.get(log_id)
+            if extents is None or created is None or log_id in self._merging:
+                continue
+            end = first = rows[0][2]
+            for _, length, position in rows:  # the run the merged entry ends with
+                if position != end:
+                    break
+                end += length
+            chosen = merge_choice(extents.rows(), created, first, end - first)
+            if not chosen or any(piece[0] in moving for piece in chosen):
+                continue
+            merges[log_id] = chosen
+            sources = {piece[0] for piece in chosen}
+            self._merging[log_id] = sources
+            self._shrunk |= sources
+            for piece in chosen:
+                self.counts[piece[0]] = self.counts.get(piece[0], 0) - 1
+        return merges
 
     def carry_out(
         self, plan: Retirement, wal: WalFile | None, *, sync: bool, remove_wal: bool = True
@@ -877,11 +922,20 @@ class PackBook:
                 entries = list(plan.keep)
                 sizes = records_sizes(entries)  # the creates' header records: one each
                 read = _read_ranges(wal.fd, plan.records.values())
+                heads = _read_merged(packs, plan.merges)
                 for log_id, rows in plan.records.items():
-                    _carried_entries(log_id, rows, read, entries, sizes)
+                    _carried_entries(log_id, rows, read, entries, sizes, heads.get(log_id))
                 records = len(entries) - len(plan.keep)
                 size = write_pack(packs, plan.generation, entries, sync=sync, sizes=sizes)
                 written[plan.generation] = (size, len(entries))
+                # Only now (the new pack durable) are the merged entries void in their packs: a
+                # crash before leaves both, read once (``survey``: the longer piece is taken).
+                merged: dict[int, list[str]] = {}
+                for log_id, chosen in plan.merges.items():
+                    for g in sorted({piece[0] for piece in chosen}):
+                        merged.setdefault(g, []).append(log_id)
+                for g, ids in sorted(merged.items()):
+                    append_dead(packs, g, ids, sync=sync)
                 if self.appends:
                     moved[(IN_WAL, plan.generation)] = _rows(entries, sizes)
             if remove_wal:
@@ -931,7 +985,16 @@ class PackBook:
                 extents = self.extents.get(log_id)
                 if extents is None:
                     continue
-                extents.relocate(where, generation, rows, (IN_PACK, generation), known_only=True)
+                chosen = plan.merges.get(log_id) if where == IN_WAL else None
+                if chosen:
+                    files = {(IN_PACK, piece[0]) for piece in chosen} | {(IN_WAL, generation)}
+                    extents.merge(files, rows, (IN_PACK, generation))
+                else:
+                    extents.relocate(
+                        where, generation, rows, (IN_PACK, generation), known_only=True
+                    )
+        for log_id in plan.merges:
+            self._merging.pop(log_id, None)
 
 
 def _carried_entries(
@@ -940,13 +1003,19 @@ def _carried_entries(
     read: dict[int, bytes],
     entries: list[WalEntry],
     sizes: list[int],
+    head: tuple[int, list[bytes]] | None = None,
 ) -> None:
     """Append to ``entries`` (and their records bytes to ``sizes``) one stream's packed records of
     a retired WAL file, ``rows`` (offset, length, position) in order, merged where they follow each
     other: what ``coalesce`` makes of one entry per row, without making those entries (a
-    ``WalEntry`` per (stream, round) was ~10% of the carry for 10 rounds a stream, issue 16)."""
+    ``WalEntry`` per (stream, round) was ~10% of the carry for 10 rounds a stream, issue 16).
+    ``head``: (position, records) of the stream's pack extents merged in front of them (step 2c),
+    which end where ``rows`` start."""
     records: list[bytes] = []
     first = end = -1
+    if head is not None:
+        first, records = head[0], list(head[1])
+        end = first + sum(map(len, records))
     for offset, length, position in rows:
         if position != end and records:
             entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
@@ -959,6 +1028,30 @@ def _carried_entries(
     if records:
         entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
         sizes.append(end - first)
+
+
+def _read_merged(
+    packs: Path, merges: dict[str, list[tuple[int, int, int, int]]]
+) -> dict[str, tuple[int, list[bytes]]]:
+    """The bytes of the pack extents ``merges`` names (step 2c): stream id -> (position of the
+    first, their records in order). Each pack is opened once and read as ``_read_ranges`` reads a
+    WAL file. Raises OSError."""
+    by_pack: dict[int, list[tuple[int, int, int]]] = {}
+    for chosen in merges.values():
+        for generation, offset, length, position in chosen:
+            by_pack.setdefault(generation, []).append((offset, length, position))
+    read: dict[tuple[int, int], bytes] = {}
+    for generation, ranges in by_pack.items():
+        fd = os.open(packs / pack_name(generation), os.O_RDONLY | _O_CLOEXEC)
+        try:
+            for offset, data in _read_ranges(fd, [ranges]).items():
+                read[(generation, offset)] = data
+        finally:
+            os.close(fd)
+    return {
+        log_id: (chosen[0][3], [read[(piece[0], piece[1])] for piece in chosen])
+        for log_id, chosen in merges.items()
+    }
 
 
 # ``_read_ranges``: ranges of a WAL file closer than this are read in one ``pread``, up to a window
