@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import ctypes
 import gc
 import json
 import os
@@ -142,6 +143,10 @@ async def age_report(root: Path, logs: list, rounds: int, streams: int) -> dict[
     pack_bytes = sum(p.stat().st_size for p in (root / packs.PACKS_DIR).glob("*.pack"))
     gc.collect()
     rss = _rss_bytes()
+    # What the allocator keeps of freed memory (a checkpoint's read buffers, in the I/O threads'
+    # arenas) against what is live: RSS again once glibc gave its free pages back.
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trimmed = _rss_bytes()
     t = time.process_time()
     for log in logs:
         assert len(await read_all(log)) == rounds  # every record back, one a round
@@ -155,12 +160,14 @@ async def age_report(root: Path, logs: list, rounds: int, streams: int) -> dict[
         "index_bytes": index,
         "pack_bytes": pack_bytes,
         "rss_mib": rss / 2**20,
+        "rss_trimmed_mib": trimmed / 2**20,
         "read_us_per_stream": read_s / streams * 1e6,
     }
     print(
         f"after {rounds} rounds: extents/stream {out['extents_mean']:.1f} (max {out['extents_max']}), "
         f"files/stream {out['files_mean']:.1f}, extents bytes/stream {out['extents_bytes_mean']:.0f}, "
-        f"index {index / 1024:.0f} KiB, packs {pack_bytes / 1024:.0f} KiB, RSS {out['rss_mib']:.1f} MiB, "
+        f"index {index / 1024:.0f} KiB, packs {pack_bytes / 1024:.0f} KiB, RSS {out['rss_mib']:.1f} MiB "
+        f"({out['rss_trimmed_mib']:.1f} trimmed), "
         f"read {out['read_us_per_stream']:.0f} us CPU/stream"
     )
     return out

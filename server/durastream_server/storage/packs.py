@@ -340,6 +340,13 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]], *, headers: bool = Fal
             chosen[log_id], whole = _contiguous(pieces)
             if not whole:
                 gaps.append(log_id)
+            # Step 2c: a merge's old entries whose sidecar line a crash cut off (the merged entry
+            # covers them): void in a pack holding none of the stream's bytes served, said now.
+            served = {p.generation for p in chosen[log_id]} | {live[log_id][0]}
+            stale = {p.generation for p in pieces if p.where == IN_PACK} - served
+            for generation in stale if whole else ():
+                if log_id not in void.get(generation, ()):
+                    newly_void.setdefault(generation, []).append(log_id)
     headers = {i: header_at[i] for i in live if i in header_at} if header_at else {}
     # Damaged entries the packs' indexes name: a live stream is quarantined (whether the entry was its
     # first, middle or last); one whose create is the damaged entry (not void) is quarantined by the

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from durastream_server.storage import committer, packs, wal
+from durastream_server.storage import committer, packindex, packs, wal
 from durastream_server.storage.extents import IN_PACK, IN_WAL, MERGE_BASE_EXTENTS, merge_choice
 
 from ._util import append, checkpoint, crash_copy, header, open_dd, read_all, run
@@ -86,13 +86,36 @@ async def _logs(dd, ids: list[str]) -> list:  # noqa: ANN001
     return [dd.logs[i] for i in ids]
 
 
-async def _rounds(dd, logs, rounds: int, expected: dict[str, bytes], root: Path, start: int = 0):  # noqa: ANN001, ANN202
+def _every(_stream: int, _round: int) -> bool:
+    return True
+
+
+def _staggered(stream: int, round_: int) -> bool:
+    """Stream i is appended every (i % 3 + 1)th round: streams merge at different checkpoints, so
+    a pack a merge took entries from still holds other streams' live ones."""
+    return round_ % (stream % 3 + 1) == 0
+
+
+async def _rounds(  # noqa: ANN202
+    dd,  # noqa: ANN001
+    logs: list,
+    rounds: int,
+    expected: dict[str, bytes],
+    root: Path,
+    start: int = 0,
+    schedule=_every,  # noqa: ANN001
+):
     for r in range(start, start + rounds):
-        for log in logs:
-            await append(log, b'"r%d"' % r)
+        for i, log in enumerate(logs):
+            if schedule(i, r):
+                await append(log, b'"r%d"' % r)
         for log in logs:
             expected[log.id] = packs.read_virtual(root, log.extents)
         await checkpoint(dd)
+
+
+def _appended(stream: int, rounds: int, schedule=_staggered) -> list[bytes]:  # noqa: ANN001
+    return [b'"r%d"' % r for r in range(rounds) if schedule(stream, r)]
 
 
 def test_extents_stay_bounded_and_every_record_reads_back_across_restarts(tmp_path: Path) -> None:
@@ -163,7 +186,7 @@ def test_a_crash_at_every_step_of_a_merge_reads_every_record_once(
         dd = await open_dd(root, packed_appends=True)
         logs = await dd.create_streams([header(f"/s{i}") for i in range(STREAMS)])
         await checkpoint(dd)
-        await _rounds(dd, logs, 12, expected, root)
+        await _rounds(dd, logs, 24, expected, root, schedule=_staggered)
         await dd.close()
         return [log.id for log in logs]
 
@@ -176,27 +199,44 @@ def test_a_crash_at_every_step_of_a_merge_reads_every_record_once(
             assert not settled.gaps and not settled.lost
             for log_id in ids:
                 assert packs.read_virtual(path, settled.extents[log_id]) == wanted[log_id], path
+            _assert_void_where_not_served(path, settled, ids)
 
-        async def serve(path: Path = path, wanted: dict[str, bytes] = wanted) -> None:
+        async def serve(path: Path = path) -> None:
             dd = await open_dd(path, packed_appends=True)
             logs = await _logs(dd, ids)
-            rounds = {len(await read_all(log)) for log in logs}
-            assert len(rounds) == 1  # every stream has the same rounds, none twice
-            [done] = rounds
-            for log in logs:
-                assert await read_all(log) == [b'"r%d"' % r for r in range(done)]
+            # The round the copy was taken in: the first stream is appended every round.
+            done = len(await read_all(logs[0]))
+            for i, log in enumerate(logs):
+                assert await read_all(log) == _appended(i, done), i  # once each, in order
             more: dict[str, bytes] = {}
-            await _rounds(
-                dd, logs, 8, more, path, start=done
-            )  # merges again, from the recovered packs
-            for log in logs:
-                assert await read_all(log) == [b'"r%d"' % r for r in range(done + 8)]
+            # Merges again, from the recovered packs.
+            await _rounds(dd, logs, 12, more, path, start=done, schedule=_staggered)
+            for i, log in enumerate(logs):
+                assert await read_all(log) == _appended(i, done + 12), i
             await dd.close()
             settled = wal.replay(path, sync=True).packed
             for log_id in ids:
                 assert packs.read_virtual(path, settled.extents[log_id]) == more[log_id]
+            _assert_void_where_not_served(path, settled, ids)
 
         run(serve)
+
+
+def _assert_void_where_not_served(path: Path, settled: packs.Settled, ids: list[str]) -> None:
+    """A pack holding none of a stream's bytes served names it void in its sidecar (a crash before
+    a merge's sidecar lines: the start-up writes them), or holds no entry of it any more."""
+    directory = path / packs.PACKS_DIR
+    for generation in packs.pack_generations(directory):
+        dead = packs.read_dead(directory, generation)
+        size = (directory / packs.pack_name(generation)).stat().st_size
+        rows = packindex.read(directory, generation, size)
+        assert rows is not None
+        for row in rows:
+            if row.log_id not in ids or settled.live[row.log_id][0] == generation:
+                continue
+            files = {g for where, g in settled.extents[row.log_id].files() if where == IN_PACK}
+            if generation not in files:
+                assert row.log_id in dead, (path, generation)
 
 
 def test_a_stream_dropped_after_merges_stays_dropped_once_its_packs_are_compacted(
