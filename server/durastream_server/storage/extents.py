@@ -10,7 +10,10 @@ Memory per idle stream is the point (issue 17: <= 2 KiB RSS per idle stream). An
 integers in one ``array('q')`` per stream (32 bytes an extent plus ~80 bytes for the array), not a tuple
 of four ints (~200 bytes) in a list. A checkpoint writes a stream's entries of a retired WAL file into
 its pack as one entry (``coalesce``), so a stream has one extent per file that holds its bytes: its
-pack(s) and the WAL files not yet retired, a handful at most.
+pack(s) and the WAL files not yet retired. Each checkpoint that carries a stream adds a pack; past a
+bound that grows with the log of the stream's bytes, the checkpoint merges its last pack extents
+with the new records into one entry (``merge_choice``, step 2c), so a stream appended every
+checkpoint keeps a handful (7 after 128 checkpoints), not one a checkpoint.
 
 Everything here runs on the event loop (the reading thread gets an immutable ``pieces`` list).
 """

@@ -26,6 +26,12 @@ entries made void, syncs them, and only then removes (or renames) the file. A si
 only for a pack that is kept; a torn last line (power loss mid-append) belongs to a checkpoint that did
 not finish, whose WAL file is still there to say the same.
 
+Merging (step 2c, ``extents.merge_choice``): a checkpoint may carry a packed stream's last pack entries
+again, with its new records, as one entry of the new pack; once that pack is durable the stream's id
+is appended to the old packs' sidecars (its entries there are void), and only then is the WAL file
+removed. A crash in between leaves both copies: ``survey`` reads each byte once (the merged entry is
+the longer piece) and names the old entries void in their sidecars.
+
 Start-up (``settle``, called by the WAL replay once segments are repaired): every pack and WAL file is
 scanned, entry headers only; a packed create is live unless its sidecar names it, a DROP in any file
 names it, or ``streams/`` has its directory (the promotion's CREATE entry was replayed). No directory is

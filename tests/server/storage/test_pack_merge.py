@@ -73,7 +73,7 @@ def test_a_large_old_extent_stays_and_a_pack_is_never_split() -> None:
 
 
 def test_the_bound_grows_with_the_log_of_the_streams_bytes() -> None:
-    """A stream whose packed bytes are 2**10 times its new records may keep 5 more extents."""
+    """A stream whose packed bytes are 2**13 times its new records may keep 6 more extents."""
     many = _history(MERGE_BASE_EXTENTS + 4, size=1024)
     assert merge_choice(_rows(*many), 1, many[-1][3], 1) == []
 
