@@ -87,6 +87,10 @@ TMP_SUFFIX = ".tmp"  # a pack being written (``write_pack``)
 # A pack is rewritten with its live packed creates only once its void ones reach this fraction of it
 # (``COMPACT_VOID_FRACTION``): packs then hold at most 1 / (1 - fraction) = 2x the live ones' entries.
 COMPACT_VOID_FRACTION = 0.5
+# Step 2c: the old bytes one checkpoint merges at most (``PackBook._plan_merges``): a merge holds them
+# in memory while the pack is written, and streams created and appended together reach their bound
+# in the same checkpoint; past this budget the others merge at their next carried checkpoints.
+MERGE_BYTES_PER_CHECKPOINT = 4 << 20
 _PACK_RE = re.compile(r"\A(\d{20})\.pack\Z")
 _ID_RE = re.compile(rb"\A[0-9a-f]{32}\Z")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -874,9 +878,11 @@ class PackBook:
         self, records: dict[str, list[tuple[int, int, int]]], moving: set[int]
     ) -> dict[str, list[tuple[int, int, int, int]]]:
         """Step 2c: the streams carried whose pack extents are merged with their new records
-        (``extents.merge_choice``), none of whose sources this plan rewrites or removes. Their
+        (``extents.merge_choice``), none of whose sources this plan rewrites or removes, those
+        with the most extents first until ``MERGE_BYTES_PER_CHECKPOINT`` old bytes are taken (a
+        stream left for later has more next time: none waits forever behind the others). Their
         entries there stop counting now (one an extent)."""
-        merges: dict[str, list[tuple[int, int, int, int]]] = {}
+        due: list[tuple[str, list[tuple[int, int, int, int]]]] = []
         for log_id, rows in records.items():
             extents = self.extents.get(log_id)
             created = self.live.get(log_id)
@@ -888,8 +894,15 @@ class PackBook:
                     break
                 end += length
             chosen = merge_choice(extents.rows(), created, first, end - first)
-            if not chosen or any(piece[0] in moving for piece in chosen):
-                continue
+            if chosen and not any(piece[0] in moving for piece in chosen):
+                due.append((log_id, chosen))
+        due.sort(key=lambda item: -len(item[1]))
+        merges: dict[str, list[tuple[int, int, int, int]]] = {}
+        budget = MERGE_BYTES_PER_CHECKPOINT
+        for log_id, chosen in due:
+            if budget <= 0:
+                break
+            budget -= sum(piece[2] for piece in chosen)
             merges[log_id] = chosen
             sources = {piece[0] for piece in chosen}
             self._merging[log_id] = sources

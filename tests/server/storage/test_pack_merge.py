@@ -289,3 +289,34 @@ def test_reads_during_merging_checkpoints_return_the_same_records(tmp_path: Path
         await dd.close()
 
     run(go)
+
+
+def test_a_checkpoint_merges_up_to_its_budget_and_the_rest_at_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams created and appended together reach their bound in the same checkpoint; past
+    ``MERGE_BYTES_PER_CHECKPOINT`` (here: one stream's merge) the others merge at the next ones, so
+    a checkpoint's merge holds a bounded number of old bytes. Every stream still gets merged."""
+    monkeypatch.setattr(packs, "MERGE_BYTES_PER_CHECKPOINT", 1)
+    plan = packs.PackBook.plan
+    merges: list[int] = []
+
+    def counting_plan(book: packs.PackBook, generation: int) -> packs.Retirement:
+        planned = plan(book, generation)
+        merges.append(len(planned.merges))
+        return planned
+
+    monkeypatch.setattr(packs.PackBook, "plan", counting_plan)
+
+    async def go() -> None:
+        dd = await open_dd(tmp_path, packed_appends=True)
+        logs = await dd.create_streams([header(f"/s{i}") for i in range(STREAMS)])
+        await checkpoint(dd)
+        await _rounds(dd, logs, ROUNDS, {}, tmp_path)
+        for log in logs:
+            assert await read_all(log) == [b'"r%d"' % r for r in range(ROUNDS)]
+            assert len(log.extents) <= MERGE_BASE_EXTENTS + 4 + STREAMS
+        await dd.close()
+
+    run(go)
+    assert max(merges) == 1 and sum(merges) >= STREAMS
