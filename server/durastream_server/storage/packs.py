@@ -88,9 +88,12 @@ TMP_SUFFIX = ".tmp"  # a pack being written (``write_pack``)
 # (``COMPACT_VOID_FRACTION``): packs then hold at most 1 / (1 - fraction) = 2x the live ones' entries.
 COMPACT_VOID_FRACTION = 0.5
 # Step 2c: the old bytes one checkpoint merges at most (``PackBook._plan_merges``): a merge holds them
-# in memory while the pack is written, and streams created and appended together reach their bound
-# in the same checkpoint; past this budget the others merge at their next carried checkpoints.
-MERGE_BYTES_PER_CHECKPOINT = 4 << 20
+# in memory while the pack is written (as the carry holds the WAL file's new records, up to 64 MiB),
+# and streams created and appended together reach their bound in the same checkpoint: 10,000 streams
+# of 100 KiB would be 1 GiB. Past this budget the others merge at their next carried checkpoints;
+# that costs more (the packs they leave half void are compacted: with 4 MiB, 2,000 streams merging
+# together, the checkpoint took 1.6x main's CPU instead of 1.16x, docs/benchmarks.md Run 16b).
+MERGE_BYTES_PER_CHECKPOINT = 16 << 20
 _PACK_RE = re.compile(r"\A(\d{20})\.pack\Z")
 _ID_RE = re.compile(rb"\A[0-9a-f]{32}\Z")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
