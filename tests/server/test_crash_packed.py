@@ -392,6 +392,72 @@ def test_sigkill_before_and_after_the_checkpoint_keeps_every_acknowledged_packed
     assert len(_read_all_messages(server.stream_url(name))) == last + 1
 
 
+def test_sigkill_while_checkpoints_merge_packed_extents_keeps_every_acknowledged_append(
+    server_factory,
+) -> None:
+    """Step 2c (merging a stream's pack extents): rounds of one small append to each of 60 packed
+    streams, each round followed by its (idle) checkpoint, which carries every stream's records: past
+    a few rounds the checkpoints merge the streams' older pack entries into the new pack and void them
+    (sidecar lines). Once a merge was seen, the server is SIGKILLed as soon as a round's checkpoint
+    has renamed its new pack in (before, during or after its sidecar lines and the WAL file's removal),
+    restarted, and that three times: every acknowledged append comes back once, in order, and the
+    streams stay packed."""
+    server = server_factory(extra_args=("--packed-appends",))
+    names = [f"pm/{n}" for n in range(60)]
+    acked: dict[str, list[int]] = {name: [] for name in names}
+    merged = threading.Event()
+
+    def append_round(pool: concurrent.futures.Executor, seq: int) -> None:
+        def one(name: str) -> None:
+            response = requests.post(
+                server.stream_url(name),
+                data=f'{{"n":{seq}}}',
+                headers={"Content-Type": JSON, **_producer_headers(name, seq)},
+                timeout=10,
+            )
+            assert response.status_code in (200, 204), (name, response.text)
+            acked[name].append(seq)
+
+        list(pool.map(one, names))
+
+    def checkpoint_done() -> bool:
+        if list((server.data_dir / packs.PACKS_DIR).glob("*.dead")):
+            merged.set()  # no drops here: a sidecar line is a merge's
+        return not _wal_files(server)
+
+    def check() -> None:
+        assert server.health()["quarantined"] == []
+        assert not _directories(server), "a small packed stream got a directory"
+        for name in names:
+            got = [m["n"] for m in _read_all_messages(server.stream_url(name))]
+            assert got == acked[name], name  # every acknowledged append, once, in order
+
+    seq = 0
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(lambda name: _put(server, name), names))
+        while not merged.is_set():
+            assert seq < 40, "no checkpoint merged pack extents"
+            append_round(pool, seq)
+            seq += 1
+            poll_until(checkpoint_done, "the idle checkpoint", timeout=30)
+        for _ in range(3):
+            before = {p.name for p in _pack_files(server)}
+            append_round(pool, seq)
+            seq += 1
+            poll_until(
+                lambda before=before: {p.name for p in _pack_files(server)} - before,
+                "the checkpoint's new pack",
+                timeout=30,
+            )
+            server.kill()
+            server.restart()
+            check()
+    _checkpointed(server)
+    server.kill()
+    server.restart()
+    check()
+
+
 def test_a_stream_crossing_the_packed_threshold_is_promoted_and_reads_back_across_a_sigkill(
     server_factory,
 ) -> None:

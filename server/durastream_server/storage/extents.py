@@ -10,7 +10,10 @@ Memory per idle stream is the point (issue 17: <= 2 KiB RSS per idle stream). An
 integers in one ``array('q')`` per stream (32 bytes an extent plus ~80 bytes for the array), not a tuple
 of four ints (~200 bytes) in a list. A checkpoint writes a stream's entries of a retired WAL file into
 its pack as one entry (``coalesce``), so a stream has one extent per file that holds its bytes: its
-pack(s) and the WAL files not yet retired, a handful at most.
+pack(s) and the WAL files not yet retired. Each checkpoint that carries a stream adds a pack; past a
+bound that grows with the log of the stream's bytes, the checkpoint merges its last pack extents
+with the new records into one entry (``merge_choice``, step 2c), so a stream appended every
+checkpoint keeps a handful (7 after 128 checkpoints), not one a checkpoint.
 
 Everything here runs on the event loop (the reading thread gets an immutable ``pieces`` list).
 """
@@ -169,21 +172,47 @@ class Extents:
                 return
             starts = {a[i + 3] for i in matched}
             moved = [row for row in moved if row[2] in starts]
+        self._replace(matched, {generation * 2 + where}, list(moved), to)
+
+    def merge(
+        self,
+        files: Iterable[tuple[int, int]],
+        moved: list[tuple[int, int, int]],
+        to: tuple[int, int],
+    ) -> None:
+        """The extents in any of ``files`` ((where, generation) each) are now the ``moved`` ranges
+        (offset, length, position) of file ``to``: a checkpoint merged the stream's last pack extents
+        and its retired WAL file's records into one entry of the new pack (``merge_choice``). The
+        logical ranges must be exactly the ones removed, as for ``relocate``."""
+        keys = {generation * 2 + where for where, generation in files}
+        a = self._a
+        matched = [i for i in range(0, len(a), _FIELDS) if a[i] in keys]
+        self._replace(matched, keys, moved, to)
+
+    def _replace(
+        self,
+        matched: list[int],
+        keys: set[int],
+        moved: list[tuple[int, int, int]],
+        to: tuple[int, int],
+    ) -> None:
+        """``relocate`` and ``merge``: the extents at array indexes ``matched`` (those whose file
+        key is in ``keys``, in order) replaced by ``moved``; the ones before the first are kept as
+        they are (one C-level slice)."""
+        a = self._a
         head = matched[0] if matched else len(a)
         gone = [(a[i + 3], a[i + 2]) for i in matched]
-        moved = list(moved)
         came = [(position, length) for _, length, position in moved]
         if _covered(gone) != _covered(came):
             raise ValueError(
-                f"relocating extents of file {(where, generation)}: {sorted(came)} do not cover "
+                f"relocating extents of files {sorted(keys)}: {sorted(came)} do not cover "
                 f"{sorted(gone)}"
             )
-        key = generation * 2 + where
         new_key = to[1] * 2 + to[0]
         tail = [
             (a[i], a[i + 1], a[i + 2], a[i + 3])
             for i in range(head, len(a), _FIELDS)
-            if a[i] != key
+            if a[i] not in keys
         ]
         tail += [(new_key, offset, length, position) for offset, length, position in moved]
         tail.sort(key=lambda extent: extent[3])
@@ -194,6 +223,69 @@ class Extents:
                 raise ValueError(f"relocating leaves a gap at {fresh.end}")
             fresh.add(k & 1, k >> 1, offset, length, position)
         self._a = fresh._a
+
+
+# Merging (decision 0010, "Step 2c: merging a stream's pack extents"): a stream with more pack extents
+# than ``MERGE_BASE_EXTENTS`` plus half the log2 of (its packed bytes / the round's new bytes) has its
+# last ones merged with the new records into one entry of the new pack (``merge_choice``).
+MERGE_BASE_EXTENTS = 4
+
+
+def merge_choice(
+    rows: tuple[int, ...], create_pack: int, first: int, new_bytes: int
+) -> list[tuple[int, int, int, int]]:
+    """The pack extents (generation, offset, length, position), in order, that a checkpoint should
+    merge with a stream's ``new_bytes`` of records carried from its retired WAL file (from logical
+    ``first`` on) into one entry of the new pack; [] for none. ``rows``: ``Extents.rows()``.
+
+    Why: a checkpoint adds one pack extent to each stream it carries, so a stream appended once per
+    micro-batch gained one extent (and one more file a read touches, 32 bytes of memory, an index row)
+    per checkpoint forever. The bound grows with the log of the stream's bytes, and a merge takes the
+    newest extent and then each older one no larger than what is merged so far (a binary counter
+    over sizes): each byte is rewritten O(log) times over the stream's life, never the whole stream
+    every checkpoint. The create's pack (header record, and the records of its first WAL file) is
+    never merged: its entries there include the create, which only a drop or promotion voids. The
+    stream's entries in a pack are voided together (by id, in its sidecar), so a pack is merged
+    whole or not at all."""
+    n = len(rows)
+    stop = next((i for i in range(0, n, _FIELDS) if rows[i + 3] == first), -1)
+    start = stop
+    while start > 0:
+        key = rows[start - _FIELDS]
+        if key & 1 != IN_PACK or key >> 1 == create_pack:
+            break
+        start -= _FIELDS
+    count = (stop - start) // _FIELDS
+    if count <= 0:
+        return []
+    total = new_bytes + sum(rows[i + 2] for i in range(start, stop, _FIELDS))
+    ratio = max(1, total // max(1, new_bytes))
+    if count + 1 <= MERGE_BASE_EXTENTS + (ratio.bit_length() - 1) // 2:
+        return []
+    acc = new_bytes
+    cut = stop
+    while cut > start:
+        length = rows[cut - _FIELDS + 2]
+        if cut < stop and length > acc:
+            break
+        acc += length
+        cut -= _FIELDS
+    # Never split a pack: take the older extents of a pack already taken (if they are candidates).
+    while True:
+        taken = {rows[i] >> 1 for i in range(cut, stop, _FIELDS)}
+        before = [
+            i for i in range(0, cut, _FIELDS) if rows[i] & 1 == IN_PACK and rows[i] >> 1 in taken
+        ]
+        if not before:
+            break
+        if before[0] < start:
+            return []
+        cut = before[0]
+    if any(rows[i] & 1 == IN_PACK and rows[i] >> 1 in taken for i in range(stop, n, _FIELDS)):
+        return []
+    return [
+        (rows[i] >> 1, rows[i + 1], rows[i + 2], rows[i + 3]) for i in range(cut, stop, _FIELDS)
+    ]
 
 
 def _covered(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

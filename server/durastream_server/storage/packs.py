@@ -26,6 +26,12 @@ entries made void, syncs them, and only then removes (or renames) the file. A si
 only for a pack that is kept; a torn last line (power loss mid-append) belongs to a checkpoint that did
 not finish, whose WAL file is still there to say the same.
 
+Merging (step 2c, ``extents.merge_choice``): a checkpoint may carry a packed stream's last pack entries
+again, with its new records, as one entry of the new pack; once that pack is durable the stream's id
+is appended to the old packs' sidecars (its entries there are void), and only then is the WAL file
+removed. A crash in between leaves both copies: ``survey`` reads each byte once (the merged entry is
+the longer piece) and names the old entries void in their sidecars.
+
 Start-up (``settle``, called by the WAL replay once segments are repaired): every pack and WAL file is
 scanned, entry headers only; a packed create is live unless its sidecar names it, a DROP in any file
 names it, or ``streams/`` has its directory (the promotion's CREATE entry was replayed). No directory is
@@ -56,6 +62,7 @@ from durastream_server.storage.extents import (
     Extents,
     Piece,
     coalesce,
+    merge_choice,
     records_offsets,
 )
 from durastream_server.storage.files import fsync_dir, pread_exact, replace_file
@@ -80,6 +87,13 @@ TMP_SUFFIX = ".tmp"  # a pack being written (``write_pack``)
 # A pack is rewritten with its live packed creates only once its void ones reach this fraction of it
 # (``COMPACT_VOID_FRACTION``): packs then hold at most 1 / (1 - fraction) = 2x the live ones' entries.
 COMPACT_VOID_FRACTION = 0.5
+# Step 2c: the old bytes one checkpoint merges at most (``PackBook._plan_merges``): a merge holds them
+# in memory while the pack is written (as the carry holds the WAL file's new records, up to 64 MiB),
+# and streams created and appended together reach their bound in the same checkpoint: 10,000 streams
+# of 100 KiB would be 1 GiB. Past this budget the others merge at their next carried checkpoints;
+# that costs more (the packs they leave half void are compacted: with 4 MiB, 2,000 streams merging
+# together, the checkpoint took 1.6x main's CPU instead of 1.16x, docs/benchmarks.md Run 16b).
+MERGE_BYTES_PER_CHECKPOINT = 16 << 20
 _PACK_RE = re.compile(r"\A(\d{20})\.pack\Z")
 _ID_RE = re.compile(rb"\A[0-9a-f]{32}\Z")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -339,6 +353,13 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]], *, headers: bool = Fal
             chosen[log_id], whole = _contiguous(pieces)
             if not whole:
                 gaps.append(log_id)
+            # Step 2c: a merge's old entries whose sidecar line a crash cut off (the merged entry
+            # covers them): void in a pack holding none of the stream's bytes served, said now.
+            served = {p.generation for p in chosen[log_id]} | {live[log_id][0]}
+            stale = {p.generation for p in pieces if p.where == IN_PACK} - served
+            for generation in stale if whole else ():
+                if log_id not in void.get(generation, ()):
+                    newly_void.setdefault(generation, []).append(log_id)
     headers = {i: header_at[i] for i in live if i in header_at} if header_at else {}
     # Damaged entries the packs' indexes name: a live stream is quarantined (whether the entry was its
     # first, middle or last); one whose create is the damaged entry (not void) is quarantined by the
@@ -652,6 +673,10 @@ class Retirement:
     # Step 2: the live packed records the retired WAL file holds, read back from it by ``carry_out``
     # (never held in memory while serving): stream id -> [(WAL file offset, length, position)].
     records: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    # Step 2c: streams whose last pack extents (generation, offset, length, position) are merged with
+    # their ``records`` into one entry of the new pack (``extents.merge_choice``); their entries in
+    # those packs are void once the new pack is durable (a sidecar line each, by id).
+    merges: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
 
     def files_moved(self) -> list[tuple[int, int]]:
         """The files (where, generation) ``carry_out`` may rename over or remove: what packed reads
@@ -710,6 +735,11 @@ class PackBook:
         self.header_at: dict[str, int] = {}
         self.extents: dict[str, Extents] = {}
         self._records: dict[int, set[str]] = {}  # WAL generation -> ids with packed records in it
+        # Step 2c: streams planned to be merged out of these packs, until ``carried_out`` (their
+        # counts there are taken off by ``plan``: a drop meanwhile must not take them off again),
+        # and the packs merges took entries from since the last plan (compaction candidates).
+        self._merging: dict[str, set[int]] = {}
+        self._shrunk: set[int] = set()
 
     def load(self, settled: Settled) -> None:
         for log_id, (generation, _) in settled.live.items():
@@ -783,10 +813,11 @@ class PackBook:
             dying = self._dying.setdefault(generation, [])
             dying.append((log_id, created))
             if extents is not None:  # its records entries in packs (one per row; headers at 0)
+                merging = self._merging.get(log_id, ())
                 dying += [
                     (log_id, p.generation)
                     for p in extents.pieces(extents.start, extents.end)
-                    if p.where == IN_PACK and p.position > 0
+                    if p.where == IN_PACK and p.position > 0 and p.generation not in merging
                 ]
 
     def void_now(self, log_id: str) -> None:
@@ -828,6 +859,9 @@ class PackBook:
             rows = [row for row in extents.in_file(IN_WAL, generation) if row[2] > 0]
             if rows:
                 records[log_id] = rows
+        for g in self._shrunk - dead.keys():  # packs that merges took entries from
+            dead[g] = []
+        self._shrunk = set()
         remove = [g for g in self.kept if not self.counts.get(g)]
         compact = [
             g
@@ -836,9 +870,49 @@ class PackBook:
             and g not in self.read_through
             and worth_rewriting(self.counts.get(g, 0), self.entries.get(g, 0))
         ]
+        for g in [g for g in dead if not dead[g] and g not in compact]:
+            del dead[g]  # a merge source not worth rewriting: nothing to write
+        merges = self._plan_merges(records, {*compact, *remove})
         for g in [g for g, n in self.counts.items() if not n and g <= generation]:
             del self.counts[g]
-        return Retirement(generation, dead, keep, remove, compact, records)
+        return Retirement(generation, dead, keep, remove, compact, records, merges)
+
+    def _plan_merges(
+        self, records: dict[str, list[tuple[int, int, int]]], moving: set[int]
+    ) -> dict[str, list[tuple[int, int, int, int]]]:
+        """Step 2c: the streams carried whose pack extents are merged with their new records
+        (``extents.merge_choice``), none of whose sources this plan rewrites or removes, those
+        with the most extents first until ``MERGE_BYTES_PER_CHECKPOINT`` old bytes are taken (a
+        stream left for later has more next time: none waits forever behind the others). Their
+        entries there stop counting now (one an extent)."""
+        due: list[tuple[str, list[tuple[int, int, int, int]]]] = []
+        for log_id, rows in records.items():
+            extents = self.extents.get(log_id)
+            created = self.live.get(log_id)
+            if extents is None or created is None or log_id in self._merging:
+                continue
+            end = first = rows[0][2]
+            for _, length, position in rows:  # the run the merged entry ends with
+                if position != end:
+                    break
+                end += length
+            chosen = merge_choice(extents.rows(), created, first, end - first)
+            if chosen and not any(piece[0] in moving for piece in chosen):
+                due.append((log_id, chosen))
+        due.sort(key=lambda item: -len(item[1]))
+        merges: dict[str, list[tuple[int, int, int, int]]] = {}
+        budget = MERGE_BYTES_PER_CHECKPOINT
+        for log_id, chosen in due:
+            if budget <= 0:
+                break
+            budget -= sum(piece[2] for piece in chosen)
+            merges[log_id] = chosen
+            sources = {piece[0] for piece in chosen}
+            self._merging[log_id] = sources
+            self._shrunk |= sources
+            for piece in chosen:
+                self.counts[piece[0]] = self.counts.get(piece[0], 0) - 1
+        return merges
 
     def carry_out(
         self, plan: Retirement, wal: WalFile | None, *, sync: bool, remove_wal: bool = True
@@ -877,11 +951,20 @@ class PackBook:
                 entries = list(plan.keep)
                 sizes = records_sizes(entries)  # the creates' header records: one each
                 read = _read_ranges(wal.fd, plan.records.values())
+                heads = _read_merged(packs, plan.merges)
                 for log_id, rows in plan.records.items():
-                    _carried_entries(log_id, rows, read, entries, sizes)
+                    _carried_entries(log_id, rows, read, entries, sizes, heads.get(log_id))
                 records = len(entries) - len(plan.keep)
                 size = write_pack(packs, plan.generation, entries, sync=sync, sizes=sizes)
                 written[plan.generation] = (size, len(entries))
+                # Only now (the new pack durable) are the merged entries void in their packs: a
+                # crash before leaves both, read once (``survey``: the longer piece is taken).
+                merged: dict[int, list[str]] = {}
+                for log_id, chosen in plan.merges.items():
+                    for g in sorted({piece[0] for piece in chosen}):
+                        merged.setdefault(g, []).append(log_id)
+                for g, ids in sorted(merged.items()):
+                    append_dead(packs, g, ids, sync=sync)
                 if self.appends:
                     moved[(IN_WAL, plan.generation)] = _rows(entries, sizes)
             if remove_wal:
@@ -931,7 +1014,16 @@ class PackBook:
                 extents = self.extents.get(log_id)
                 if extents is None:
                     continue
-                extents.relocate(where, generation, rows, (IN_PACK, generation), known_only=True)
+                chosen = plan.merges.get(log_id) if where == IN_WAL else None
+                if chosen:
+                    files = {(IN_PACK, piece[0]) for piece in chosen} | {(IN_WAL, generation)}
+                    extents.merge(files, rows, (IN_PACK, generation))
+                else:
+                    extents.relocate(
+                        where, generation, rows, (IN_PACK, generation), known_only=True
+                    )
+        for log_id in plan.merges:
+            self._merging.pop(log_id, None)
 
 
 def _carried_entries(
@@ -940,13 +1032,19 @@ def _carried_entries(
     read: dict[int, bytes],
     entries: list[WalEntry],
     sizes: list[int],
+    head: tuple[int, list[bytes]] | None = None,
 ) -> None:
     """Append to ``entries`` (and their records bytes to ``sizes``) one stream's packed records of
     a retired WAL file, ``rows`` (offset, length, position) in order, merged where they follow each
     other: what ``coalesce`` makes of one entry per row, without making those entries (a
-    ``WalEntry`` per (stream, round) was ~10% of the carry for 10 rounds a stream, issue 16)."""
+    ``WalEntry`` per (stream, round) was ~10% of the carry for 10 rounds a stream, issue 16).
+    ``head``: (position, records) of the stream's pack extents merged in front of them (step 2c),
+    which end where ``rows`` start."""
     records: list[bytes] = []
     first = end = -1
+    if head is not None:
+        first, records = head[0], list(head[1])
+        end = first + sum(map(len, records))
     for offset, length, position in rows:
         if position != end and records:
             entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
@@ -959,6 +1057,30 @@ def _carried_entries(
     if records:
         entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
         sizes.append(end - first)
+
+
+def _read_merged(
+    packs: Path, merges: dict[str, list[tuple[int, int, int, int]]]
+) -> dict[str, tuple[int, list[bytes]]]:
+    """The bytes of the pack extents ``merges`` names (step 2c): stream id -> (position of the
+    first, their records in order). Each pack is opened once and read as ``_read_ranges`` reads a
+    WAL file. Raises OSError."""
+    by_pack: dict[int, list[tuple[int, int, int]]] = {}
+    for chosen in merges.values():
+        for generation, offset, length, position in chosen:
+            by_pack.setdefault(generation, []).append((offset, length, position))
+    read: dict[tuple[int, int], bytes] = {}
+    for generation, ranges in by_pack.items():
+        fd = os.open(packs / pack_name(generation), os.O_RDONLY | _O_CLOEXEC)
+        try:
+            for offset, data in _read_ranges(fd, [ranges]).items():
+                read[(generation, offset)] = data
+        finally:
+            os.close(fd)
+    return {
+        log_id: (chosen[0][3], [read[(piece[0], piece[1])] for piece in chosen])
+        for log_id, chosen in merges.items()
+    }
 
 
 # ``_read_ranges``: ranges of a WAL file closer than this are read in one ``pread``, up to a window
