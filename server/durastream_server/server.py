@@ -34,8 +34,9 @@ from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.shards.handoff import HandOff, with_handoff
+from durastream_server.shards.internal import InternalCredential
 from durastream_server.shards.router import ShardRouter, socket_path
-from durastream_server.shards.subscriptions import AUTH_REFUSAL, PeerFeeds, keys_dir
+from durastream_server.shards.subscriptions import PeerFeeds, keys_dir
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.subscriptions.service import SubscriptionService
@@ -260,9 +261,8 @@ def exposure_warnings(config: ServerConfig, bound_host: str) -> list[str]:
 
 def worker_subscriptions(config: ServerConfig, router: ShardRouter | None) -> dict[str, Any]:
     """A worker's subscription wiring (``shards/subscriptions.py``): the server's one keyring and the
-    followers of the other shards' streams; nothing for the one-process server, or when subscriptions
-    are refused (501) on this server."""
-    if router is None or router.subscriptions_refused is not None:
+    followers of the other shards' streams; nothing for the one-process server."""
+    if router is None:
         return {}
     return {"keys_dir": keys_dir(config.data_dir), "peers": PeerFeeds(router)}
 
@@ -275,8 +275,8 @@ def shard_router(config: ServerConfig) -> ShardRouter | None:
     # from falling back (docs/extensions.md, "Advertisement").
     responses.withhold_extensions(extensions.NOT_WITH_WORKERS)
     router = ShardRouter(config.shard_index, config.workers, config.shard_sockets, tls=config.tls)
-    if config.auth_tokens:
-        router.subscriptions_refused = AUTH_REFUSAL
+    if config.auth_tokens:  # the workers' own requests to each other present it (internal.py)
+        router.internal = InternalCredential.load(config.shard_sockets)
     return router
 
 

@@ -175,7 +175,11 @@ class DurastreamApp:
         self._extensions: discovery.ExtensionResources | None = None
         self.startup_error: BaseException | None = None
         self._cors = cors.CorsPolicy(config.cors_origins)
-        self._auth = Authorizer(config.auth_tokens) if config.auth_tokens else None
+        self._auth = (
+            Authorizer(config.auth_tokens, router.internal_token if router is not None else None)
+            if config.auth_tokens
+            else None
+        )
         # Counted on every request; the storage layer adds its own figures when the server passes
         # the same object to the data directory (server.py).
         self.metrics = metrics if metrics is not None else ServerMetrics()

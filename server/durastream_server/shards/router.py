@@ -41,11 +41,14 @@ from durastream_server.errors import (
     ShardUnavailable,
 )
 from durastream_server.http import discovery, paths, responses
+from durastream_server.shards import internal
 from durastream_server.shards.layout import shard_of
 from durastream_server.shards.subscriptions import subscription_owner
 
 if TYPE_CHECKING:
+    from durastream_server.auth import AuthToken
     from durastream_server.shards.handoff import HandOff
+    from durastream_server.shards.internal import InternalCredential
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ _HOP_BY_HOP: Final = frozenset(
     (b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection")
 )
 _FORKED_FROM: Final = b"stream-forked-from"
+# Never relayed from a client: the workers' credential counts only from a worker (internal.py).
+_NOT_RELAYED: Final = _HOP_BY_HOP | {internal.HEADER.encode()}
 _STREAM_PREFIX: Final = paths.STREAM_PREFIX.encode()
 # ``__ds/`` resources served with N > 1: the extension document (this worker's, which every worker
 # shares), the listing (every shard's page, merged: fanout.py) and the change feed and its selections
@@ -126,8 +131,9 @@ class ShardRouter:
         self._idle: dict[int, list[_Upstream]] = {k: [] for k in range(count)}
         self.forwarded = 0  # requests relayed to another worker (/healthz "shard")
         self.handoff: HandOff | None = None  # set by HandOff (connection hand-off, handoff.py)
-        # Why subscriptions are refused (501) on this server, or None: served by their owner.
-        self.subscriptions_refused: str | None = None
+        # The workers' own credential (``internal.py``), with --auth-token: presented by this worker's
+        # own requests to the others, accepted only over its Unix socket. None without tokens.
+        self.internal: InternalCredential | None = None
 
     # -- placement ------------------------------------------------------------------------------------
 
@@ -141,12 +147,8 @@ class ShardRouter:
         except paths.InvalidPath:
             return None
         if target.kind is paths.RouteKind.SUBSCRIPTIONS:
-            # A subscription's requests go to its owner (shards/subscriptions.py), unless refused here.
-            shard = (
-                None
-                if self.subscriptions_refused
-                else subscription_owner(target.target, self.count)
-            )
+            # A subscription's requests go to its owner (shards/subscriptions.py).
+            shard = subscription_owner(target.target, self.count)
         elif target.kind is paths.RouteKind.STREAM:
             shard = shard_of(target.target, self.count)
         else:
@@ -176,8 +178,6 @@ class ShardRouter:
         own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
         if target.kind is paths.RouteKind.SUBSCRIPTIONS and target.target not in _SERVED_ACROSS:
             if not discovery.owns(target.target):  # subscriptions, jwks.json: their owner serves
-                if self.subscriptions_refused is not None:
-                    raise NotWithWorkers(self.subscriptions_refused)
                 return
             raise NotWithWorkers(
                 "this resource spans many streams, which a "
@@ -209,6 +209,20 @@ class ShardRouter:
         another worker), not from the public port: uvicorn gives such a request no server port, or no
         server address at all, depending on its version."""
         return server is None or server[1] is None
+
+    def internal_token(self, headers: Mapping[str, str], server: Any) -> AuthToken | None:
+        """What a request presenting the workers' credential (``internal.HEADER``) is authorized as,
+        when it came over this worker's Unix socket from another worker; None otherwise (over TCP it
+        is nothing: the request needs a configured token like any other)."""
+        presented = headers.get(internal.HEADER)
+        if presented is None or self.internal is None or not self.from_worker(server):
+            return None
+        return internal.TOKEN if self.internal.matches(presented) else None
+
+    def credential_line(self) -> bytes:
+        """The header line presenting the workers' credential on a request of this worker's own to
+        another (no client's token to carry); empty without ``--auth-token``."""
+        return b"" if self.internal is None else self.internal.header_line()
 
     def describe(self) -> dict[str, int]:
         described = {"index": self.index, "count": self.count, "forwarded": self.forwarded}
@@ -328,7 +342,7 @@ async def _send_request(upstream: _Upstream, scope: Scope, receive: Receive) -> 
     parts = [scope["method"].encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
     chunked = has_host = False
     for name, value in scope["headers"]:
-        if name in _HOP_BY_HOP:
+        if name in _NOT_RELAYED:
             chunked = chunked or name == b"transfer-encoding"
             continue
         has_host = has_host or name == b"host"

@@ -50,7 +50,7 @@ def worker_of_shard(server: ServerProcess, index: int) -> int | None:
     for pid in workers_of(server):
         try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone, or exiting, since it was listed
             continue
         if (
             b"--shard-index" in args
