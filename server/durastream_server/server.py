@@ -33,6 +33,8 @@ from durastream_server.http.guard import protocol_class
 from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.metrics.counters import ServerMetrics
+from durastream_server.shards import forks
+from durastream_server.shards.forks import ForkPlacements
 from durastream_server.shards.handoff import HandOff, with_handoff
 from durastream_server.shards.internal import InternalCredential
 from durastream_server.shards.router import ShardRouter, socket_path
@@ -93,6 +95,8 @@ class Backend:
                 max_messages_per_request=config.max_messages_per_request,
             )
             await engine.start()
+            if router is not None:  # a fork held here is served here (shards/forks.py)
+                router.hosts = engine.holds
             state_dir = data.meta_path("subscriptions")
             state_dir.mkdir(parents=True, exist_ok=True)
             subscriptions = SubscriptionService(
@@ -275,6 +279,7 @@ def shard_router(config: ServerConfig) -> ShardRouter | None:
     # from falling back (docs/extensions.md, "Advertisement").
     responses.withhold_extensions(extensions.NOT_WITH_WORKERS)
     router = ShardRouter(config.shard_index, config.workers, config.shard_sockets, tls=config.tls)
+    router.placements = ForkPlacements(config.data_dir / "meta" / forks.FILE)
     if config.auth_tokens:  # the workers' own requests to each other present it (internal.py)
         router.internal = InternalCredential.load(config.shard_sockets)
     return router
