@@ -34,9 +34,10 @@ from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.metrics.counters import ServerMetrics
 from durastream_server.shards import forks
-from durastream_server.shards.forks import ForkPlacements
+from durastream_server.shards.forks import ForkPlacements, PlacementFiles
 from durastream_server.shards.handoff import HandOff, with_handoff
 from durastream_server.shards.internal import InternalCredential
+from durastream_server.shards.layout import shard_dir
 from durastream_server.shards.router import ShardRouter, socket_path
 from durastream_server.shards.subscriptions import PeerFeeds, keys_dir
 from durastream_server.storage.datadir import DataDir, StorageConfig
@@ -280,6 +281,10 @@ def shard_router(config: ServerConfig) -> ShardRouter | None:
     responses.withhold_extensions(extensions.NOT_WITH_WORKERS)
     router = ShardRouter(config.shard_index, config.workers, config.shard_sockets, tls=config.tls)
     router.placements = ForkPlacements(config.data_dir / "meta" / forks.FILE)
+    root = config.data_dir.parent.parent  # <root>/shards/<k>
+    router.placement_files = PlacementFiles(
+        {k: shard_dir(root, k) / "meta" / forks.FILE for k in range(config.workers)}
+    )
     if config.auth_tokens:  # the workers' own requests to each other present it (internal.py)
         router.internal = InternalCredential.load(config.shard_sockets)
     return router

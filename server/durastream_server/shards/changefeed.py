@@ -54,7 +54,6 @@ from durastream_server.http import changes
 from durastream_server.http.live import Disconnect
 from durastream_server.http.query import bounded_int
 from durastream_server.shards.fanout import is_shard_page, peer_failed, request_head
-from durastream_server.shards.layout import shard_of
 from durastream_server.shards.router import FLAG, OWNER_WAIT_SECONDS
 from durastream_server.timers import time_left
 
@@ -214,7 +213,7 @@ class ChangesFanOut:
 
     def keep(self, path: str) -> bool:
         """Whether this worker's shard holds ``path`` (its part of a selection)."""
-        return shard_of(path, self._router.count) == self._router.index
+        return self._router.shard_holding(path) == self._router.index  # a fork: forks.py
 
     # -- selections -----------------------------------------------------------------------------------
 

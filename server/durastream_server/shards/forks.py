@@ -14,6 +14,8 @@ its own path hashes to. Placement:
 * The holder serves a path it holds (``ShardRouter.hosts``, its engine's streams) when a request for
   it reaches it from anywhere, e.g. a connection handed over to it: only the home's table decides
   where a create goes.
+* Requests naming many streams (bulk writes, multi-range reads) are split by where each path lives,
+  read from every shard's table file (``PlacementFiles``; read again when it changed).
 * Where a source lives (``location``): its home's table, asked over the Unix sockets when the home is
   another worker (``PLACEMENT_HEADER`` on a ``GET`` of the source's path, answered with the shard
   number), so a fork of a fork goes where its source was placed.
@@ -63,6 +65,34 @@ class ForkPlacements:
             updated = {**self._where, path: shard}
             await asyncio.to_thread(_write, self._path, updated)
             self._where = updated
+
+
+class PlacementFiles:
+    """Every shard's placement table as its file now says, for splitting requests that name many
+    streams (bulk writes, multi-range reads: ``ShardRouter.shard_holding``) without asking each
+    path's home. A file is read again only when its ``stat`` changed; a home writes its table (and
+    renames it into place) before it forwards the fork's create, so a client that saw the fork
+    created finds it here."""
+
+    def __init__(self, files: dict[int, Path]) -> None:
+        self._files = files
+        self._seen: dict[int, tuple[tuple[int, int, int], dict[str, int]]] = {}
+
+    def table(self, shard: int) -> dict[str, int]:
+        path = self._files[shard]
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            return {}
+        key = (info.st_ino, info.st_mtime_ns, info.st_size)
+        seen = self._seen.get(shard)
+        if seen is None or seen[0] != key:
+            try:
+                seen = (key, _load(path))
+            except (OSError, ValueError, KeyError):  # being replaced: as it was
+                return seen[1] if seen is not None else {}
+            self._seen[shard] = seen
+        return seen[1]
 
 
 def _load(path: Path) -> dict[str, int]:

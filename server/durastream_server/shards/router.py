@@ -46,7 +46,7 @@ from durastream_server.shards.subscriptions import subscription_owner
 
 if TYPE_CHECKING:
     from durastream_server.auth import AuthToken
-    from durastream_server.shards.forks import ForkPlacements
+    from durastream_server.shards.forks import ForkPlacements, PlacementFiles
     from durastream_server.shards.handoff import HandOff
     from durastream_server.shards.internal import InternalCredential
 
@@ -144,6 +144,7 @@ class ShardRouter:
         # whether this worker's engine holds a path (set by the backend once its engine is open).
         self.placements: ForkPlacements | None = None
         self.hosts: Callable[[str], bool] | None = None
+        self.placement_files: PlacementFiles | None = None  # every shard's table (forks.py)
 
     # -- placement ------------------------------------------------------------------------------------
 
@@ -253,6 +254,18 @@ class ShardRouter:
         assert self.placements is not None
         await self.placements.place(path, shard)
         return None if shard == self.index else shard
+
+    def shard_holding(self, path: str) -> int:
+        """The shard holding ``path``, read from its home's table file: how requests naming many
+        streams are split (``bulkwrite.py``, ``multirange.py``)."""
+        home = shard_of(path, self.count)
+        if self.placement_files is None:
+            return home
+        if home == self.index and self.placements is not None:
+            placed = self.placements.get(path)
+        else:
+            placed = self.placement_files.table(home).get(path)
+        return home if placed is None else placed
 
     async def location(self, path: str) -> int:
         """The shard holding (or to hold) the stream at ``path``: its home's placement table."""

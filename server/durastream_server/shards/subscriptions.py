@@ -154,6 +154,10 @@ class PeerFeeds:
         """The content type of another shard's stream, as its change feed last said."""
         return self._content_types.get(path)
 
+    def holder(self, path: str) -> int:
+        """The shard holding the stream at ``path`` (a fork: its source's, ``forks.py``)."""
+        return self._router.shard_holding(path)
+
     def credential_line(self) -> bytes:
         """The header line presenting the workers' credential (``router.credential_line``)."""
         return self._router.credential_line()
@@ -172,7 +176,7 @@ class PeerFeeds:
             if prefix is not None:
                 found += await self._listed(shard, prefix, _LISTING_LIMIT, whole=True)
         for path in explicit:
-            shard = shard_of(path, self.count)
+            shard = self.holder(path)
             if shard != self.index:
                 found += [item for item in await self._listed(shard, path, 1) if item[0] == path]
         return found
@@ -276,7 +280,7 @@ class PeerWakeWriter(WakeStreamWriter):
         self._clock = clock
 
     async def announce(self, subscription_id: str, wake_stream: str, wake: Wake) -> None:
-        owner = shard_of(wake_stream, self._feeds.count)
+        owner = self._feeds.holder(wake_stream)
         if owner == self._feeds.index:
             await self._local.announce(subscription_id, wake_stream, wake)
             return

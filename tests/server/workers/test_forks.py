@@ -3,7 +3,8 @@
 A fork whose path hashes to the other shard than its source's is created in its source's shard; its
 home (the shard its path hashes to) records where it lives, durably, and forwards its requests there.
 The same sequence of requests (creates, forks, forks of forks homed in either shard, appends, reads,
-listing, change feed, deletes of source and fork, a path created again) runs against one process and
+listing, change feed, multi-range reads, bulk ``ensure`` and ``commits``, deletes of source and fork,
+a path created again) runs against one process and
 against ``--workers 2``; every answer (status, body, offsets, error code) must be the same. Then each
 worker is SIGKILLed in turn, and the whole server restarted: every fork is still found and reads the
 same.
@@ -21,7 +22,10 @@ from typing import Any
 import pytest
 import requests
 
+from durastream_server.http import bulk
 from durastream_server.shards.layout import shard_of
+from tests.server.workers.test_bulk import _inline, _post
+from tests.server.workers.test_multirange import _walk
 from tests.server.workers.test_workers import WORKERS, worker_of_shard
 from tests.support.http import poll_until
 from tests.support.server_process import ServerProcess
@@ -49,6 +53,7 @@ def _layout() -> dict[str, str]:
         "fork_of_fork_home_1": _of_shard(prefix, 1),
         "missing": _of_shard(prefix, 1),
         "orphan": _of_shard(prefix, 1),
+        "ensured": _of_shard(prefix, 1),
     }
 
 
@@ -98,6 +103,20 @@ def _scenario(server: ServerProcess, at: dict[str, str]) -> list[tuple[Any, ...]
     ).json()
     seen.append(("listed", [item["path"] for item in listing["streams"]]))
     seen.append(("changed", sorted(_changed_paths(server, at["prefix"] + "/"))))
+    # requests naming many streams are split by where each lives: the fork's part goes to its holder
+    deeper = at["fork_of_fork_home_1"]
+    tails = {p: requests.head(url(p)).headers["Stream-Next-Offset"] for p in (fork, source, deeper)}
+    ranges = [{"path": p, "offset": "-1", "end": tail} for p, tail in tails.items()]
+    seen.append(("reads", _walk(server, ranges, "frames")))
+    ensured = _post(
+        server,
+        "ensure",
+        json={"streams": [fork, at["ensured"]], "content_type": TEXT["Content-Type"]},
+    )
+    seen.append(("ensure", ensured.status_code, ensured.json()))
+    commits = _post(server, "commits", data=bulk.encode_requests([_inline(fork, b"+bulk", "p-f")]))
+    seen.append(("commits", commits.status_code, commits.json()))
+    seen.append(_seen(read(fork)))
     seen += [
         _seen(requests.delete(url(source))),
         _seen(read(source)),
