@@ -24,8 +24,10 @@ import requests
 
 from durastream_server.http import bulk
 from durastream_server.shards.layout import shard_of
+from tests.server.subscriptions.test_end_to_end import Api, unique, wait_until
 from tests.server.workers.test_bulk import _inline, _post
 from tests.server.workers.test_multirange import _walk
+from tests.server.workers.test_subscriptions import _claim_all, _sub_of_shard, subscriptions_ready
 from tests.server.workers.test_workers import WORKERS, worker_of_shard
 from tests.support.http import poll_until
 from tests.support.server_process import ServerProcess
@@ -191,3 +193,47 @@ def test_placement_survives_sigkill_of_either_worker_and_a_restart(server_factor
     assert requests.post(url(fork), data=b"!", headers=TEXT).status_code == 204
     for _ in range(6):
         assert requests.get(url(fork), params={"offset": "-1"}).content == b"abc+f!"
+
+
+def test_a_subscription_keeps_a_fork_held_in_another_shard_than_its_home(server_factory) -> None:  # type: ignore[no-untyped-def]
+    """The owner (shard 0) holds the fork (homed in shard 1) itself: the other shard's snapshots,
+    at start and after its worker is SIGKILLed, must not take the fork for deleted."""
+    at = _layout()
+    workers = server_factory(extra_args=WORKERS)
+    subscriptions_ready(workers)
+    api = Api(workers)
+    source, fork = at["source"], at["fork"]
+    api.create_stream(source, {"n": 0})
+    created = requests.put(
+        workers.stream_url(fork),
+        headers={"Content-Type": "application/json", "Stream-Forked-From": f"/v1/stream/{source}"},
+    )
+    assert created.status_code == 201, created.text
+    wake = unique("wake/forks")
+    api.create_stream(wake, [])
+    sub_id = _sub_of_shard("forks", 0)
+    config = {"type": "pull-wake", "pattern": f"{at['prefix']}/*", "wake_stream": wake}
+    assert api.put_sub(sub_id, {**config, "lease_ttl_ms": 600_000}).status_code == 201
+    tail = api.append(fork, {"n": 1})
+    claimed = wait_until(
+        lambda: _claim_all(api, sub_id, [fork]), timeout=15.0, what="a claim naming the fork"
+    )
+    acks = [{"stream": item["path"], "offset": item["tail_offset"]} for item in claimed["streams"]]
+    body = {"wake_id": claimed["wake_id"], "generation": claimed["generation"], "done": True}
+    done = api.post(sub_id, "ack", {**body, "acks": acks}, claimed["token"])
+    assert done.status_code == 200, done.text
+    assert api.acked(sub_id, fork) == tail
+    pid = worker_of_shard(workers, 1)  # the fork's home: its snapshot is read again
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+    def served_again() -> bool:
+        try:
+            answered = requests.get(api.sub(sub_id)).status_code == 200
+        except requests.ConnectionError:  # a connection the SIGKILLed worker held
+            return False
+        return answered and worker_of_shard(workers, 1) not in (None, pid)
+
+    poll_until(served_again, "the subscription served again", timeout=60)
+    subscriptions_ready(workers)
+    assert api.acked(sub_id, fork) == tail  # still linked, its ack kept
