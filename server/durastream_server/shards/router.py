@@ -20,8 +20,9 @@ by shard: ``bulkwrite.py``, ``stages`` included). Staged appends need nothing mo
 to the one stream it was staged into, so a stage, a commit and an abort are requests of that stream,
 forwarded (or handed off) to its owner like any other. A subscription's requests are forwarded to the
 worker owning it, ``shard_of(id)``, which follows the other shards' streams (``subscriptions.py``).
-Any other ``__ds/`` resource across streams is answered 501 by every worker. A fork must hash to its
-source's shard (409).
+Any other ``__ds/`` resource across streams is answered 501 by every worker. A fork lives in its
+source's shard: its home (the shard its path hashes to) records where and forwards there
+(``forks.py``).
 """
 
 from __future__ import annotations
