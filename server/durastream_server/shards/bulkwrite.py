@@ -84,13 +84,14 @@ class BulkFanOut:
         """Every path's answer: each ensured in its shard's worker."""
         results: Answers = [{}] * len(body.streams)
         parts: dict[int, list[int]] = {}
+        holder = self._router.holders()  # a fork lives in its source's shard (forks.py)
         for index, raw in enumerate(body.streams):
             try:
                 path = bulk.ensure_path(request, raw, index)
             except ProtocolError as exc:
                 results[index] = bulk.error_answer(exc)
                 continue
-            parts.setdefault(self._router.shard_holding(path), []).append(index)
+            parts.setdefault(holder(path), []).append(index)
 
         def part(indexes: list[int]) -> bulk.EnsureBody:
             return body._replace(streams=[body.streams[i] for i in indexes])
@@ -139,13 +140,14 @@ class BulkFanOut:
         index), then served in its path's shard."""
         results: Answers = [{}] * len(entries)
         parts: dict[int, list[int]] = {}
+        holder = self._router.holders()
         for index, entry in enumerate(entries):
             try:
                 path = check(entry, index)
             except ProtocolError as exc:
                 results[index] = bulk.error_answer(exc)
                 continue
-            parts.setdefault(self._router.shard_holding(path), []).append(index)
+            parts.setdefault(holder(path), []).append(index)
 
         def part(indexes: list[int]) -> list[bulk.Entry]:
             return [entries[i] for i in indexes]

@@ -57,6 +57,11 @@ class ForkPlacements:
     def get(self, path: str) -> int | None:
         return self._where.get(path)
 
+    @property
+    def where(self) -> dict[str, int]:
+        """The table now (replaced, never changed in place, by ``place``)."""
+        return self._where
+
     async def place(self, path: str, shard: int) -> None:
         """Record that ``path`` lives in ``shard``, durably, before returning."""
         async with self._lock:  # one writer at a time: the file is written whole
@@ -69,7 +74,7 @@ class ForkPlacements:
 
 class PlacementFiles:
     """Every shard's placement table as its file now says, for splitting requests that name many
-    streams (bulk writes, multi-range reads: ``ShardRouter.shard_holding``) without asking each
+    streams (bulk writes, multi-range reads: ``ShardRouter.holders``) without asking each
     path's home. A file is read again only when its ``stat`` changed; a home writes its table (and
     renames it into place) before it forwards the fork's create, so a client that saw the fork
     created finds it here."""

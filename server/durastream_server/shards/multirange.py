@@ -175,7 +175,8 @@ class MultiRangeFanOut:
 
     def _split(self, paths: Sequence[str]) -> tuple[list[int], dict[int, list[int]]]:
         """Each path's shard, and each shard's indexes in request order."""
-        owners = [self._router.shard_holding(path) for path in paths]  # a fork: forks.py
+        holder = self._router.holders()  # a fork lives in its source's shard (forks.py)
+        owners = [holder(path) for path in paths]
         indexes: dict[int, list[int]] = {}
         for index, owner in enumerate(owners):
             indexes.setdefault(owner, []).append(index)

@@ -257,16 +257,28 @@ class ShardRouter:
         return None if shard == self.index else shard
 
     def shard_holding(self, path: str) -> int:
-        """The shard holding ``path``, read from its home's table file: how requests naming many
-        streams are split (``bulkwrite.py``, ``multirange.py``)."""
-        home = shard_of(path, self.count)
-        if self.placement_files is None:
-            return home
-        if home == self.index and self.placements is not None:
-            placed = self.placements.get(path)
-        else:
-            placed = self.placement_files.table(home).get(path)
-        return home if placed is None else placed
+        """The shard holding ``path``, read from its home's table file (a subscription's link, a
+        wake stream)."""
+        return self.holders()(path)
+
+    def holders(self) -> Callable[[str], int]:
+        """Path -> the shard holding it, from every shard's table as it is now (its file ``stat``ed
+        once here): how a request naming many streams is split (``bulkwrite.py``,
+        ``multirange.py``, ``changefeed.py``)."""
+        count = self.count
+        files = self.placement_files
+        if files is None:
+            return lambda path: shard_of(path, count)
+        tables = [
+            self.placements.where if k == self.index and self.placements else files.table(k)
+            for k in range(count)
+        ]
+
+        def holder(path: str) -> int:
+            home = shard_of(path, count)
+            return tables[home].get(path, home)
+
+        return holder
 
     async def location(self, path: str) -> int:
         """The shard holding (or to hold) the stream at ``path``: its home's placement table."""

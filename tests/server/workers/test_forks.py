@@ -104,7 +104,12 @@ def _scenario(server: ServerProcess, at: dict[str, str]) -> list[tuple[Any, ...]
         url("__ds/x-durastream/streams"), params={"prefix": at["prefix"] + "/"}
     ).json()
     seen.append(("listed", [item["path"] for item in listing["streams"]]))
-    seen.append(("changed", sorted(_changed_paths(server, at["prefix"] + "/"))))
+    seen.append(("changed", sorted(_changed_paths(server, {"prefix": at["prefix"] + "/"}))))
+    chosen = [fork, at["fork_of_fork_home_1"], source]
+    selection = requests.post(url("__ds/x-durastream/selections"), json={"streams": chosen}).json()[
+        "selection"
+    ]
+    seen.append(("selected", sorted(_changed_paths(server, {"selection": selection}))))
     # requests naming many streams are split by where each lives: the fork's part goes to its holder
     deeper = at["fork_of_fork_home_1"]
     tails = {p: requests.head(url(p)).headers["Stream-Next-Offset"] for p in (fork, source, deeper)}
@@ -137,10 +142,10 @@ def _scenario(server: ServerProcess, at: dict[str, str]) -> list[tuple[Any, ...]
     return seen
 
 
-def _changed_paths(server: ServerProcess, prefix: str) -> list[str]:
-    """Every path the change feed names under ``prefix``, paging until ``more`` is false."""
+def _changed_paths(server: ServerProcess, query: dict[str, str]) -> list[str]:
+    """Every path the change feed names for ``query``, paging until ``more`` is false."""
     found: list[str] = []
-    params: dict[str, str] = {"prefix": prefix}
+    params = dict(query)
     while True:
         page = requests.get(server.stream_url("__ds/x-durastream/changes"), params=params).json()
         found += [change["path"] for change in page["changes"]]
