@@ -51,9 +51,6 @@ class ForkPlacements:
         self._where: dict[str, int] = _load(path)
         self._lock = asyncio.Lock()
 
-    def __len__(self) -> int:
-        return len(self._where)
-
     def get(self, path: str) -> int | None:
         return self._where.get(path)
 
