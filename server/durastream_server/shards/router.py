@@ -233,7 +233,7 @@ class ShardRouter:
             return None
         path = target.target
         if shard_of(path, self.count) != self.index or (self.hosts and self.hosts(path)):
-            return None  # not its home, or the path exists here: answered here as one process
+            return None  # not its home, or the path exists here: its engine compares (409 or 200)
         return path, source
 
     async def fork_destination(self, path: str, source: str) -> int | None:
