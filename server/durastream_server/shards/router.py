@@ -194,7 +194,7 @@ class ShardRouter:
 
     def direct_allowed(self, method: str, scope: Scope) -> bool:
         """Whether the direct path (``http/fastpath.py``) may serve ``scope`` here: not another shard's
-        stream (forwarded by ``__call__``), not a fork create (checked by ``refuse_unsupported``)."""
+        stream (forwarded by ``__call__``), not a fork create (placed by ``__call__``: forks.py)."""
         if self.owner_for(scope) is not None:
             return False
         return method != "PUT" or all(name != _FORKED_FROM for name, _ in scope["headers"])
