@@ -242,3 +242,24 @@ def test_a_subscription_keeps_a_fork_held_in_another_shard_than_its_home(server_
     poll_until(served_again, "the subscription served again", timeout=60)
     subscriptions_ready(workers)
     assert api.acked(sub_id, fork) == tail  # still linked, its ack kept
+
+
+def test_with_auth_tokens_a_fork_across_shards_needs_the_clients_token(server_factory) -> None:  # type: ignore[no-untyped-def]
+    at = _layout()
+    token = "forks-writer-0123456789abcdef"
+    workers = server_factory(extra_args=(*WORKERS, "--auth-token", token))
+    url = workers.stream_url
+    auth = {**TEXT, "Authorization": f"Bearer {token}"}
+    source, fork = at["source"], at["fork"]
+    assert requests.put(url(source), data=b"abc", headers=auth).status_code == 201
+    forked_from = {"Stream-Forked-From": f"/v1/stream/{source}"}
+    refused = requests.put(url(fork), headers={**TEXT, **forked_from})
+    assert refused.status_code == 401, refused.text
+    table = workers.data_dir / "shards" / "1" / "meta" / "fork-placements"  # the fork's home's
+    assert not table.exists()  # a client without a token places nothing
+    created = requests.put(url(fork), headers={**auth, **forked_from})
+    assert created.status_code == 201, created.text
+    assert json.loads(table.read_text())["placements"] == {fork: 0}
+    for _ in range(4):  # from either worker
+        assert requests.get(url(fork), params={"offset": "-1"}, headers=auth).content == b"abc"
+        assert requests.get(url(fork), params={"offset": "-1"}).status_code == 401
