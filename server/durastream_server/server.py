@@ -34,9 +34,13 @@ from durastream_server.http.guard import protocol_class
 from durastream_server.http.hosts import is_loopback
 from durastream_server.http.paths import STREAM_ROOT
 from durastream_server.metrics.counters import ServerMetrics
+from durastream_server.shards import forks
+from durastream_server.shards.forks import ForkPlacements, PlacementFiles
 from durastream_server.shards.handoff import HandOff, with_handoff
+from durastream_server.shards.internal import InternalCredential
+from durastream_server.shards.layout import shard_dir
 from durastream_server.shards.router import ShardRouter, socket_path
-from durastream_server.shards.subscriptions import AUTH_REFUSAL, PeerFeeds, keys_dir
+from durastream_server.shards.subscriptions import PeerFeeds, keys_dir
 from durastream_server.storage.datadir import DataDir, StorageConfig
 from durastream_server.storage.metrics import NO_METRICS, WriteMetrics
 from durastream_server.subscriptions.service import SubscriptionService
@@ -93,6 +97,8 @@ class Backend:
                 max_messages_per_request=config.max_messages_per_request,
             )
             await engine.start()
+            if router is not None:  # a fork held here is served here (shards/forks.py)
+                router.hosts = engine.holds
             state_dir = data.meta_path("subscriptions")
             state_dir.mkdir(parents=True, exist_ok=True)
             subscriptions = SubscriptionService(
@@ -256,9 +262,8 @@ def exposure_warnings(config: ServerConfig, bound_host: str) -> list[str]:
 
 def worker_subscriptions(config: ServerConfig, router: ShardRouter | None) -> dict[str, Any]:
     """A worker's subscription wiring (``shards/subscriptions.py``): the server's one keyring and the
-    followers of the other shards' streams; nothing for the one-process server, or when subscriptions
-    are refused (501) on this server."""
-    if router is None or router.subscriptions_refused is not None:
+    followers of the other shards' streams; nothing for the one-process server."""
+    if router is None:
         return {}
     return {"keys_dir": keys_dir(config.data_dir), "peers": PeerFeeds(router)}
 
@@ -271,8 +276,13 @@ def shard_router(config: ServerConfig) -> ShardRouter | None:
     # from falling back (docs/extensions.md, "Advertisement").
     responses.withhold_extensions(extensions.NOT_WITH_WORKERS)
     router = ShardRouter(config.shard_index, config.workers, config.shard_sockets, tls=config.tls)
-    if config.auth_tokens:
-        router.subscriptions_refused = AUTH_REFUSAL
+    router.placements = ForkPlacements(config.data_dir / "meta" / forks.FILE)
+    root = config.data_dir.parent.parent  # <root>/shards/<k>
+    router.placement_files = PlacementFiles(
+        {k: shard_dir(root, k) / "meta" / forks.FILE for k in range(config.workers)}
+    )
+    if config.auth_tokens:  # the workers' own requests to each other present it (internal.py)
+        router.internal = InternalCredential.load(config.shard_sockets)
     return router
 
 

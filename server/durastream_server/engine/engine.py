@@ -1074,6 +1074,11 @@ class Engine:
         """Stream metadata. Does not refresh a sliding TTL (section 5.1)."""
         return self._info(self._lookup(path))
 
+    def holds(self, path: str) -> bool:
+        """Whether a stream (live, or deleted but kept for its forks) is at ``path`` here: with
+        ``--workers N``, a fork held in this shard is served here (``shards/forks.py``)."""
+        return path in self._registry.by_path
+
     def head_if_any(self, path: str) -> StreamInfo | None:
         """``head``, or None where it would answer 404 because no stream was ever at ``path`` (the
         bulk ensure's common case, a new stream: no error built and raised per entry). Every other

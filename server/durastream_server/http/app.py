@@ -175,7 +175,11 @@ class DurastreamApp:
         self._extensions: discovery.ExtensionResources | None = None
         self.startup_error: BaseException | None = None
         self._cors = cors.CorsPolicy(config.cors_origins)
-        self._auth = Authorizer(config.auth_tokens) if config.auth_tokens else None
+        self._auth = (
+            Authorizer(config.auth_tokens, router.internal_token if router is not None else None)
+            if config.auth_tokens
+            else None
+        )
         # Counted on every request; the storage layer adds its own figures when the server passes
         # the same object to the data directory (server.py).
         self.metrics = metrics if metrics is not None else ServerMetrics()
@@ -239,11 +243,21 @@ class DurastreamApp:
         if scope["type"] != "http":
             return  # websockets are not part of the protocol (uvicorn runs with ws="none")
         if self._router is not None:
-            owner = self._router.owner_elsewhere(scope["raw_path"])
-            if owner is not None:  # another worker's stream: it answers (counted and logged there)
-                await self._router.forward(owner, scope, receive, send)
+            router = self._router
+            if router.placement_query(scope):  # a worker asking where a fork lives (forks.py)
+                await router.answer_placement(scope, send)
                 return
-            self._router.as_received(scope)
+            owner = router.owner_for(scope)
+            if owner is None and (fork := router.fork_source(scope)) and self._may(scope, receive):
+                try:  # a fork of another shard's stream is created in that shard (forks.py)
+                    owner = await router.fork_destination(*fork)
+                except ProtocolError as exc:
+                    await router.refuse(scope, send, exc)
+                    return
+            if owner is not None:  # another worker's stream: it answers (counted and logged there)
+                await router.forward(owner, scope, receive, send)
+                return
+            router.as_received(scope)
         started = time.perf_counter()
         headers = header_map(scope.get("headers", ()))
         request_id = self._request_ids.take(headers.get(requestid.HEADER))
@@ -266,6 +280,18 @@ class DurastreamApp:
         finally:
             self._finished(request, tracked, time.perf_counter() - started)
             REQUEST_ID.reset(context)
+
+    def _may(self, scope: Scope, receive: Receive) -> bool:
+        """Whether ``scope``'s token allows it (no tokens: yes); a request refused is answered by the
+        ordinary path, which refuses it the same way."""
+        if self._auth is None:
+            return True
+        request = _request(scope, header_map(scope["headers"]), receive, _no_send, None, "")
+        try:
+            self._auth.authorize(request, paths.route(request.raw_path))
+        except (ProtocolError, paths.InvalidPath):
+            return False
+        return True
 
     def _finished(self, request: Request, tracked: _TrackedSend, seconds: float) -> None:
         """Count the request (``/metrics``) and write its access-log line."""
@@ -655,6 +681,10 @@ def _request(
 def _request_id_line(encoded_id: bytes) -> bytes:
     """The ``x-request-id`` header as a wire line (what the fast paths write after the head)."""
     return b"x-request-id: " + encoded_id + b"\r\n"
+
+
+async def _no_send(message: MutableMapping[str, Any]) -> None:
+    raise AssertionError("an authorization check sends nothing")
 
 
 async def _consumed() -> MutableMapping[str, Any]:

@@ -30,6 +30,10 @@ membership, claim)                                         can match any stream)
 anything else (unknown paths, malformed paths)             any valid token (then 404 / 400)
 =========================================================  ===============================================
 
+With ``--workers N`` a worker's own requests to another (no client's token to carry: following its
+change feed, a wake stream's events) present the workers' credential instead, which counts only on a
+request that arrived over a worker's Unix socket (``shards/internal.py``).
+
 401 (with ``WWW-Authenticate: Bearer``) means no valid token; 403 means a valid token that does not allow
 this request. Tokens are compared as SHA-256 digests with ``hmac.compare_digest`` against every configured
 token, so the time taken does not depend on how much of a guess was right. Error bodies never contain the
@@ -40,8 +44,9 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from durastream_server.auth import AuthToken, digest
 from durastream_server.errors import Forbidden, InvalidParameter, Unauthorized
@@ -95,11 +100,19 @@ def requirement(request: Request, target: paths.Route | None) -> Need | None:
     return Need(write=write, unrestricted=True)
 
 
+# With --workers N: what a request presenting the workers' own credential over a worker's Unix socket
+# is authorized as, else None (``shards/router.ShardRouter.internal_token``).
+InternalAccess = Callable[[Mapping[str, str], Any], "AuthToken | None"]
+
+
 class Authorizer:
-    def __init__(self, tokens: tuple[AuthToken, ...]) -> None:
+    def __init__(
+        self, tokens: tuple[AuthToken, ...], internal: InternalAccess | None = None
+    ) -> None:
         if not tokens:
             raise ValueError("an Authorizer needs at least one token")
         self._tokens = tokens
+        self._internal = internal
 
     def authorize(self, request: Request, target: paths.Route | None) -> AuthToken | None:
         """Return the request's token (None for an open endpoint) if ``request`` may proceed; raise
@@ -108,7 +121,11 @@ class Authorizer:
         need = requirement(request, target)
         if need is None:
             return None
-        token = self.identify(request.headers.get("authorization"))
+        token = (
+            self._internal(request.headers, request.server) if self._internal is not None else None
+        )
+        if token is None:
+            token = self.identify(request.headers.get("authorization"))
         if need.write and not token.writable:
             raise _forbidden(f"this token is read-only; {request.method} needs a read-write token")
         if need.unrestricted and token.prefix:

@@ -4,7 +4,7 @@ A bulk ``ensure``, ``stages`` or ``commits`` request names streams of every shar
 holds only its own. The worker that receives one checks every entry as it would serve it (its path,
 its token's scope, a stage's or an inline commit's headers: every error that names an entry's index
 is found here, against the request's own indexes), answers the entries that fail, and splits the
-others by ``shard_of``: its own shard's it serves itself (``bulk.ensure_streams``,
+others by the shard holding each path (``shard_of``, or a fork's placement: ``forks.py``): its own shard's it serves itself (``bulk.ensure_streams``,
 ``bulk.txn_entries``: the one-process code), every other shard's go to that shard's worker as a bulk
 request of the same resource and body shape, with the client's headers and token, marked as a
 shard's part (``fanout.request_head``; the mark counts only on a worker's Unix socket,
@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 from durastream_server.errors import ProtocolError, ShardUnavailable
 from durastream_server.http import bulk
 from durastream_server.shards.fanout import is_shard_page, request_head
-from durastream_server.shards.layout import shard_of
 
 if TYPE_CHECKING:
     from durastream_server.http.handlers import Request
@@ -85,13 +84,14 @@ class BulkFanOut:
         """Every path's answer: each ensured in its shard's worker."""
         results: Answers = [{}] * len(body.streams)
         parts: dict[int, list[int]] = {}
+        holder = self._router.holders()  # a fork lives in its source's shard (forks.py)
         for index, raw in enumerate(body.streams):
             try:
                 path = bulk.ensure_path(request, raw, index)
             except ProtocolError as exc:
                 results[index] = bulk.error_answer(exc)
                 continue
-            parts.setdefault(shard_of(path, self._router.count), []).append(index)
+            parts.setdefault(holder(path), []).append(index)
 
         def part(indexes: list[int]) -> bulk.EnsureBody:
             return body._replace(streams=[body.streams[i] for i in indexes])
@@ -140,13 +140,14 @@ class BulkFanOut:
         index), then served in its path's shard."""
         results: Answers = [{}] * len(entries)
         parts: dict[int, list[int]] = {}
+        holder = self._router.holders()
         for index, entry in enumerate(entries):
             try:
                 path = check(entry, index)
             except ProtocolError as exc:
                 results[index] = bulk.error_answer(exc)
                 continue
-            parts.setdefault(shard_of(path, self._router.count), []).append(index)
+            parts.setdefault(holder(path), []).append(index)
 
         def part(indexes: list[int]) -> list[bulk.Entry]:
             return [entries[i] for i in indexes]

@@ -43,7 +43,7 @@ import asyncio
 import base64
 import binascii
 import json
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 from urllib.parse import urlencode
@@ -54,7 +54,6 @@ from durastream_server.http import changes
 from durastream_server.http.live import Disconnect
 from durastream_server.http.query import bounded_int
 from durastream_server.shards.fanout import is_shard_page, peer_failed, request_head
-from durastream_server.shards.layout import shard_of
 from durastream_server.shards.router import FLAG, OWNER_WAIT_SECONDS
 from durastream_server.timers import time_left
 
@@ -212,9 +211,12 @@ class ChangesFanOut:
     def is_shard_part(self, request: Request) -> bool:
         return is_shard_page(self._router, request)
 
-    def keep(self, path: str) -> bool:
-        """Whether this worker's shard holds ``path`` (its part of a selection)."""
-        return shard_of(path, self._router.count) == self._router.index
+    @property
+    def keep(self) -> Callable[[str], bool]:
+        """Whether this worker's shard holds a path (its part of a selection), as the placement
+        tables are now (a fork lives in its source's shard: forks.py)."""
+        holder, index = self._router.holders(), self._router.index
+        return lambda path: holder(path) == index
 
     # -- selections -----------------------------------------------------------------------------------
 

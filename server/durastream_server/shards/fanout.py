@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from durastream_server.errors import ShardUnavailable
+from durastream_server.shards import internal
 
 if TYPE_CHECKING:
     from durastream_server.http.handlers import Request
@@ -43,6 +44,7 @@ _NOT_CARRIED: Final = frozenset(
         "content-length",
         SHARD_PAGE_HEADER,
         "x-durastream-follower",  # http/changes.FOLLOWER_HEADER: the server's own, never a client's
+        internal.HEADER,  # the workers' credential: counts only from a worker, never relayed
     }
 )
 

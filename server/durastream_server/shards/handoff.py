@@ -120,7 +120,8 @@ class HandOff:
     # -- sending --------------------------------------------------------------------------------------
 
     def owner_of(self, raw_path: bytes) -> int | None:
-        return self.router.owner_elsewhere(raw_path)
+        # A fork placed in another shard stays with its home, which forwards it (forks.py).
+        return self.router.owner_elsewhere(raw_path, placed=False)
 
     def send(self, owner: int, fd: int, data: bytes, hops: int) -> bool:
         """Pass connection ``fd`` and the bytes received on it to ``owner``; False: not sent (the

@@ -2,7 +2,7 @@
 
 A packed Spark task reads thousands of small streams in one ``__ds/x-durastream/reads`` request
 (extension ``multi-range``, docs/extensions.md section 10, ``http/multirange.py``); with N workers those
-streams live in N shards. The worker that receives the request splits its ranges by ``shard_of``, reads
+streams live in N shards. The worker that receives the request splits its ranges by the shard holding each stream (``shard_of``, or a fork's placement), reads
 its own and asks every other worker for theirs at once (the same headers and token, marked as a shard's
 part, over the Unix sockets the router keeps open: ``fanout.request_head``, ``router.ShardRouter.fetch``;
 the mark is honoured only from that socket, ``fanout.is_shard_page``), and answers ONE body, every range
@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Final
 from durastream_server.engine import multiread
 from durastream_server.http import frames
 from durastream_server.shards.fanout import fetch_part, is_shard_page, request_head
-from durastream_server.shards.layout import shard_of
 
 if TYPE_CHECKING:
     from durastream_server.http.handlers import Request
@@ -176,8 +175,8 @@ class MultiRangeFanOut:
 
     def _split(self, paths: Sequence[str]) -> tuple[list[int], dict[int, list[int]]]:
         """Each path's shard, and each shard's indexes in request order."""
-        count = self._router.count
-        owners = [shard_of(path, count) for path in paths]
+        holder = self._router.holders()  # a fork lives in its source's shard (forks.py)
+        owners = [holder(path) for path in paths]
         indexes: dict[int, list[int]] = {}
         for index, owner in enumerate(owners):
             indexes.setdefault(owner, []).append(index)

@@ -20,8 +20,9 @@ by shard: ``bulkwrite.py``, ``stages`` included). Staged appends need nothing mo
 to the one stream it was staged into, so a stage, a commit and an abort are requests of that stream,
 forwarded (or handed off) to its owner like any other. A subscription's requests are forwarded to the
 worker owning it, ``shard_of(id)``, which follows the other shards' streams (``subscriptions.py``).
-Any other ``__ds/`` resource across streams is answered 501 by every worker. A fork must hash to its
-source's shard (409).
+Any other ``__ds/`` resource across streams is answered 501 by every worker. A fork lives in its
+source's shard: its home (the shard its path hashes to) records where and forwards there
+(``forks.py``).
 """
 
 from __future__ import annotations
@@ -32,20 +33,23 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote
 
 from durastream_server.errors import (
-    BadRequest,
-    ForkAcrossShards,
     NotWithWorkers,
     ProtocolError,
     ShardUnavailable,
 )
 from durastream_server.http import discovery, paths, responses
+from durastream_server.shards import forks, internal
 from durastream_server.shards.layout import shard_of
 from durastream_server.shards.subscriptions import subscription_owner
 
 if TYPE_CHECKING:
+    from durastream_server.auth import AuthToken
+    from durastream_server.shards.forks import ForkPlacements, PlacementFiles
     from durastream_server.shards.handoff import HandOff
+    from durastream_server.shards.internal import InternalCredential
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +68,14 @@ _HOP_BY_HOP: Final = frozenset(
     (b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"proxy-connection")
 )
 _FORKED_FROM: Final = b"stream-forked-from"
+# Never relayed from a client: the workers' credential and marks count only from a worker.
+_NOT_RELAYED: Final = _HOP_BY_HOP | {
+    internal.HEADER.encode(),
+    forks.PLACED_HEADER.encode(),
+    forks.PLACEMENT_HEADER.encode(),
+}
+_PLACED: Final = forks.PLACED_HEADER.encode()
+_PLACEMENT: Final = forks.PLACEMENT_HEADER.encode()
 _STREAM_PREFIX: Final = paths.STREAM_PREFIX.encode()
 # ``__ds/`` resources served with N > 1: the extension document (this worker's, which every worker
 # shares), the listing (every shard's page, merged: fanout.py) and the change feed and its selections
@@ -126,14 +138,32 @@ class ShardRouter:
         self._idle: dict[int, list[_Upstream]] = {k: [] for k in range(count)}
         self.forwarded = 0  # requests relayed to another worker (/healthz "shard")
         self.handoff: HandOff | None = None  # set by HandOff (connection hand-off, handoff.py)
-        # Why subscriptions are refused (501) on this server, or None: served by their owner.
-        self.subscriptions_refused: str | None = None
+        # The workers' own credential (``internal.py``), with --auth-token: presented by this worker's
+        # own requests to the others, accepted only over its Unix socket. None without tokens.
+        self.internal: InternalCredential | None = None
+        # Forks whose path hashes to this shard but which live in their source's (forks.py), and
+        # whether this worker's engine holds a path (set by the backend once its engine is open).
+        self.placements: ForkPlacements | None = None
+        self.hosts: Callable[[str], bool] | None = None
+        self.placement_files: PlacementFiles | None = None  # every shard's table (forks.py)
 
     # -- placement ------------------------------------------------------------------------------------
 
-    def owner_elsewhere(self, raw_path: bytes) -> int | None:
+    def owner_for(self, scope: Scope) -> int | None:
+        """``owner_elsewhere`` of ``scope``'s path, unless another worker placed it here (a fork's
+        home forwarding to the shard holding it, ``forks.py``): served here then."""
+        if self.from_worker(scope.get("server")) and any(
+            name == _PLACED for name, _ in scope["headers"]
+        ):
+            return None
+        return self.owner_elsewhere(scope["raw_path"])
+
+    def owner_elsewhere(self, raw_path: bytes, *, placed: bool = True) -> int | None:
         """The other shard owning the stream at ``raw_path``; None when this worker serves it (its own
-        stream, or anything not a stream: those answer here, e.g. 400 for a bad path)."""
+        stream, or anything not a stream: those answer here, e.g. 400 for a bad path). A fork held
+        here although its path hashes elsewhere is served here; one whose path hashes here but which
+        lives in another shard goes there (``forks.py``), unless not ``placed`` (the hand-off: the
+        connection stays with the fork's home, which forwards)."""
         if not raw_path.startswith(_STREAM_PREFIX):
             return None
         try:
@@ -141,14 +171,14 @@ class ShardRouter:
         except paths.InvalidPath:
             return None
         if target.kind is paths.RouteKind.SUBSCRIPTIONS:
-            # A subscription's requests go to its owner (shards/subscriptions.py), unless refused here.
-            shard = (
-                None
-                if self.subscriptions_refused
-                else subscription_owner(target.target, self.count)
-            )
+            # A subscription's requests go to its owner (shards/subscriptions.py).
+            shard = subscription_owner(target.target, self.count)
         elif target.kind is paths.RouteKind.STREAM:
             shard = shard_of(target.target, self.count)
+            if shard != self.index:
+                return None if self.hosts is not None and self.hosts(target.target) else shard
+            where = self.placements.get(target.target) if placed and self.placements else None
+            return None if where is None or where == self.index else where
         else:
             return None
         return None if shard == self.index else shard
@@ -164,8 +194,8 @@ class ShardRouter:
 
     def direct_allowed(self, method: str, scope: Scope) -> bool:
         """Whether the direct path (``http/fastpath.py``) may serve ``scope`` here: not another shard's
-        stream (forwarded by ``__call__``), not a fork create (checked by ``refuse_unsupported``)."""
-        if self.owner_elsewhere(scope["raw_path"]) is not None:
+        stream (forwarded by ``__call__``), not a fork create (placed by ``__call__``: forks.py)."""
+        if self.owner_for(scope) is not None:
             return False
         return method != "PUT" or all(name != _FORKED_FROM for name, _ in scope["headers"])
 
@@ -173,42 +203,143 @@ class ShardRouter:
         self, method: str, target: paths.Route, headers: Mapping[str, str]
     ) -> None:
         """Raise for what a server with ``--workers`` > 1 does not serve yet (each worker sees only its
-        own shard's streams): a 501 naming the flag, or a 409 for a fork across shards."""
+        own shard's streams): a 501 naming the flag."""
         if target.kind is paths.RouteKind.SUBSCRIPTIONS and target.target not in _SERVED_ACROSS:
             if not discovery.owns(target.target):  # subscriptions, jwks.json: their owner serves
-                if self.subscriptions_refused is not None:
-                    raise NotWithWorkers(self.subscriptions_refused)
                 return
             raise NotWithWorkers(
                 "this resource spans many streams, which a "
                 f"server started with {FLAG} {self.count} does not serve yet; start the server with "
                 f"{FLAG} 1 for it"
             )
-        if target.kind is not paths.RouteKind.STREAM:
-            return
-        source_header = headers.get(_FORKED_FROM.decode())
-        if method == "PUT" and source_header is not None:
-            self._check_fork(source_header, target.target)
 
-    def _check_fork(self, value: str, path: str) -> None:
+    # -- forks across shards (forks.py) ---------------------------------------------------------------
+
+    def fork_source(self, scope: Scope) -> tuple[str, str] | None:
+        """``(fork path, source path)`` of a fork create this worker is the home of and does not
+        hold: where it goes is decided here (``fork_destination``). None for anything else (a bad
+        header is answered 400 by the ordinary path)."""
+        if scope["method"] != "PUT" or self.placements is None:
+            return None
+        value = next((v for name, v in scope["headers"] if name == _FORKED_FROM), None)
+        if value is None:
+            return None
         try:
-            source = paths.forked_from_path(value)
-        except paths.InvalidPath as exc:
-            raise BadRequest(str(exc)) from None
-        shard = shard_of(path, self.count)
-        source_shard = shard_of(source, self.count)
-        if source_shard != shard:
-            raise ForkAcrossShards(
-                f"the fork {path!r} would live in shard {shard} and its source {source!r} in shard "
-                f"{source_shard}: with {FLAG} {self.count} a fork must hash to its source's shard "
-                f"(forks across shards are not built yet); choose another fork path or use {FLAG} 1"
+            target = paths.route(scope["raw_path"])
+            source = paths.forked_from_path(value.decode("latin-1"))
+        except paths.InvalidPath:
+            return None
+        if target.kind is not paths.RouteKind.STREAM:
+            return None
+        path = target.target
+        if shard_of(path, self.count) != self.index or (self.hosts and self.hosts(path)):
+            return None  # not its home, or the path exists here: its engine compares (409 or 200)
+        return path, source
+
+    async def fork_destination(self, path: str, source: str) -> int | None:
+        """The shard a fork of ``source`` at ``path`` is created in (its source's), recorded in the
+        placement table before it is returned; None: here. ``ShardUnavailable`` (503) when a worker
+        that must be asked does not answer."""
+        assert self.placements is not None
+        where = await self.location(source)
+        placed = self.placements.get(path)
+        if placed is not None and placed != where and await self._holds(placed, path):
+            return placed  # the path exists there: that engine answers the create, as one process
+        if where == self.index:
+            return (
+                None if placed is None or placed == self.index else await self._placed(path, where)
             )
+        return await self._placed(path, where)
+
+    async def _placed(self, path: str, shard: int) -> int | None:
+        assert self.placements is not None
+        await self.placements.place(path, shard)
+        return None if shard == self.index else shard
+
+    def shard_holding(self, path: str) -> int:
+        """The shard holding ``path``, read from its home's table file (a subscription's link, a
+        wake stream)."""
+        return self.holders()(path)
+
+    def holders(self) -> Callable[[str], int]:
+        """Path -> the shard holding it, from every shard's table as it is now (its file ``stat``ed
+        once here): how a request naming many streams is split (``bulkwrite.py``,
+        ``multirange.py``, ``changefeed.py``)."""
+        count = self.count
+        files = self.placement_files
+        if files is None:
+            return lambda path: shard_of(path, count)
+        tables = [
+            self.placements.where if k == self.index and self.placements else files.table(k)
+            for k in range(count)
+        ]
+
+        def holder(path: str) -> int:
+            home = shard_of(path, count)
+            return tables[home].get(path, home)
+
+        return holder
+
+    async def location(self, path: str) -> int:
+        """The shard holding (or to hold) the stream at ``path``: its home's placement table."""
+        home = shard_of(path, self.count)
+        if home == self.index:
+            placed = self.placements.get(path) if self.placements is not None else None
+            return home if placed is None else placed
+        status, body = await self.fetch(home, _stream_request(b"GET", path, _PLACEMENT))
+        if status != 200 or not body.isdigit():
+            raise _unavailable(home)
+        return int(body)
+
+    async def _holds(self, shard: int, path: str) -> bool:
+        """Whether ``shard``'s worker has a stream at ``path`` (a HEAD there, placed)."""
+        if shard == self.index:
+            return bool(self.hosts and self.hosts(path))
+        head = _stream_request(b"HEAD", path, _PLACED)[:-2] + self.credential_line() + b"\r\n"
+        status, _ = await self.fetch(shard, head, method_head=True)
+        if status >= 500:
+            raise _unavailable(shard)
+        return status != 404
+
+    def placement_query(self, scope: Scope) -> bool:
+        """Whether ``scope`` is another worker asking where a path homed here lives."""
+        return self.from_worker(scope.get("server")) and any(
+            name == _PLACEMENT for name, _ in scope["headers"]
+        )
+
+    async def answer_placement(self, scope: Scope, send: Send) -> None:
+        try:
+            target = paths.route(scope["raw_path"])
+        except paths.InvalidPath:
+            target = None
+        if target is None or target.kind is not paths.RouteKind.STREAM:
+            await responses.send_response(send, 400, [], b"")
+            return
+        body = str(await self.location(target.target)).encode()
+        await responses.send_response(send, 200, [("content-type", "text/plain")], body)
+
+    async def refuse(self, scope: Scope, send: Send, exc: ProtocolError) -> None:
+        await _refuse(scope, send, exc)
 
     def from_worker(self, server: tuple[str, int | None] | None) -> bool:
         """Whether a request with this ASGI ``server`` came over this worker's Unix socket (from
         another worker), not from the public port: uvicorn gives such a request no server port, or no
         server address at all, depending on its version."""
         return server is None or server[1] is None
+
+    def internal_token(self, headers: Mapping[str, str], server: Any) -> AuthToken | None:
+        """What a request presenting the workers' credential (``internal.HEADER``) is authorized as,
+        when it came over this worker's Unix socket from another worker; None otherwise (over TCP it
+        is nothing: the request needs a configured token like any other)."""
+        presented = headers.get(internal.HEADER)
+        if presented is None or self.internal is None or not self.from_worker(server):
+            return None
+        return internal.TOKEN if self.internal.matches(presented) else None
+
+    def credential_line(self) -> bytes:
+        """The header line presenting the workers' credential on a request of this worker's own to
+        another (no client's token to carry); empty without ``--auth-token``."""
+        return b"" if self.internal is None else self.internal.header_line()
 
     def describe(self) -> dict[str, int]:
         described = {"index": self.index, "count": self.count, "forwarded": self.forwarded}
@@ -228,9 +359,10 @@ class ShardRouter:
             return
         self.forwarded += 1
         watcher: asyncio.Task[None] | None = None
+        placed = self._placed_elsewhere(scope["raw_path"], owner)
         answer = _Answer(upstream.reader, send, head=scope["method"] == "HEAD")
         try:
-            await _send_request(upstream, scope, receive)
+            await _send_request(upstream, scope, receive, placed=placed)
             if scope["method"] == "GET":  # a long-poll or SSE may wait: stop it if the client goes
                 watcher = asyncio.get_running_loop().create_task(
                     _close_on_disconnect(receive, upstream)
@@ -252,7 +384,20 @@ class ShardRouter:
                 watcher.cancel()
         self._release(owner, upstream, keep)
 
-    async def fetch(self, owner: int, head: bytes, *, once: bool = False) -> tuple[int, bytes]:
+    def _placed_elsewhere(self, raw_path: bytes, owner: int) -> bool:
+        """Whether a request for ``raw_path`` goes to ``owner`` as a placed fork's (``forks.py``):
+        ``owner`` is not its home."""
+        try:
+            target = paths.route(raw_path)
+        except paths.InvalidPath:
+            return False
+        return (
+            target.kind is paths.RouteKind.STREAM and shard_of(target.target, self.count) != owner
+        )
+
+    async def fetch(
+        self, owner: int, head: bytes, *, once: bool = False, method_head: bool = False
+    ) -> tuple[int, bytes]:
         """Send ``head`` (a complete request, its body included) to ``owner``'s worker: its answer's status and
         whole body (a fan-out's part, ``fanout.py``). A kept-open connection that fails (the owner
         restarted since it was pooled) is retried once on a new one; ``ShardUnavailable`` (503) when
@@ -269,7 +414,7 @@ class ShardRouter:
             try:
                 upstream.writer.write(head)
                 await upstream.writer.drain()
-                keep = await _Answer(upstream.reader, collected.send, head=False).relay()
+                keep = await _Answer(upstream.reader, collected.send, head=method_head).relay()
             except _RELAY_ERRORS as exc:
                 upstream.close()
                 if pooled and not once:
@@ -319,7 +464,15 @@ class ShardRouter:
             idle.clear()
 
 
-async def _send_request(upstream: _Upstream, scope: Scope, receive: Receive) -> None:
+def _stream_request(method: bytes, path: str, mark: bytes) -> bytes:
+    """A bodiless request for the stream at ``path``, marked with ``mark`` (a worker's own)."""
+    target = (paths.STREAM_PREFIX + quote(path, safe="/")).encode()
+    return method + b" " + target + b" HTTP/1.1\r\nhost: localhost\r\n" + mark + b": 1\r\n\r\n"
+
+
+async def _send_request(
+    upstream: _Upstream, scope: Scope, receive: Receive, *, placed: bool = False
+) -> None:
     """Write the request as the client sent it, less hop-by-hop headers; a chunked body is re-chunked.
     (httptools already refused malformed names and values, so the lines need no checking here.)"""
     target = scope["raw_path"]
@@ -328,7 +481,7 @@ async def _send_request(upstream: _Upstream, scope: Scope, receive: Receive) -> 
     parts = [scope["method"].encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
     chunked = has_host = False
     for name, value in scope["headers"]:
-        if name in _HOP_BY_HOP:
+        if name in _NOT_RELAYED:
             chunked = chunked or name == b"transfer-encoding"
             continue
         has_host = has_host or name == b"host"
@@ -337,6 +490,8 @@ async def _send_request(upstream: _Upstream, scope: Scope, receive: Receive) -> 
         parts.append(b"transfer-encoding: chunked\r\n")
     if not has_host:
         parts.append(b"host: localhost\r\n")  # HTTP/1.1 needs one; an HTTP/1.0 client may omit it
+    if placed:
+        parts.append(_PLACED + b": 1\r\n")
     parts.append(b"\r\n")
     writer = upstream.writer
     while True:

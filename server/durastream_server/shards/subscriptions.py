@@ -26,8 +26,9 @@ What the owner does not have locally, this module gives it:
   subscription-keys/``, created by the parent before it starts the workers, so ``__ds/jwks.json`` from
   any worker lists the key any owner signs with.
 
-Not built: the followers have no credential, so with ``--auth-token`` subscriptions stay 501 under
-``--workers`` (``AUTH_REFUSAL``).
+With ``--auth-token`` the followers' pages, the backfill's listings and the wake events present the
+workers' own credential (``internal.py``; ``ShardRouter.credential_line``), accepted only over the
+workers' Unix sockets.
 """
 
 from __future__ import annotations
@@ -55,10 +56,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 KEYS_DIR: Final = "subscription-keys"
-AUTH_REFUSAL: Final = (
-    "subscriptions with --auth-token are not served by a server started with --workers > 1 yet "
-    "(the workers follow each other's streams without a credential); use --workers 1 for them"
-)
 _CHANGES: Final = (paths.STREAM_PREFIX + "__ds/x-durastream/changes").encode()
 _LISTING: Final = (paths.STREAM_PREFIX + "__ds/x-durastream/streams").encode()
 _LISTING_LIMIT: Final = discovery.MAX_LIMIT  # the largest listing page: fewest round trips
@@ -157,6 +154,14 @@ class PeerFeeds:
         """The content type of another shard's stream, as its change feed last said."""
         return self._content_types.get(path)
 
+    def holder(self, path: str) -> int:
+        """The shard holding the stream at ``path`` (a fork: its source's, ``forks.py``)."""
+        return self._router.shard_holding(path)
+
+    def credential_line(self) -> bytes:
+        """The header line presenting the workers' credential (``router.credential_line``)."""
+        return self._router.credential_line()
+
     async def fetch(self, shard: int, head: bytes) -> tuple[int, bytes]:
         return await self._router.fetch(shard, head)
 
@@ -171,7 +176,7 @@ class PeerFeeds:
             if prefix is not None:
                 found += await self._listed(shard, prefix, _LISTING_LIMIT, whole=True)
         for path in explicit:
-            shard = shard_of(path, self.count)
+            shard = self.holder(path)
             if shard != self.index:
                 found += [item for item in await self._listed(shard, path, 1) if item[0] == path]
         return found
@@ -187,7 +192,11 @@ class PeerFeeds:
                 query += f"&after={quote(after, safe='')}"
             head = (
                 b"GET " + _LISTING + b"?" + query.encode("ascii") + b" HTTP/1.1\r\n"
-                b"host: localhost\r\n" + SHARD_PAGE_HEADER.encode() + b": 1\r\n\r\n"
+                b"host: localhost\r\n"
+                + SHARD_PAGE_HEADER.encode()
+                + b": 1\r\n"
+                + self._router.credential_line()
+                + b"\r\n"
             )
             status, body = await self._router.fetch(shard, head)
             if status != 200:
@@ -247,7 +256,9 @@ class PeerFeeds:
             + SHARD_PAGE_HEADER.encode()
             + b": 1\r\n"
             + FOLLOWER_HEADER.encode()
-            + b": 1\r\n\r\n"
+            + b": 1\r\n"
+            + self._router.credential_line()
+            + b"\r\n"
         )
         status, body = await self._router.fetch(shard, head, once=True)
         if status != 200:
@@ -269,7 +280,7 @@ class PeerWakeWriter(WakeStreamWriter):
         self._clock = clock
 
     async def announce(self, subscription_id: str, wake_stream: str, wake: Wake) -> None:
-        owner = shard_of(wake_stream, self._feeds.count)
+        owner = self._feeds.holder(wake_stream)
         if owner == self._feeds.index:
             await self._local.announce(subscription_id, wake_stream, wake)
             return
@@ -282,9 +293,9 @@ class PeerWakeWriter(WakeStreamWriter):
             b"POST "
             + target
             + b" HTTP/1.1\r\nhost: localhost\r\n"
-            + f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n\r\n".encode(
-                "latin-1"
-            )
+            + f"content-type: {content_type}\r\ncontent-length: {len(body)}\r\n".encode("latin-1")
+            + self._feeds.credential_line()
+            + b"\r\n"
             + body
         )
         status, answer = await self._feeds.fetch(owner, head)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Final
 
+from durastream_server.shards.internal import InternalCredential
 from durastream_server.shards.layout import shard_dir
 from durastream_server.shards.subscriptions import prepare_keys
 
@@ -140,6 +141,9 @@ class Supervisor:
         prepare_keys(
             self.root
         )  # the one webhook keyring every worker signs with (subscriptions.py)
+        # The workers' own credential (internal.py): a file in the private socket directory, never
+        # a command line or the environment, which other users can read in /proc.
+        InternalCredential.create(self.socket_dir)
         for worker in self.workers:
             worker.start()
         deadline = time.monotonic() + STARTUP_SECONDS

@@ -64,7 +64,6 @@ import httpx
 
 from durastream_server.engine.engine import Engine, StreamObserver
 from durastream_server.errors import ProtocolError, StorageFailure
-from durastream_server.shards.layout import shard_of
 from durastream_server.shards.subscriptions import PeerFeeds, PeerWakeWriter
 from durastream_server.subscriptions.errors import (
     ConfigMismatch,
@@ -250,8 +249,8 @@ class SubscriptionService:
     def peer_snapshot(self, shard: int, live: set[str]) -> None:
         """Every live stream of ``shard`` (after a reset): the ones missing were deleted meanwhile."""
         assert self._peers is not None
-        count = self._peers.count
-        for path in [p for p in self._tails if p not in live and shard_of(p, count) == shard]:
+        holder = self._peers.holder  # a fork lives in its source's shard (shards/forks.py)
+        for path in [p for p in self._tails if p not in live and holder(p) == shard]:
             self._stream_deleted(path)
 
     def peers_synced(self) -> None:

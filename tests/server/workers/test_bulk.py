@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import json
 import sys
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -215,6 +216,9 @@ class _Router:
 
     def __init__(self, answer: tuple[int, bytes] | Exception) -> None:
         self.answer = answer
+
+    def holders(self) -> Callable[[str], int]:
+        return lambda path: shard_of(path, self.count)  # no fork placed elsewhere
 
     async def fetch(self, shard: int, head: bytes) -> tuple[int, bytes]:
         assert shard == 1 and b"x-durastream-shard-page: 1" in head

@@ -12,8 +12,11 @@ nothing acknowledged.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -41,7 +44,7 @@ from tests.server.subscriptions.test_end_to_end import (  # noqa: F401 (run agai
     webhook_config,
 )
 from tests.server.workers.test_listing import answer_while_a_worker_is_down
-from tests.server.workers.test_workers import WORKERS
+from tests.server.workers.test_workers import WORKERS, worker_of_shard, workers_of
 from tests.support.http import poll_until
 from tests.support.server_process import ServerProcess
 
@@ -50,11 +53,35 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="worker tests re
 JSON = {"Content-Type": "application/json"}
 
 
-@pytest.fixture
-def workers(server_factory) -> ServerProcess:  # type: ignore[no-untyped-def]
-    server = server_factory(extra_args=WORKERS)
+TOKEN = "workers-writer-0123456789abcdef"
+
+
+@pytest.fixture(params=["open", "auth-token"])
+def workers(request, server_factory, monkeypatch) -> ServerProcess:  # type: ignore[no-untyped-def]
+    """``--workers 2``, without tokens and with ``--auth-token`` (every client request of the test,
+    through ``requests``, then carries the token unless it sets its own ``Authorization``: a
+    callback or claim token): the owners follow the other shard's streams with the workers' own
+    credential (``shards/internal.py``)."""
+    args = WORKERS
+    if request.param == "auth-token":
+        args = (*WORKERS, "--auth-token", TOKEN)
+        send_by_default(monkeypatch, {"Authorization": f"Bearer {TOKEN}"})
+    server = server_factory(extra_args=args)
     subscriptions_ready(server)
     return server
+
+
+def send_by_default(monkeypatch: pytest.MonkeyPatch, headers: dict[str, str]) -> None:
+    """Every ``requests`` session (``requests.get`` and the like make one per call) sends
+    ``headers`` unless a request names its own: an authenticated client, for tests written without
+    one."""
+    original = requests.Session.__init__
+
+    def with_headers(session: requests.Session) -> None:
+        original(session)
+        session.headers.update(headers)
+
+    monkeypatch.setattr(requests.Session, "__init__", with_headers)
 
 
 def subscriptions_ready(server: ServerProcess) -> None:
@@ -272,17 +299,119 @@ def _claim_all(api: Api, sub_id: str, paths: list[str]) -> dict | None:
     return None
 
 
-def test_with_auth_tokens_subscriptions_stay_refused_naming_what_is_missing(
+@pytest.mark.parametrize("moves", [(), ("--no-connection-handoff",)], ids=["handoff", "forwards"])
+def test_with_auth_tokens_the_workers_credential_counts_only_on_their_sockets(
     server_factory,  # type: ignore[no-untyped-def]
+    moves: tuple[str, ...],
 ) -> None:
-    token = "writer-token-0123456789"
-    server = server_factory(extra_args=(*WORKERS, "--auth-token", token))
-    response = requests.put(
-        server.stream_url("__ds/subscriptions/s1"),
-        data=json.dumps({"type": "pull-wake", "pattern": "a/*", "wake_stream": "w"}),
-        headers={**JSON, "Authorization": f"Bearer {token}"},
+    """The workers' credential (``shards/internal.py``): 0600 in their private directory, in no
+    command line or environment, accepted only over their sockets: presented by a client it is
+    401, whether its connection moves to the owner (hand-off) or is forwarded (the header dropped)."""
+    server = server_factory(extra_args=(*WORKERS, "--auth-token", TOKEN, *moves))
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    sockets = _shard_sockets(server)
+    credential_file = sockets / "internal-token"
+    assert stat.S_IMODE(credential_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(sockets.stat().st_mode) == 0o700
+    secret = credential_file.read_text().strip()
+    assert len(secret) >= 32
+    for pid in (server.pid, *workers_of(server)):  # never in a command line or the environment
+        assert secret.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert secret.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+
+    prefix = unique("cred")
+    streams = _on_shards(prefix, (0, 1))
+    text = {**auth, "Content-Type": "text/plain"}
+    for path in streams:
+        assert requests.put(server.stream_url(path), headers=text).status_code == 201
+    wake = f"{prefix}-wake"
+    assert requests.put(server.stream_url(wake), headers=text).status_code == 201
+    subs = [_sub_of_shard("cred", k) for k in (0, 1)]
+    config = json.dumps({"type": "pull-wake", "pattern": f"{prefix}/*", "wake_stream": wake})
+    for sub_id in subs:
+        created = wait_until(
+            lambda sub_id=sub_id: _put_sub_served(server, sub_id, config, auth),
+            timeout=30.0,
+            what="the subscription's owner following the other shard",
+        )
+        assert {link["path"] for link in created["streams"]} == set(streams)
+
+    # Presented over TCP, in either header, it is nothing: 401, on streams of both shards (one of
+    # them forwarded to its owner, which must not see it) and on subscriptions of both owners.
+    targets = [*streams, *(f"__ds/subscriptions/{sub_id}" for sub_id in subs)]
+    presented = ({"Authorization": f"Bearer {secret}"}, {"x-durastream-internal": secret})
+    for headers in presented:
+        for target in targets:
+            for _ in range(4):  # new connections, which the kernel spreads over both workers
+                answer = requests.get(server.stream_url(target), headers=headers)
+                assert answer.status_code == 401, (target, headers.keys(), answer.text)
+    # ...also on a kept-open connection alternating between the shards: moved to the other worker
+    # (hand-off), or forwarded to it (the forward drops the header)
+    with requests.Session() as session:
+        for path in streams * 4:
+            assert session.get(server.stream_url(path), headers=auth).status_code == 200
+            answer = session.get(server.stream_url(path), headers=presented[1])
+            assert answer.status_code == 401, answer.text
+    # a client without the token: 401 everywhere
+    for target in [*targets, "__ds/x-durastream/streams", "__ds/x-durastream/changes"]:
+        assert requests.get(server.stream_url(target)).status_code == 401, target
+    assert (
+        requests.put(
+            server.stream_url(f"__ds/subscriptions/{unique('x')}"), data=config
+        ).status_code
+        == 401
     )
-    assert response.status_code == 501, response.text
-    error = response.json()["error"]
-    assert error["code"] == "NOT_AVAILABLE_WITH_WORKERS"
-    assert "--auth-token" in error["message"] and "--workers 1" in error["message"]
+
+    # delivery across shards works with it: a claim names both shards' streams after appends
+    for path in streams:
+        assert requests.post(server.stream_url(path), data=b"x", headers=text).status_code == 204
+    for sub_id in subs:
+        poll_until(
+            lambda sub_id=sub_id: _claims_both(server, sub_id, streams, auth),
+            "a claim naming both shards' streams",
+            timeout=30,
+        )
+    # never in /metrics, never logged
+    for _ in range(4):
+        metrics = requests.get(server.base_url + "/metrics", headers=auth)
+        assert metrics.status_code == 200 and secret not in metrics.text
+    assert secret not in server.log_path.read_text(errors="replace")
+
+
+def _shard_sockets(server: ServerProcess) -> Path:
+    """The workers' private socket directory (``--shard-sockets`` of a worker's command line)."""
+    pid = worker_of_shard(server, 0)
+    assert pid is not None
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return Path(os.fsdecode(args[args.index(b"--shard-sockets") + 1]))
+
+
+def _put_sub_served(
+    server: ServerProcess, sub_id: str, config: str, auth: dict[str, str]
+) -> dict | None:
+    """The created subscription, or None while its owner still reads the other shard (503)."""
+    answer = requests.put(
+        server.stream_url(f"__ds/subscriptions/{sub_id}"), data=config, headers={**JSON, **auth}
+    )
+    if answer.status_code == 503:
+        return None
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def _claims_both(
+    server: ServerProcess, sub_id: str, paths: list[str], auth: dict[str, str]
+) -> bool:
+    url = server.stream_url(f"__ds/subscriptions/{sub_id}")
+    answer = requests.post(
+        url + "/claim", data=json.dumps({"worker": "w"}), headers={**JSON, **auth}
+    )
+    if answer.status_code != 200:
+        return False
+    claimed = answer.json()
+    requests.post(
+        url + "/release",
+        data=json.dumps({"wake_id": claimed["wake_id"], "generation": claimed["generation"]}),
+        headers={**JSON, "Authorization": f"Bearer {claimed['token']}"},
+    )
+    return set(paths) <= {item["path"] for item in claimed["streams"] if item["has_pending"]}

@@ -1,0 +1,265 @@
+"""Forks across shards on ``--workers 2`` (``shards/forks.py``): created in their source's shard.
+
+A fork whose path hashes to the other shard than its source's is created in its source's shard; its
+home (the shard its path hashes to) records where it lives, durably, and forwards its requests there.
+The same sequence of requests (creates, forks, forks of forks homed in either shard, appends, reads,
+listing, change feed, multi-range reads, bulk ``ensure`` and ``commits``, deletes of source and fork,
+a path created again) runs against one process and
+against ``--workers 2``; every answer (status, body, offsets, error code) must be the same. Then each
+worker is SIGKILLed in turn, and the whole server restarted: every fork is still found and reads the
+same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import uuid
+from typing import Any
+
+import pytest
+import requests
+
+from durastream_server.http import bulk
+from durastream_server.shards.layout import shard_of
+from tests.server.subscriptions.test_end_to_end import Api, unique, wait_until
+from tests.server.workers.test_bulk import _inline, _post
+from tests.server.workers.test_multirange import _walk
+from tests.server.workers.test_subscriptions import _claim_all, _sub_of_shard, subscriptions_ready
+from tests.server.workers.test_workers import WORKERS, worker_of_shard
+from tests.support.http import poll_until
+from tests.support.server_process import ServerProcess
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="worker tests read /proc")
+
+TEXT = {"Content-Type": "text/plain"}
+
+
+def _of_shard(prefix: str, shard: int) -> str:
+    while True:
+        path = f"{prefix}/{uuid.uuid4().hex[:8]}"
+        if shard_of(path, 2) == shard:
+            return path
+
+
+def _layout() -> dict[str, str]:
+    """A source in shard 0, its fork homed in shard 1, forks of that fork homed in each shard."""
+    prefix = f"fk-{uuid.uuid4().hex[:8]}"
+    return {
+        "prefix": prefix,
+        "source": _of_shard(prefix, 0),
+        "fork": _of_shard(prefix, 1),
+        "fork_of_fork_home_0": _of_shard(prefix, 0),
+        "fork_of_fork_home_1": _of_shard(prefix, 1),
+        "missing": _of_shard(prefix, 1),
+        "orphan": _of_shard(prefix, 1),
+        "ensured": _of_shard(prefix, 1),
+    }
+
+
+def _seen(answer: requests.Response) -> tuple[Any, ...]:
+    """What must match one process: status, body (an error's code, not its wording), offset."""
+    body: Any = answer.content
+    if answer.status_code >= 400 and answer.content:
+        body = json.loads(answer.content)["error"]["code"]
+    return answer.status_code, body, answer.headers.get("Stream-Next-Offset")
+
+
+def _scenario(server: ServerProcess, at: dict[str, str]) -> list[tuple[Any, ...]]:
+    url = server.stream_url
+    source, fork = at["source"], at["fork"]
+
+    def put_fork(path: str, of: str, **headers: str) -> requests.Response:
+        return requests.put(
+            url(path), headers={**TEXT, "Stream-Forked-From": f"/v1/stream/{of}", **headers}
+        )
+
+    def read(path: str) -> requests.Response:
+        return requests.get(url(path), params={"offset": "-1"})
+
+    seen = [
+        _seen(requests.put(url(source), data=b"abc", headers=TEXT)),
+        _seen(requests.post(url(source), data=b"def", headers=TEXT)),
+        _seen(put_fork(fork, source)),
+        _seen(read(fork)),
+        _seen(requests.head(url(fork))),
+        _seen(requests.post(url(fork), data=b"ghi", headers=TEXT)),
+        _seen(requests.post(url(source), data=b"jkl", headers=TEXT)),
+        _seen(read(fork)),
+        _seen(read(source)),
+        _seen(put_fork(fork, source)),  # the same create again: idempotent
+        _seen(put_fork(at["fork_of_fork_home_0"], fork)),
+        _seen(put_fork(at["fork_of_fork_home_1"], fork)),
+        _seen(read(at["fork_of_fork_home_0"])),
+        _seen(read(at["fork_of_fork_home_1"])),
+        _seen(put_fork(at["missing"], f"{at['prefix']}/no-such-source")),
+        _seen(put_fork(at["orphan"], source, **{"Content-Type": "application/json"})),
+        _seen(read(at["orphan"])),
+    ]
+    # from new connections (the kernel spreads them over both workers): the same answer each time
+    seen += [("from any worker", len({_seen(read(fork)) for _ in range(8)}))]
+    listing = requests.get(
+        url("__ds/x-durastream/streams"), params={"prefix": at["prefix"] + "/"}
+    ).json()
+    seen.append(("listed", [item["path"] for item in listing["streams"]]))
+    seen.append(("changed", sorted(_changed_paths(server, {"prefix": at["prefix"] + "/"}))))
+    chosen = [fork, at["fork_of_fork_home_1"], source]
+    selection = requests.post(url("__ds/x-durastream/selections"), json={"streams": chosen}).json()[
+        "selection"
+    ]
+    seen.append(("selected", sorted(_changed_paths(server, {"selection": selection}))))
+    # requests naming many streams are split by where each lives: the fork's part goes to its holder
+    deeper = at["fork_of_fork_home_1"]
+    tails = {p: requests.head(url(p)).headers["Stream-Next-Offset"] for p in (fork, source, deeper)}
+    ranges = [{"path": p, "offset": "-1", "end": tail} for p, tail in tails.items()]
+    seen.append(("reads", _walk(server, ranges, "frames")))
+    ensured = _post(
+        server,
+        "ensure",
+        json={"streams": [fork, at["ensured"]], "content_type": TEXT["Content-Type"]},
+    )
+    seen.append(("ensure", ensured.status_code, ensured.json()))
+    commits = _post(server, "commits", data=bulk.encode_requests([_inline(fork, b"+bulk", "p-f")]))
+    seen.append(("commits", commits.status_code, commits.json()))
+    seen.append(_seen(read(fork)))
+    seen += [
+        _seen(requests.delete(url(source))),
+        _seen(read(source)),
+        _seen(read(fork)),  # kept for its forks
+        _seen(requests.delete(url(fork))),
+        _seen(read(fork)),
+        _seen(read(at["fork_of_fork_home_1"])),
+        _seen(requests.put(url(fork), data=b"new", headers=TEXT)),  # the path again, not a fork
+        _seen(requests.post(url(fork), data=b"!", headers=TEXT)),
+        _seen(read(fork)),
+    ]
+    listing = requests.get(
+        url("__ds/x-durastream/streams"), params={"prefix": at["prefix"] + "/"}
+    ).json()
+    seen.append(("listed after", [item["path"] for item in listing["streams"]]))
+    return seen
+
+
+def _changed_paths(server: ServerProcess, query: dict[str, str]) -> list[str]:
+    """Every path the change feed names for ``query``, paging until ``more`` is false."""
+    found: list[str] = []
+    params = dict(query)
+    while True:
+        page = requests.get(server.stream_url("__ds/x-durastream/changes"), params=params).json()
+        found += [change["path"] for change in page["changes"]]
+        if not page["more"]:
+            return found
+        params["since"] = page["cursor"]
+
+
+def test_forks_across_shards_answer_as_one_process(server_factory) -> None:  # type: ignore[no-untyped-def]
+    at = _layout()
+    one = _scenario(server_factory(), at)
+    workers = server_factory(extra_args=WORKERS)
+    assert _scenario(workers, at) == one
+    assert one[2][0] == 201 and one[3][1] == b"abcdef"  # the scenario did fork
+
+
+def test_placement_survives_sigkill_of_either_worker_and_a_restart(server_factory) -> None:  # type: ignore[no-untyped-def]
+    at = _layout()
+    workers = server_factory(extra_args=WORKERS)
+    url = workers.stream_url
+    source, fork, deeper = at["source"], at["fork"], at["fork_of_fork_home_0"]
+    assert requests.put(url(source), data=b"abc", headers=TEXT).status_code == 201
+    for path, of in ((fork, source), (deeper, fork)):
+        created = requests.put(
+            url(path), headers={**TEXT, "Stream-Forked-From": f"/v1/stream/{of}"}
+        )
+        assert created.status_code == 201, created.text
+    assert requests.post(url(fork), data=b"+f", headers=TEXT).status_code == 204
+    expected = {source: b"abc", fork: b"abc+f", deeper: b"abc"}
+
+    def reads_back() -> bool:
+        try:
+            return all(
+                requests.get(url(path), params={"offset": "-1"}).content == body
+                for path, body in expected.items()
+            )
+        except requests.ConnectionError:
+            return False
+
+    for shard in (0, 1):  # the fork's home (1), then the shard holding it (0)
+        pid = worker_of_shard(workers, 1 - shard)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        poll_until(
+            reads_back, f"every fork read back after shard {1 - shard}'s SIGKILL", timeout=60
+        )
+    workers.restart()
+    poll_until(reads_back, "every fork read back after a restart", timeout=60)
+    # the fork's path still lives in its source's shard: appended to, read from any worker
+    assert requests.post(url(fork), data=b"!", headers=TEXT).status_code == 204
+    for _ in range(6):
+        assert requests.get(url(fork), params={"offset": "-1"}).content == b"abc+f!"
+
+
+def test_a_subscription_keeps_a_fork_held_in_another_shard_than_its_home(server_factory) -> None:  # type: ignore[no-untyped-def]
+    """The owner (shard 0) holds the fork (homed in shard 1) itself: the other shard's snapshots,
+    at start and after its worker is SIGKILLed, must not take the fork for deleted."""
+    at = _layout()
+    workers = server_factory(extra_args=WORKERS)
+    subscriptions_ready(workers)
+    api = Api(workers)
+    source, fork = at["source"], at["fork"]
+    api.create_stream(source, {"n": 0})
+    created = requests.put(
+        workers.stream_url(fork),
+        headers={"Content-Type": "application/json", "Stream-Forked-From": f"/v1/stream/{source}"},
+    )
+    assert created.status_code == 201, created.text
+    wake = unique("wake/forks")
+    api.create_stream(wake, [])
+    sub_id = _sub_of_shard("forks", 0)
+    config = {"type": "pull-wake", "pattern": f"{at['prefix']}/*", "wake_stream": wake}
+    assert api.put_sub(sub_id, {**config, "lease_ttl_ms": 600_000}).status_code == 201
+    tail = api.append(fork, {"n": 1})
+    claimed = wait_until(
+        lambda: _claim_all(api, sub_id, [fork]), timeout=15.0, what="a claim naming the fork"
+    )
+    acks = [{"stream": item["path"], "offset": item["tail_offset"]} for item in claimed["streams"]]
+    body = {"wake_id": claimed["wake_id"], "generation": claimed["generation"], "done": True}
+    done = api.post(sub_id, "ack", {**body, "acks": acks}, claimed["token"])
+    assert done.status_code == 200, done.text
+    assert api.acked(sub_id, fork) == tail
+    pid = worker_of_shard(workers, 1)  # the fork's home: its snapshot is read again
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+
+    def served_again() -> bool:
+        try:
+            answered = requests.get(api.sub(sub_id)).status_code == 200
+        except requests.ConnectionError:  # a connection the SIGKILLed worker held
+            return False
+        return answered and worker_of_shard(workers, 1) not in (None, pid)
+
+    poll_until(served_again, "the subscription served again", timeout=60)
+    subscriptions_ready(workers)
+    assert api.acked(sub_id, fork) == tail  # still linked, its ack kept
+
+
+def test_with_auth_tokens_a_fork_across_shards_needs_the_clients_token(server_factory) -> None:  # type: ignore[no-untyped-def]
+    at = _layout()
+    token = "forks-writer-0123456789abcdef"
+    workers = server_factory(extra_args=(*WORKERS, "--auth-token", token))
+    url = workers.stream_url
+    auth = {**TEXT, "Authorization": f"Bearer {token}"}
+    source, fork = at["source"], at["fork"]
+    assert requests.put(url(source), data=b"abc", headers=auth).status_code == 201
+    forked_from = {"Stream-Forked-From": f"/v1/stream/{source}"}
+    refused = requests.put(url(fork), headers={**TEXT, **forked_from})
+    assert refused.status_code == 401, refused.text
+    table = workers.data_dir / "shards" / "1" / "meta" / "fork-placements"  # the fork's home's
+    assert not table.exists()  # a client without a token places nothing
+    created = requests.put(url(fork), headers={**auth, **forked_from})
+    assert created.status_code == 201, created.text
+    assert json.loads(table.read_text())["placements"] == {fork: 0}
+    for _ in range(4):  # from either worker
+        assert requests.get(url(fork), params={"offset": "-1"}, headers=auth).content == b"abc"
+        assert requests.get(url(fork), params={"offset": "-1"}).status_code == 401
