@@ -91,6 +91,24 @@ class RequestBatcher:
                 full.append(self._emit())
         return full
 
+    @property
+    def pending_body_bytes(self) -> int:
+        """The size of the body ``remainder()`` would return (0 if there are no rows)."""
+        return self._payload_bytes + self._framing_bytes if self._count else 0
+
+    def remainder_bytes(self) -> bytes | None:
+        """``bytes(remainder().body)``, joined at once. Ends the batcher.
+
+        Why: a task routing to 10,000 streams commits most of them inline, as plain bytes; building a
+        ``Request`` and its ``RequestBody`` first, only to join it, was a third of its ``finish``."""
+        if not self._count:
+            return None
+        pieces = self._pieces
+        self._pieces, self._count, self._payload_bytes = [], 0, 0
+        if self.json_framing:
+            return b"".join([b"[", *pieces[:-1], pieces[-1][:-1], b"]"])
+        return b"".join(pieces)
+
     def remainder(self) -> Request | None:
         """The rows not yet in a full request, as one request (None if there are none). Ends the batcher."""
         if not self._count:

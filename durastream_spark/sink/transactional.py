@@ -131,42 +131,48 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         bulk = BulkWrites(self._client, self._options.content_type)
         batched = bulk.supported()
         entries: list[StageEntry] = []
+        parts: list[StreamPart] = []
+        waits: list[_StreamState] = []  # streams with stage requests of their own in flight
         for stream, state in self._streams.items():
-            remainder = state.batcher.remainder()
-            if remainder is None:
-                continue
-            if batched and self._inline(state, remainder):
-                state.bytes += len(remainder.body)
-                state.inline = bytes(remainder.body)
-                self._inline_bytes += len(state.inline)
-                continue
-            if batched and remainder.body and len(state.handles) < PARALLEL_HANDLES:
-                state.bytes += len(remainder.body)
-                state.requests += 1
-                handle = self._new_handle(state)
-                producer = (handle, STAGE_EPOCH, 0)
-                ttl = self._options.transaction_ttl_s
-                entries.append(StageEntry(stream, handle, remainder.body, producer, ttl))
-            else:
-                self._submit(stream, state, remainder)
+            # One pass: nothing below changes a stream's figures or handles once its remainder is
+            # handed on (draining only waits), so its part is made here, not in a second loop.
+            batcher = state.batcher
+            size = batcher.pending_body_bytes
+            if batched and batcher.pending_rows and self._fits_inline(state, size):
+                state.bytes += size
+                state.inline = batcher.remainder_bytes()
+                self._inline_bytes += size
+            elif batcher.pending_rows:
+                remainder = batcher.remainder()
+                assert remainder is not None
+                if batched and remainder.body and len(state.handles) < PARALLEL_HANDLES:
+                    state.bytes += len(remainder.body)
+                    state.requests += 1
+                    handle = self._new_handle(state)
+                    producer = (handle, STAGE_EPOCH, 0)
+                    ttl = self._options.transaction_ttl_s
+                    entries.append(StageEntry(stream, handle, remainder.body, producer, ttl))
+                else:
+                    self._submit(stream, state, remainder)
+            if state.parallel is not None or state.tails:
+                waits.append(state)
+            parts.append(
+                StreamPart(
+                    stream,
+                    state.rows,
+                    state.bytes,
+                    state.requests,
+                    tuple(state.handles),
+                    inline=state.inline,
+                )
+            )
         if entries:
             self._stage_in_bulk(bulk, entries)
-        parts = []
-        for stream, state in self._streams.items():
+        for state in waits:
             if state.parallel is not None:
                 state.parallel.drain()
             for tail in state.tails:
                 tail.drain()
-            parts.append(
-                StreamPart(
-                    stream=stream,
-                    rows=state.rows,
-                    bytes=state.bytes,
-                    requests=state.requests,
-                    handles=tuple(state.handles),
-                    inline=state.inline,
-                )
-            )
         return tuple(parts)
 
     def discard(self) -> None:
@@ -230,12 +236,11 @@ class TransactionalPartitionWriter(ModeWriter[_StreamState]):
         state.tail_bytes += size
         state.tails[-1].submit(request.body)
 
-    def _inline(self, state: _StreamState, remainder: Request) -> bool:
-        """Whether the stream's whole part is this one small remainder, to travel inline in the commit
-        message instead of being staged (no staging file, no record group: an inline commit is one
-        record in the server's shared commit rounds). Bounded per part and per task, because commit
-        messages go through the driver."""
-        size = len(remainder.body)
+    def _fits_inline(self, state: _StreamState, size: int) -> bool:
+        """Whether the stream's whole part is its remainder of ``size`` bytes, small enough to travel
+        inline in the commit message instead of being staged (no staging file, no record group: an
+        inline commit is one record in the server's shared commit rounds). Bounded per part and per
+        task, because commit messages go through the driver."""
         return (
             not state.handles
             and 0 < size <= INLINE_PART_BYTES
@@ -306,11 +311,15 @@ def commit_parts(
     """Driver, ``bulk-write`` servers: ``commit_part`` for many (partition, stream) parts in a few
     requests (each part still its own keyed commit, one record group per stream); per part its result
     or its error, in order. Unneeded handles (duplicates) are aborted in bulk too."""
-    out: list[PartResult | Exception] = [
-        PartResult(part.stream, message.partition, part.rows, part.bytes, NOTHING, None)
-        for message, part in jobs
-    ]
-    staged = [index for index, (_, part) in enumerate(jobs) if part.handles or part.inline]
+    out: list[PartResult | Exception] = [None] * len(jobs)  # type: ignore[list-item]  # all set below
+    staged = []
+    for index, (message, part) in enumerate(jobs):
+        if part.handles or part.inline:
+            staged.append(index)
+        else:  # nothing to commit (only the staged and inline parts get an answer to settle)
+            out[index] = PartResult(
+                part.stream, message.partition, part.rows, part.bytes, NOTHING, None
+            )
     # The parts of one stream side by side (every partition's; a stable sort keeps their order): they
     # then travel in the same bulk request, which the server stages in one pass, so a routed stream's
     # parts are one batch of its log in one commit round (and a new stream is promoted with all of
@@ -369,52 +378,45 @@ class _StreamGroup:
 def _stream_groups(jobs: Sequence[tuple[SinkCommitMessage, StreamPart]]) -> list[_StreamGroup]:
     """Streams with two or more inline parts, each as one ``PartsEntry``. The parts' producer ids
     share the batch's prefix (``<producerId>-<writer key>-``), the rest (the partition) is each part's
-    suffix; epoch (the batch), seq and key are the same for all, as ``commit_entry`` makes them."""
-    inline = [index for index, (_, part) in enumerate(jobs) if part.inline is not None]
-    if len(inline) < 2:
+    suffix; epoch (the batch), seq and key are the same for all, as ``commit_entry`` makes them.
+
+    Why the shape: a routed batch has one (stream, partition) job per part, ~20,000 of them, but only
+    a few messages; what depends on the message (its suffix) is worked out once per message."""
+    by_stream: dict[str, list[int]] = {}
+    messages: dict[int, SinkCommitMessage] = {}  # by id(): the jobs' messages, once each
+    for index, (message, part) in enumerate(jobs):
+        if part.inline is not None:
+            by_stream.setdefault(part.stream, []).append(index)
+            messages[id(message)] = message
+    if sum(len(listed) for listed in by_stream.values()) < 2:
         return []
-    producer_ids = {jobs[index][0].producer_id for index in inline}  # one per partition
+    producer_ids = {message.producer_id for message in messages.values()}  # one per partition
     prefix = os.path.commonprefix(sorted(producer_ids))
-    epochs = {jobs[index][0].epoch for index in inline}
-    suffixes = {producer_id[len(prefix) :] for producer_id in producer_ids}
-    if len(epochs) != 1 or not all(_SUFFIX.fullmatch(suffix) for suffix in suffixes):
+    epochs = {message.epoch for message in messages.values()}
+    suffixes = {producer_id: producer_id[len(prefix) :] for producer_id in producer_ids}
+    if len(epochs) != 1 or not all(_SUFFIX.fullmatch(suffix) for suffix in suffixes.values()):
         return []  # not the sink's own shape: one entry per part, as before
     (epoch,) = epochs
-    by_stream: dict[str, list[int]] = {}
-    for index in inline:
-        by_stream.setdefault(jobs[index][1].stream, []).append(index)
     groups = []
     for stream, listed in by_stream.items():
+        if len(listed) < 2:  # one part: a plain entry is cheaper
+            continue
         for first in range(0, len(listed), MAX_ENTRY_PARTS):  # the server's cap per entry
-            group = _group(jobs, stream, listed[first : first + MAX_ENTRY_PARTS], prefix, epoch)
-            if group is not None:
-                groups.append(group)
+            indexes = listed[first : first + MAX_ENTRY_PARTS]
+            producers = [jobs[index][0].producer_id for index in indexes]
+            if len(indexes) < 2 or len(set(producers)) != len(producers):
+                continue  # one part, or two attempts' parts (never sent so): one entry each
+            entry = PartsEntry(
+                stream,
+                prefix,
+                epoch,
+                COMMIT_SEQ,
+                COMMIT_KEY,
+                tuple([suffixes[producer] for producer in producers]),
+                tuple([jobs[index][1].inline or b"" for index in indexes]),
+            )
+            groups.append(_StreamGroup(tuple(indexes), entry))
     return groups
-
-
-def _group(
-    jobs: Sequence[tuple[SinkCommitMessage, StreamPart]],
-    stream: str,
-    indexes: list[int],
-    prefix: str,
-    epoch: int,
-) -> _StreamGroup | None:
-    """The parts ``indexes`` of ``stream`` as one entry, or None where one entry each is better."""
-    producers = [jobs[index][0].producer_id for index in indexes]
-    if len(indexes) < 2 or len(set(producers)) != len(producers):
-        return None  # one part (a plain entry is cheaper), or two attempts' parts (never sent so)
-    return _StreamGroup(
-        tuple(indexes),
-        PartsEntry(
-            stream,
-            prefix,
-            epoch,
-            COMMIT_SEQ,
-            COMMIT_KEY,
-            tuple(producer[len(prefix) :] for producer in producers),
-            tuple(jobs[index][1].inline or b"" for index in indexes),
-        ),
-    )
 
 
 _SUFFIX = re.compile(r"[A-Za-z0-9._~-]{0,64}")

@@ -1,0 +1,136 @@
+"""The routed save's per-stream shortcuts build exactly what the general builders build.
+
+A task's inline parts are joined straight from its batchers (``RequestBatcher.remainder_bytes``) and the
+driver groups a stream's inline parts with per-message work done once (``_stream_groups``). Exactly-once
+depends on those bytes: a replayed batch's commit must carry the same producer tuples and key, and an
+inline part's body is its data. So both are checked against the general path on randomized inputs:
+several partitions, streams with 1..n parts, inline and staged parts, JSON and byte framing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from durastream_spark.protocol import bulk
+from durastream_spark.sink import transactional
+from durastream_spark.sink.batch_mode import COMMIT_KEY, COMMIT_SEQ
+from durastream_spark.sink.batcher import RequestBatcher
+from durastream_spark.sink.encoding import EncodedRows
+from durastream_spark.sink.messages import SinkCommitMessage, StreamPart
+
+
+def _payloads(rng: random.Random, count: int, json: bool) -> list[bytes]:
+    rows = [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 12))) for _ in range(count)]
+    return [b'"%s",' % row.hex().encode() for row in rows] if json else rows
+
+
+@pytest.mark.parametrize("json", [True, False])
+def test_remainder_bytes_is_the_remainders_body(json: bool) -> None:
+    rng = random.Random(16 + json)
+    for _ in range(300):
+        limits = (rng.randrange(1, 30), rng.randrange(8, 200))
+        general = RequestBatcher(*limits, json_framing=json)
+        joined = RequestBatcher(*limits, json_framing=json)
+        separator = 1 if json else 0
+        for _ in range(rng.randrange(0, 5)):  # input batches, as Spark cuts them
+            rows = EncodedRows.from_payloads(_payloads(rng, rng.randrange(0, 25), json), separator)
+            full = general.add(rows)
+            assert [bytes(r.body) for r in joined.add(rows)] == [bytes(r.body) for r in full]
+        size = joined.pending_body_bytes
+        remainder = general.remainder()
+        if remainder is None:
+            assert joined.remainder_bytes() is None and size == 0
+            continue
+        body = joined.remainder_bytes()
+        assert body == bytes(remainder.body) and size == len(body)
+        assert joined.remainder_bytes() is None  # it ends the batcher, as remainder() does
+
+
+def _reference_groups(jobs: list) -> list[tuple[tuple[int, ...], bulk.PartsEntry]]:
+    """The grouping as the commit built it before (one pass per part, nothing shared)."""
+    inline = [i for i, (_, part) in enumerate(jobs) if part.inline is not None]
+    if len(inline) < 2:
+        return []
+    producer_ids = {jobs[i][0].producer_id for i in inline}
+    prefix = os.path.commonprefix(sorted(producer_ids))
+    epochs = {jobs[i][0].epoch for i in inline}
+    if len(epochs) != 1 or not all(
+        transactional._SUFFIX.fullmatch(p[len(prefix) :]) for p in producer_ids
+    ):
+        return []
+    by_stream: dict[str, list[int]] = {}
+    for i in inline:
+        by_stream.setdefault(jobs[i][1].stream, []).append(i)
+    out = []
+    for stream, listed in by_stream.items():
+        for first in range(0, len(listed), bulk.MAX_ENTRY_PARTS):
+            indexes = listed[first : first + bulk.MAX_ENTRY_PARTS]
+            producers = [jobs[i][0].producer_id for i in indexes]
+            if len(indexes) < 2 or len(set(producers)) != len(producers):
+                continue
+            entry = bulk.PartsEntry(
+                stream,
+                prefix,
+                next(iter(epochs)),
+                COMMIT_SEQ,
+                COMMIT_KEY,
+                tuple(p[len(prefix) :] for p in producers),
+                tuple(jobs[i][1].inline or b"" for i in indexes),
+            )
+            out.append((tuple(indexes), entry))
+    return out
+
+
+def _jobs(rng: random.Random) -> list[tuple[SinkCommitMessage, StreamPart]]:
+    """A batch's (message, part) jobs: partitions (some with two attempts' messages, as a test
+    harness may send), streams with parts in 1..n of them, inline or staged, in a shuffled order."""
+    epoch = rng.randrange(0, 5)
+    writer = rng.choice(["w", "job-1", "q.x"])
+    messages = []
+    for partition in range(rng.randrange(1, 9)):
+        for attempt in range(rng.choice([1, 1, 1, 2])):
+            producer = f"ds-{writer}-{partition}"
+            if rng.random() < 0.03:
+                producer = f"other/{partition}"  # not the sink's shape: no grouping at all
+            messages.append(
+                SinkCommitMessage("transactional", writer, epoch, partition, attempt, producer, ())
+            )
+    jobs = []
+    for stream in range(rng.randrange(1, 40)):
+        for message in rng.sample(messages, rng.randrange(1, len(messages) + 1)):
+            if rng.random() < 0.2:
+                part = StreamPart(f"s{stream}", 2, 9, 1, handles=(f"h{stream}",))
+            else:
+                part = StreamPart(f"s{stream}", 1, 3, 0, inline=os.urandom(rng.randrange(1, 9)))
+            jobs.append((message, part))
+    rng.shuffle(jobs)
+    return jobs
+
+
+def test_stream_groups_are_the_reference_groups() -> None:
+    rng = random.Random(1616)
+    grouped = 0
+    for _ in range(400):
+        jobs = _jobs(rng)
+        groups = transactional._stream_groups(jobs)
+        assert [(g.indexes, g.entry) for g in groups] == _reference_groups(jobs)
+        for group in groups:  # and each part is what its own commit entry would carry
+            for suffix, body, index in zip(
+                group.entry.suffixes, group.entry.bodies, group.indexes, strict=True
+            ):
+                single = transactional.commit_entry(*jobs[index])
+                producer = (
+                    group.entry.producer_prefix + suffix,
+                    group.entry.epoch,
+                    group.entry.seq,
+                )
+                assert (producer, group.entry.key, body) == (
+                    single.producer,
+                    single.key,
+                    single.inline,
+                )
+        grouped += len(groups)
+    assert grouped > 100  # the inputs did exercise the grouping
