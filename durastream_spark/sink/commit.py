@@ -201,17 +201,27 @@ def summarize(results: Sequence[PartResult]) -> list[StreamSummary]:
         by_stream[result.stream].append(result)
     summaries = []
     for stream in sorted(by_stream):
-        parts = by_stream[stream]
-        offsets = [p.next_offset for p in parts if p.next_offset]
+        # One pass over the stream's parts, not five: a routed batch summarizes 10,000 streams.
+        rows = size = committed = duplicates = 0
+        final: str | None = None
+        for part in by_stream[stream]:
+            rows += part.rows
+            size += part.bytes
+            if part.outcome == COMMITTED:
+                committed += 1
+            elif part.outcome == DUPLICATE:
+                duplicates += 1
+            if part.next_offset and (final is None or part.next_offset > final):
+                final = part.next_offset
         summaries.append(
             StreamSummary(
                 stream=stream,
-                rows=sum(p.rows for p in parts),
-                bytes=sum(p.bytes for p in parts),
-                partitions=len(parts),
-                committed=sum(1 for p in parts if p.outcome == COMMITTED),
-                duplicates=sum(1 for p in parts if p.outcome == DUPLICATE),
-                final_offset=max(offsets) if offsets else None,
+                rows=rows,
+                bytes=size,
+                partitions=len(by_stream[stream]),
+                committed=committed,
+                duplicates=duplicates,
+                final_offset=final,
             )
         )
     return summaries

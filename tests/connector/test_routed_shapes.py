@@ -134,3 +134,43 @@ def test_stream_groups_are_the_reference_groups() -> None:
                 )
         grouped += len(groups)
     assert grouped > 100  # the inputs did exercise the grouping
+
+
+def test_summaries_add_up_each_streams_parts() -> None:
+    """``summarize`` (one pass per stream) against the sums written out per field."""
+    from durastream_spark.sink.commit import summarize
+    from durastream_spark.sink.messages import COMMITTED, DUPLICATE, NOTHING, PartResult
+
+    rng = random.Random(18)
+    for _ in range(200):
+        results = [
+            PartResult(
+                f"s{rng.randrange(6)}",
+                rng.randrange(4),
+                rng.randrange(50),
+                rng.randrange(900),
+                rng.choice([COMMITTED, DUPLICATE, NOTHING]),
+                rng.choice([None, "", f"{rng.randrange(10**6):016d}_{rng.randrange(99):08d}"]),
+            )
+            for _ in range(rng.randrange(0, 30))
+        ]
+        expected = []
+        for stream in sorted({r.stream for r in results}):
+            parts = [r for r in results if r.stream == stream]
+            offsets = [p.next_offset for p in parts if p.next_offset]
+            expected.append(
+                (
+                    stream,
+                    sum(p.rows for p in parts),
+                    sum(p.bytes for p in parts),
+                    len(parts),
+                    sum(p.outcome == COMMITTED for p in parts),
+                    sum(p.outcome == DUPLICATE for p in parts),
+                    max(offsets) if offsets else None,
+                )
+            )
+        got = [
+            (s.stream, s.rows, s.bytes, s.partitions, s.committed, s.duplicates, s.final_offset)
+            for s in summarize(results)
+        ]
+        assert got == expected
