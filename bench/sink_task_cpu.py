@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="print the task profile's top")
+    parser.add_argument("--no-profile", action="store_true", help="tasks without cProfile")
     parser.add_argument("--json", type=Path, help="write the rounds' figures here")
     args = parser.parse_args()
 
@@ -85,7 +86,20 @@ def main() -> None:
     from durastream_spark.sink.identity import TaskIdentity, new_job_id
     from durastream_spark.sink.partition import PartitionWrite
     from durastream_spark.sink.plan import BATCH, plan_write
+    from durastream_spark.sink.transactional import TransactionalPartitionWriter
     from tests.support.server_process import ServerProcess
+
+    finish_cpu = [0.0]
+    finish = TransactionalPartitionWriter.finish
+
+    def timed_finish(self: TransactionalPartitionWriter) -> tuple:
+        start = time.process_time()
+        try:
+            return finish(self)
+        finally:
+            finish_cpu[0] += time.process_time() - start
+
+    TransactionalPartitionWriter.finish = timed_finish  # type: ignore[method-assign]
 
     schema = StructType(
         [
@@ -118,7 +132,9 @@ def main() -> None:
                         server_cpu_seconds(server.pid),
                         time.perf_counter(),
                     )
-                    profile.enable()
+                    finish_cpu[0] = 0.0
+                    if not args.no_profile:
+                        profile.enable()
                     messages = [  # in Spark's Arrow batches (maxRecordsPerBatch, 10,000 rows)
                         PartitionWrite(plan, TaskIdentity(job, 0, part, 0)).write_arrow(
                             batch.slice(first, SPARK_BATCH_ROWS)
@@ -138,9 +154,9 @@ def main() -> None:
                         server_cpu_seconds(server.pid),
                         time.perf_counter(),
                     )
-                    stats = pstats.Stats(profile)
                     shares = {}
-                    for phase, (file, function) in PHASES.items():
+                    stats = None if args.no_profile else pstats.Stats(profile)
+                    for phase, (file, function) in PHASES.items() if stats else ():
                         cumulative = sum(
                             row[3]
                             for (path, _, func), row in stats.stats.items()  # type: ignore[attr-defined]
@@ -151,12 +167,13 @@ def main() -> None:
                         "tasks_wall_s": round(wall1 - wall0, 3),
                         "tasks_cpu_s": round(cpu1 - cpu0, 3),
                         "tasks_server_cpu_s": round(srv1 - srv0, 3),
+                        "finish_cpu_s": round(finish_cpu[0], 3),
                         "commit_wall_s": round(wall2 - wall1, 3),
                         "commit_cpu_s": round(cpu2 - cpu1, 3),
                         "commit_server_cpu_s": round(srv2 - srv1, 3),
                         "task_phases_cum_s (profiled)": shares,
                     }
-                    if args.profile:
+                    if args.profile and stats:
                         print(f"--- {name}: task profile", file=sys.stderr)
                         stats.sort_stats("tottime").print_stats(25)
                 rounds.append(figures)
