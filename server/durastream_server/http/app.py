@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from durastream_server import extensions
 from durastream_server.config import ServerConfig
-from durastream_server.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
+from durastream_server.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    NotFound,
+    PlacedElsewhere,
+    ProtocolError,
+)
 from durastream_server.http import (
     access,
     cors,
@@ -270,6 +276,11 @@ class DurastreamApp:
         request = _request(scope, headers, receive, tracked, responder, request_id)
         try:
             await self._dispatch(request)
+        except PlacedElsewhere as moved:
+            if self._router is None or tracked.status is not None:
+                await self._send_error(request, tracked, *responses.protocol_error_parts(moved))
+            else:  # a fork was placed there while this create waited (shards/forks.py)
+                await self._router.forward(moved.shard, scope, _replayed(moved.body), send)
         except ProtocolError as exc:
             await self._send_error(request, tracked, *responses.protocol_error_parts(exc))
         except ClientDisconnected:
@@ -280,6 +291,11 @@ class DurastreamApp:
         finally:
             self._finished(request, tracked, time.perf_counter() - started)
             REQUEST_ID.reset(context)
+
+    def _contended(self, path: str) -> bool:
+        """Whether a create of ``path`` would wait for its lock or is placed in another shard
+        (``Engine.create_contended``): left to the ordinary path, which can forward it."""
+        return self._backend is not None and self._backend.engine.create_contended(path)
 
     def _may(self, scope: Scope, receive: Receive) -> bool:
         """Whether ``scope``'s token allows it (no tokens: yes); a request refused is answered by the
@@ -384,6 +400,8 @@ class DurastreamApp:
             if self._auth is not None:
                 self._auth.authorize(request, target)
             if request.method == "PUT":
+                if self._router is not None and self._contended(target.target):
+                    return False  # the ordinary path forwards it if a fork is placed there
                 request.route = "create"
                 future: asyncio.Future[Any] = streams.create_now(request, target.target, body)
                 answer = _DirectAnswer(
@@ -685,6 +703,17 @@ def _request_id_line(encoded_id: bytes) -> bytes:
 
 async def _no_send(message: MutableMapping[str, Any]) -> None:
     raise AssertionError("an authorization check sends nothing")
+
+
+def _replayed(body: bytes) -> Receive:
+    """A ``receive`` giving ``body`` (already read) again, whole: a create forwarded after it was
+    read (``PlacedElsewhere``)."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> MutableMapping[str, Any]:
+        return messages.pop() if messages else {"type": "http.disconnect"}
+
+    return receive
 
 
 async def _consumed() -> MutableMapping[str, Any]:
