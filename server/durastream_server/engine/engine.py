@@ -478,12 +478,21 @@ class Engine:
         in_flight = self._bulk_creating
         locked = self._create_locks
         corrupt = self._data.corrupt  # refused by the serialized path, with its reason
+        # With ``--workers N``: a path placed in another shard (a fork's) meanwhile is refused by the
+        # serialized path (``PlacedElsewhere``), never made here too.
+        placed = self.placed_elsewhere or _nowhere
         for index, path in enumerate(paths):
             other = in_flight.get(path)
             if other is not None and other is not done:
                 waiting.append((index, other))
                 continue
-            if path in by_path or other is not None or locked.held(path) or path in corrupt:
+            if (
+                path in by_path
+                or other is not None
+                or locked.held(path)
+                or path in corrupt
+                or placed(path) is not None
+            ):
                 others.append(
                     (index, self.create_nowait(CreateRequest(path=path, content_type=content_type)))
                 )
@@ -1979,3 +1988,8 @@ def _parse_token(text: str, what: str) -> int:
 
 
 __all__ = ["Engine", "ProtocolError", "StreamObserver"]
+
+
+def _nowhere(path: str) -> None:
+    """``Engine.placed_elsewhere`` of one process: no path is placed in another shard."""
+    return None

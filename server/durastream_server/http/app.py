@@ -274,12 +274,14 @@ class DurastreamApp:
         # The long-poll fast path writes whole answers itself: it appends the same extra headers.
         responder = fastpath.responder(scope, extra_headers, _request_id_line(encoded_id))
         request = _request(scope, headers, receive, tracked, responder, request_id)
+        forwarded = False  # counted and logged by the worker that answers it, as any forward
         try:
             await self._dispatch(request)
         except PlacedElsewhere as moved:
             if self._router is None or tracked.status is not None:
                 await self._send_error(request, tracked, *responses.protocol_error_parts(moved))
             else:  # a fork was placed there while this create waited (shards/forks.py)
+                forwarded = True
                 await self._router.forward(moved.shard, scope, _replayed(moved.body), send)
         except ProtocolError as exc:
             await self._send_error(request, tracked, *responses.protocol_error_parts(exc))
@@ -289,7 +291,8 @@ class DurastreamApp:
             logger.exception("internal error on %s %r", request.method, request.raw_path)
             await self._send_error(request, tracked, *responses.internal_error_parts())
         finally:
-            self._finished(request, tracked, time.perf_counter() - started)
+            if not forwarded:
+                self._finished(request, tracked, time.perf_counter() - started)
             REQUEST_ID.reset(context)
 
     def _contended(self, path: str) -> bool:

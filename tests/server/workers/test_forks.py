@@ -420,7 +420,8 @@ def test_sigkill_between_the_placement_write_and_the_forwarded_create(  # type: 
     poll_until(answers(404), "the path not found after the home's SIGKILL", timeout=60)
     assert requests.put(url(path), data=b"plain", headers=PLAIN).status_code == 201
     assert requests.put(url(path), headers=forked).status_code == 409
-    workers.restart()
+    workers.stop()  # SIGTERM: the supervisor waits for its workers (a SIGKILL of it would not)
+    workers.start()
     poll_until(answers(200), "the path read back after a restart", timeout=60)
     for _ in range(6):
         read = requests.get(url(path), params={"offset": "-1"})
