@@ -294,18 +294,21 @@ def _one_process_outcomes(server: ServerProcess, prefix: str) -> set[tuple[Any, 
     outcomes = set()
     for order in ("put", "fork"):
         path = f"{prefix}/{order}-first"
-        answers: dict[str, int] = {}
+        answers: dict[str, tuple[Any, ...]] = {}
         for step in (order, "fork" if order == "put" else "put"):
             if step == "put":
-                answers["put"] = requests.put(url(path), data=b"plain", headers=PLAIN).status_code
+                answers["put"] = _seen(requests.put(url(path), data=b"plain", headers=PLAIN))[:2]
             else:
                 forked = {**TEXT, "Stream-Forked-From": f"/v1/stream/{source}"}
-                answers["fork"] = requests.put(url(path), headers=forked).status_code
+                answers["fork"] = _seen(requests.put(url(path), headers=forked))[:2]
         outcomes.add(_outcome(server, path, answers["put"], answers["fork"]))
     return outcomes
 
 
-def _outcome(server: ServerProcess, path: str, put: int, fork: int) -> tuple[Any, ...]:
+def _outcome(
+    server: ServerProcess, path: str, put: tuple[Any, ...], fork: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """The PUT's and the fork's (status, error code), what a GET serves and its content type."""
     read = requests.get(server.stream_url(path), params={"offset": "-1"})
     return put, fork, read.content, read.headers.get("Content-Type")
 
@@ -327,8 +330,8 @@ def _race(
         forked()
         plain = pool.submit(requests.put, url(path), data=b"plain", headers=PLAIN)
         put(plain)
-        fork_status, put_status = fork.result().status_code, plain.result().status_code
-    return _outcome(server, path, put_status, fork_status)
+        fork_answer, put_answer = _seen(fork.result())[:2], _seen(plain.result())[:2]
+    return _outcome(server, path, put_answer, fork_answer)
 
 
 def test_a_put_racing_a_fork_create_at_its_home_answers_as_one_process(  # type: ignore[no-untyped-def]
@@ -340,7 +343,7 @@ def test_a_put_racing_a_fork_create_at_its_home_answers_as_one_process(  # type:
     answers one of them 409, and a GET serves the winner's stream."""
     prefix = f"fk-race-{uuid.uuid4().hex[:8]}"
     expected = _one_process_outcomes(server_factory(), prefix)
-    assert {(put, fork) for put, fork, *_ in expected} == {(201, 409), (409, 201)}
+    assert {(put[0], fork[0]) for put, fork, *_ in expected} == {(201, 409), (409, 201)}
     control = tmp_path / "control"
     _paused_placements(monkeypatch, control)
     workers = server_factory(extra_args=WORKERS)
@@ -360,6 +363,37 @@ def test_a_put_racing_a_fork_create_at_its_home_answers_as_one_process(  # type:
     assert seen in expected, (seen, expected)
     for _ in range(6):  # from either worker: the same stream
         assert _outcome(workers, path, *seen[:2]) == seen
+
+
+def test_a_bulk_ensure_racing_a_fork_create_at_its_home_creates_the_path_once(  # type: ignore[no-untyped-def]
+    server_factory, monkeypatch, tmp_path
+) -> None:
+    """The same pause, with a bulk ``ensure`` of the path instead of a PUT (its batch at the home):
+    one of them creates it; the ensure answers the fork as it is or, its create having raced, PUT's
+    409 (decision 0008); the fork is 409 if the ensure made it first. Never both created."""
+    control = tmp_path / "control"
+    _paused_placements(monkeypatch, control)
+    workers = server_factory(extra_args=WORKERS)
+    prefix = f"fk-ensure-{uuid.uuid4().hex[:8]}"
+    source, path = _of_shard(prefix, 0), _of_shard(prefix, 1)
+    assert requests.put(workers.stream_url(source), data=b"abc", headers=TEXT).status_code == 201
+    forked = {**TEXT, "Stream-Forked-From": f"/v1/stream/{source}"}
+    ensure = {"streams": [path], "content_type": PLAIN["Content-Type"]}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fork = pool.submit(requests.put, workers.stream_url(path), headers=forked)
+        poll_until(lambda: any(control.glob("paused-*")), "the placement paused", timeout=30)
+        ensured = pool.submit(_post, workers, "ensure", json=ensure)
+        _finished_within(ensured.done, seconds=2.0)
+        (control / "release").touch()
+        fork_status, entry = fork.result().status_code, ensured.result().json()["results"][0]
+    read = requests.get(workers.stream_url(path), params={"offset": "-1"})
+    if entry.get("created"):
+        assert fork_status == 409, entry
+        assert (read.content, read.headers["Content-Type"]) == (b"", PLAIN["Content-Type"])
+    else:
+        assert fork_status == 201, entry
+        assert entry.get("status") == 409 or entry.get("content_type") == TEXT["Content-Type"]
+        assert (read.content, read.headers["Content-Type"]) == (b"abc", TEXT["Content-Type"])
 
 
 def test_many_rounds_of_a_put_racing_a_fork_create_answer_as_one_process(  # type: ignore[no-untyped-def]
