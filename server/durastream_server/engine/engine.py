@@ -1987,9 +1987,9 @@ def _parse_token(text: str, what: str) -> int:
         raise BadRequest(f"malformed {what} {text!r}") from None
 
 
-__all__ = ["Engine", "ProtocolError", "StreamObserver"]
-
-
 def _nowhere(path: str) -> None:
     """``Engine.placed_elsewhere`` of one process: no path is placed in another shard."""
     return None
+
+
+__all__ = ["Engine", "ProtocolError", "StreamObserver"]
