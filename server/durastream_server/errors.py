@@ -138,6 +138,20 @@ class ConfigMismatch(Conflict):
     code = "CONFIG_MISMATCH"
 
 
+class PlacedElsewhere(ConfigMismatch):
+    """With ``--workers N``: a create of a path whose home placed it in another shard (a fork of a
+    stream there, ``shards/forks.py``) while the create waited for the path's lock. The ordinary path
+    forwards the create to ``shard`` (``body``: the request's, already read), which answers as one
+    process serialising the create after the fork; a direct create that meets it is answered this
+    409 (``CONFIG_MISMATCH``), as one process answers a create that differs from the fork created
+    first (a bulk ``ensure`` too)."""
+
+    def __init__(self, path: str, shard: int, body: bytes) -> None:
+        super().__init__(f"the stream at {path!r} was just created as a fork in another shard")
+        self.shard = shard
+        self.body = body
+
+
 class Gone(ProtocolError):
     status = 410
     code = "GONE"

@@ -99,6 +99,8 @@ class Backend:
             await engine.start()
             if router is not None:  # a fork held here is served here (shards/forks.py)
                 router.hosts = engine.holds
+                router.creating = engine.creating  # a fork's placement vs a create (forks.py)
+                engine.placed_elsewhere = router.placed_elsewhere
             state_dir = data.meta_path("subscriptions")
             state_dir.mkdir(parents=True, exist_ok=True)
             subscriptions = SubscriptionService(

@@ -38,7 +38,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -101,6 +101,7 @@ from durastream_server.errors import (
     InvalidParameter,
     InvalidReadOffset,
     NotFound,
+    PlacedElsewhere,
     ProtocolError,
     SelectionNotFound,
     StreamClosed,
@@ -200,6 +201,10 @@ class Engine:
         # Creates in flight: the loop keeps only weak references to tasks, and a direct create's task
         # has no awaiting caller to hold it (``create_nowait``).
         self._creating: set[asyncio.Task[CreateResult]] = set()
+        # With ``--workers N``: the other shard a path homed here was placed in (a fork of a stream
+        # there, ``shards/forks.py``), else None. Checked under the path's create lock, which the
+        # fork's placement holds too (``creating``), so a path is never created both here and there.
+        self.placed_elsewhere: Callable[[str], int | None] | None = None
         self._observers: list[StreamObserver] = []
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
@@ -397,6 +402,7 @@ class Engine:
             and path not in self._registry.by_path
             and path not in self._bulk_creating
             and path not in self._data.corrupt
+            and (self.placed_elsewhere is None or self.placed_elsewhere(path) is None)
             and self._data.can_create_packed()
             and self._create_locks.claim(path)
         )
@@ -472,12 +478,21 @@ class Engine:
         in_flight = self._bulk_creating
         locked = self._create_locks
         corrupt = self._data.corrupt  # refused by the serialized path, with its reason
+        # With ``--workers N``: a path placed in another shard (a fork's) meanwhile is refused by the
+        # serialized path (``PlacedElsewhere``), never made here too.
+        placed = self.placed_elsewhere or _nowhere
         for index, path in enumerate(paths):
             other = in_flight.get(path)
             if other is not None and other is not done:
                 waiting.append((index, other))
                 continue
-            if path in by_path or other is not None or locked.held(path) or path in corrupt:
+            if (
+                path in by_path
+                or other is not None
+                or locked.held(path)
+                or path in corrupt
+                or placed(path) is not None
+            ):
                 others.append(
                     (index, self.create_nowait(CreateRequest(path=path, content_type=content_type)))
                 )
@@ -574,6 +589,7 @@ class Engine:
         # Creates of one path are serialized, so of N concurrent identical PUTs exactly one sees no
         # stream and creates it (201); the others find it and compare (hazard 37).
         try:
+            # Not ``creating``: an ``asynccontextmanager`` costs every create ~3 us more (registry.py).
             async with self._create_locks.hold(request.path):
                 # A batch creating this path (``create_batch_nowait``) goes first.
                 while (batch := self._bulk_creating.get(request.path)) is not None:
@@ -582,10 +598,35 @@ class Engine:
         finally:
             self._creating.discard(asyncio.current_task())  # type: ignore[arg-type]
 
+    @contextlib.asynccontextmanager
+    async def creating(self, path: str) -> AsyncIterator[None]:
+        """Hold ``path``'s create lock, after any bulk batch making it (``create_batch_nowait``):
+        every create of the path waits, and so does a fork's placement at its home with
+        ``--workers N`` (``shards/forks.py``), which decides under it whether the path is created
+        here or in its source's shard."""
+        async with self._create_locks.hold(path):
+            while (batch := self._bulk_creating.get(path)) is not None:
+                await asyncio.shield(batch)
+            yield
+
+    def create_contended(self, path: str) -> bool:
+        """Whether a create of ``path`` would wait (its lock held, a bulk batch making it) or be
+        placed elsewhere: the direct path leaves such a ``PUT`` to the ordinary one (``http/app.py``),
+        which forwards it if the path turns out placed in another shard."""
+        return (
+            self._create_locks.held(path)
+            or path in self._bulk_creating
+            or (self.placed_elsewhere is not None and self.placed_elsewhere(path) is not None)
+        )
+
     async def _create_locked(
         self, request: CreateRequest, lifetime: expiry.Lifetime, sub_offset: int
     ) -> CreateResult:
         existing = self._registry.by_path.get(request.path)
+        if existing is None and self.placed_elsewhere is not None:
+            shard = self.placed_elsewhere(request.path)
+            if shard is not None:  # a fork placed it there while this create waited for the lock
+                raise PlacedElsewhere(request.path, shard, request.body)
         if existing is not None and not existing.soft_deleted and existing.expired(self._clock()):
             await self._expire(existing)
             existing = self._registry.by_path.get(request.path)
@@ -1944,6 +1985,11 @@ def _parse_token(text: str, what: str) -> int:
         return parse_position(text)
     except InvalidOffset:
         raise BadRequest(f"malformed {what} {text!r}") from None
+
+
+def _nowhere(path: str) -> None:
+    """``Engine.placed_elsewhere`` of one process: no path is placed in another shard."""
+    return None
 
 
 __all__ = ["Engine", "ProtocolError", "StreamObserver"]

@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from durastream_server import extensions
 from durastream_server.config import ServerConfig
-from durastream_server.errors import BadRequest, MethodNotAllowed, NotFound, ProtocolError
+from durastream_server.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    NotFound,
+    PlacedElsewhere,
+    ProtocolError,
+)
 from durastream_server.http import (
     access,
     cors,
@@ -268,8 +274,15 @@ class DurastreamApp:
         # The long-poll fast path writes whole answers itself: it appends the same extra headers.
         responder = fastpath.responder(scope, extra_headers, _request_id_line(encoded_id))
         request = _request(scope, headers, receive, tracked, responder, request_id)
+        forwarded = False  # counted and logged by the worker that answers it, as any forward
         try:
             await self._dispatch(request)
+        except PlacedElsewhere as moved:
+            if self._router is None or tracked.status is not None:
+                await self._send_error(request, tracked, *responses.protocol_error_parts(moved))
+            else:  # a fork was placed there while this create waited (shards/forks.py)
+                forwarded = True
+                await self._router.forward(moved.shard, scope, _replayed(moved.body), send)
         except ProtocolError as exc:
             await self._send_error(request, tracked, *responses.protocol_error_parts(exc))
         except ClientDisconnected:
@@ -278,8 +291,14 @@ class DurastreamApp:
             logger.exception("internal error on %s %r", request.method, request.raw_path)
             await self._send_error(request, tracked, *responses.internal_error_parts())
         finally:
-            self._finished(request, tracked, time.perf_counter() - started)
+            if not forwarded:
+                self._finished(request, tracked, time.perf_counter() - started)
             REQUEST_ID.reset(context)
+
+    def _contended(self, path: str) -> bool:
+        """Whether a create of ``path`` would wait for its lock or is placed in another shard
+        (``Engine.create_contended``): left to the ordinary path, which can forward it."""
+        return self._backend is not None and self._backend.engine.create_contended(path)
 
     def _may(self, scope: Scope, receive: Receive) -> bool:
         """Whether ``scope``'s token allows it (no tokens: yes); a request refused is answered by the
@@ -384,6 +403,8 @@ class DurastreamApp:
             if self._auth is not None:
                 self._auth.authorize(request, target)
             if request.method == "PUT":
+                if self._router is not None and self._contended(target.target):
+                    return False  # the ordinary path forwards it if a fork is placed there
                 request.route = "create"
                 future: asyncio.Future[Any] = streams.create_now(request, target.target, body)
                 answer = _DirectAnswer(
@@ -685,6 +706,17 @@ def _request_id_line(encoded_id: bytes) -> bytes:
 
 async def _no_send(message: MutableMapping[str, Any]) -> None:
     raise AssertionError("an authorization check sends nothing")
+
+
+def _replayed(body: bytes) -> Receive:
+    """A ``receive`` giving ``body`` (already read) again, whole: a create forwarded after it was
+    read (``PlacedElsewhere``)."""
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> MutableMapping[str, Any]:
+        return messages.pop() if messages else {"type": "http.disconnect"}
+
+    return receive
 
 
 async def _consumed() -> MutableMapping[str, Any]:

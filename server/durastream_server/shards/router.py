@@ -28,9 +28,11 @@ source's shard: its home (the shard its path hashes to) records where and forwar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote
@@ -145,6 +147,9 @@ class ShardRouter:
         # whether this worker's engine holds a path (set by the backend once its engine is open).
         self.placements: ForkPlacements | None = None
         self.hosts: Callable[[str], bool] | None = None
+        # The engine's per-path create lock (``Engine.creating``), held by a fork's placement so that
+        # a plain create of the same path at its home is serialised with it (set with ``hosts``).
+        self.creating: Callable[[str], AbstractAsyncContextManager[None]] | None = None
         self.placement_files: PlacementFiles | None = None  # every shard's table (forks.py)
 
     # -- placement ------------------------------------------------------------------------------------
@@ -242,14 +247,25 @@ class ShardRouter:
         that must be asked does not answer."""
         assert self.placements is not None
         where = await self.location(source)
-        placed = self.placements.get(path)
-        if placed is not None and placed != where and await self._holds(placed, path):
-            return placed  # the path exists there: that engine answers the create, as one process
-        if where == self.index:
-            return (
-                None if placed is None or placed == self.index else await self._placed(path, where)
-            )
-        return await self._placed(path, where)
+        # Under the path's create lock, as every create of it here: a plain PUT of the path either
+        # made it here first (then this engine answers the fork, 409 or 200, as one process) or
+        # finds the placement once it gets the lock (``Engine.placed_elsewhere``) and is forwarded.
+        async with self.creating(path) if self.creating else contextlib.nullcontext():
+            if self.hosts is not None and self.hosts(path):
+                return None
+            placed = self.placements.get(path)
+            if placed is not None and placed != where and await self._holds(placed, path):
+                return placed  # the path exists there: that engine answers the create
+            if where == self.index:
+                if placed is None or placed == self.index:
+                    return None
+                return await self._placed(path, where)
+            return await self._placed(path, where)
+
+    def placed_elsewhere(self, path: str) -> int | None:
+        """The other shard this home placed ``path`` in (``Engine.placed_elsewhere``), else None."""
+        where = self.placements.get(path) if self.placements is not None else None
+        return None if where is None or where == self.index else where
 
     async def _placed(self, path: str, shard: int) -> int | None:
         assert self.placements is not None

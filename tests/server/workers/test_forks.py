@@ -16,7 +16,11 @@ import json
 import os
 import signal
 import sys
+import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -263,3 +267,208 @@ def test_with_auth_tokens_a_fork_across_shards_needs_the_clients_token(server_fa
     for _ in range(4):  # from either worker
         assert requests.get(url(fork), params={"offset": "-1"}, headers=auth).content == b"abc"
         assert requests.get(url(fork), params={"offset": "-1"}).status_code == 401
+
+
+# -- a plain PUT of a fork's path racing with the fork's create at its home ---------------------------
+
+PAUSE_HOOK = Path(__file__).with_name(
+    "placement_pause"
+)  # its sitecustomize wraps the placement write
+PLAIN = {"Content-Type": "application/octet-stream"}  # another configuration than the fork's
+
+
+def _paused_placements(monkeypatch: pytest.MonkeyPatch, control: Path) -> None:
+    """Start servers whose workers pause a fork's placement write until ``control/release``."""
+    control.mkdir()
+    path = os.pathsep.join(filter(None, (str(PAUSE_HOOK), os.environ.get("PYTHONPATH"))))
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.setenv("DURASTREAM_TEST_PLACEMENT_PAUSE", str(control))
+
+
+def _one_process_outcomes(server: ServerProcess, prefix: str) -> set[tuple[Any, ...]]:
+    """What one process answers to the plain PUT and the fork create of one path, in each order:
+    (PUT's status, fork's status, what a GET of the path serves, its content type)."""
+    url = server.stream_url
+    source = f"{prefix}/source"
+    assert requests.put(url(source), data=b"abc", headers=TEXT).status_code == 201
+    outcomes = set()
+    for order in ("put", "fork"):
+        path = f"{prefix}/{order}-first"
+        answers: dict[str, tuple[Any, ...]] = {}
+        for step in (order, "fork" if order == "put" else "put"):
+            if step == "put":
+                answers["put"] = _seen(requests.put(url(path), data=b"plain", headers=PLAIN))[:2]
+            else:
+                forked = {**TEXT, "Stream-Forked-From": f"/v1/stream/{source}"}
+                answers["fork"] = _seen(requests.put(url(path), headers=forked))[:2]
+        outcomes.add(_outcome(server, path, answers["put"], answers["fork"]))
+    return outcomes
+
+
+def _outcome(
+    server: ServerProcess, path: str, put: tuple[Any, ...], fork: tuple[Any, ...]
+) -> tuple[Any, ...]:
+    """The PUT's and the fork's (status, error code), what a GET serves and its content type."""
+    read = requests.get(server.stream_url(path), params={"offset": "-1"})
+    return put, fork, read.content, read.headers.get("Content-Type")
+
+
+def _race(
+    server: ServerProcess,
+    source: str,
+    path: str,
+    *,
+    forked: Callable[[], None] = lambda: None,
+    put: Callable[[Future[requests.Response]], None] = lambda _: None,
+) -> tuple[Any, ...]:
+    """The fork create of ``path`` and a plain PUT of it, concurrently: ``forked`` runs once the
+    fork's create is sent, ``put`` once the PUT is (with its future), then both answers are awaited."""
+    url = server.stream_url
+    fork_headers = {**TEXT, "Stream-Forked-From": f"/v1/stream/{source}"}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fork = pool.submit(requests.put, url(path), headers=fork_headers)
+        forked()
+        plain = pool.submit(requests.put, url(path), data=b"plain", headers=PLAIN)
+        put(plain)
+        fork_answer, put_answer = _seen(fork.result())[:2], _seen(plain.result())[:2]
+    return _outcome(server, path, put_answer, fork_answer)
+
+
+def test_a_put_racing_a_fork_create_at_its_home_answers_as_one_process(  # type: ignore[no-untyped-def]
+    server_factory, monkeypatch, tmp_path
+) -> None:
+    """The fork's home pauses between its check that it holds no such path and the placement
+    write; a plain PUT of the path arrives meanwhile. Before the fix both were created (201, 201:
+    the PUT at the home, the fork in its source's shard, the home's stream shadowed); one process
+    answers one of them 409, and a GET serves the winner's stream."""
+    prefix = f"fk-race-{uuid.uuid4().hex[:8]}"
+    expected = _one_process_outcomes(server_factory(), prefix)
+    assert {(put[0], fork[0]) for put, fork, *_ in expected} == {(201, 409), (409, 201)}
+    control = tmp_path / "control"
+    _paused_placements(monkeypatch, control)
+    workers = server_factory(extra_args=WORKERS)
+    source, path = _of_shard(prefix, 0), _of_shard(prefix, 1)
+    assert requests.put(workers.stream_url(source), data=b"abc", headers=TEXT).status_code == 201
+
+    def paused() -> None:  # the fork's home is paused before its placement write
+        poll_until(lambda: any(control.glob("paused-*")), "the placement paused", timeout=30)
+
+    def raced(plain: Future[requests.Response]) -> None:
+        # The PUT gets a moment (before the fix it was answered 201 in it; now it waits for the
+        # path's create lock); whatever it does meanwhile, the answers must be one process's.
+        _finished_within(plain.done, seconds=2.0)
+        (control / "release").touch()
+
+    seen = _race(workers, source, path, forked=paused, put=raced)
+    assert seen in expected, (seen, expected)
+    for _ in range(6):  # from either worker: the same stream
+        assert _outcome(workers, path, *seen[:2]) == seen
+
+
+def test_a_bulk_ensure_racing_a_fork_create_at_its_home_creates_the_path_once(  # type: ignore[no-untyped-def]
+    server_factory, monkeypatch, tmp_path
+) -> None:
+    """The same pause, with a bulk ``ensure`` of the path instead of a PUT (its batch at the home):
+    one of them creates it; the ensure answers the fork as it is or, its create having raced, PUT's
+    409 (decision 0008); the fork is 409 if the ensure made it first. Never both created."""
+    control = tmp_path / "control"
+    _paused_placements(monkeypatch, control)
+    workers = server_factory(extra_args=WORKERS)
+    prefix = f"fk-ensure-{uuid.uuid4().hex[:8]}"
+    source, path = _of_shard(prefix, 0), _of_shard(prefix, 1)
+    assert requests.put(workers.stream_url(source), data=b"abc", headers=TEXT).status_code == 201
+    forked = {**TEXT, "Stream-Forked-From": f"/v1/stream/{source}"}
+    ensure = {"streams": [path], "content_type": PLAIN["Content-Type"]}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        fork = pool.submit(requests.put, workers.stream_url(path), headers=forked)
+        poll_until(lambda: any(control.glob("paused-*")), "the placement paused", timeout=30)
+        ensured = pool.submit(_post, workers, "ensure", json=ensure)
+        _finished_within(ensured.done, seconds=2.0)
+        (control / "release").touch()
+        fork_status, entry = fork.result().status_code, ensured.result().json()["results"][0]
+    read = requests.get(workers.stream_url(path), params={"offset": "-1"})
+    if entry.get("created"):
+        assert fork_status == 409, entry
+        assert (read.content, read.headers["Content-Type"]) == (b"", PLAIN["Content-Type"])
+    else:
+        assert fork_status == 201, entry
+        assert entry.get("status") == 409 or entry.get("content_type") == TEXT["Content-Type"]
+        assert (read.content, read.headers["Content-Type"]) == (b"abc", TEXT["Content-Type"])
+
+
+def test_many_rounds_of_a_put_racing_a_fork_create_answer_as_one_process(  # type: ignore[no-untyped-def]
+    server_factory,
+) -> None:
+    """Without a pause: rounds of the same race, each answered as one process in some order."""
+    prefix = f"fk-rounds-{uuid.uuid4().hex[:8]}"
+    expected = _one_process_outcomes(server_factory(), prefix)
+    workers = server_factory(extra_args=WORKERS)
+    source = _of_shard(prefix, 0)
+    assert requests.put(workers.stream_url(source), data=b"abc", headers=TEXT).status_code == 201
+    for _ in range(RACE_ROUNDS):
+        path = _of_shard(prefix, 1)
+        seen = _race(workers, source, path)
+        assert seen in expected, (seen, expected)
+
+
+def test_sigkill_between_the_placement_write_and_the_forwarded_create(  # type: ignore[no-untyped-def]
+    server_factory, monkeypatch, tmp_path
+) -> None:
+    """The home SIGKILLed with the placement durable but the fork not yet created in its source's
+    shard: the client got no 201, and the path answers as one process on which that create never
+    happened: 404, then a plain PUT creates it (201) and a fork create of it is 409, from either
+    worker and after a restart."""
+    control = tmp_path / "control"
+    _paused_placements(monkeypatch, control)
+    (control / "after").touch()
+    workers = server_factory(extra_args=WORKERS)
+    url = workers.stream_url
+    prefix = f"fk-kill-{uuid.uuid4().hex[:8]}"
+    source, path = _of_shard(prefix, 0), _of_shard(prefix, 1)
+    assert requests.put(url(source), data=b"abc", headers=TEXT).status_code == 201
+    forked = {**TEXT, "Stream-Forked-From": f"/v1/stream/{source}"}
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fork = pool.submit(requests.put, url(path), headers=forked)
+        poll_until(lambda: any(control.glob("paused-*")), "the placement written", timeout=30)
+        table = workers.data_dir / "shards" / "1" / "meta" / "fork-placements"
+        assert json.loads(table.read_text())["placements"] == {path: 0}
+        home = worker_of_shard(workers, 1)
+        assert home is not None
+        os.kill(home, signal.SIGKILL)
+        (control / "release").touch()  # the restarted worker is not paused
+        try:
+            answered = fork.result().status_code
+        except requests.ConnectionError:
+            answered = None
+    assert answered != 201  # never acknowledged
+
+    def answers(status: int) -> Callable[[], bool]:
+        def check() -> bool:
+            try:
+                return requests.get(url(path), params={"offset": "-1"}).status_code == status
+            except requests.ConnectionError:
+                return False
+
+        return check
+
+    poll_until(answers(404), "the path not found after the home's SIGKILL", timeout=60)
+    assert requests.put(url(path), data=b"plain", headers=PLAIN).status_code == 201
+    assert requests.put(url(path), headers=forked).status_code == 409
+    workers.stop()  # SIGTERM: the supervisor waits for its workers (a SIGKILL of it would not)
+    workers.start()
+    poll_until(answers(200), "the path read back after a restart", timeout=60)
+    for _ in range(6):
+        read = requests.get(url(path), params={"offset": "-1"})
+        assert (read.content, read.headers["Content-Type"]) == (b"plain", PLAIN["Content-Type"])
+    assert requests.put(url(path), headers=forked).status_code == 409
+
+
+RACE_ROUNDS = 30
+
+
+def _finished_within(done: Callable[[], bool], *, seconds: float) -> None:
+    """Give a racing request up to ``seconds`` (not a synchronisation: the test's assertions hold
+    whatever happens in it)."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.02)
