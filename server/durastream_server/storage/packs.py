@@ -62,6 +62,7 @@ from durastream_server.storage.extents import (
     Extents,
     Piece,
     coalesce,
+    may_merge,
     merge_choice,
     records_offsets,
 )
@@ -851,14 +852,22 @@ class PackBook:
         ]
         # Step 2: the packed records of the streams still packed (a dropped or promoted one's
         # records are void; a promotion's CREATE entry holds them).
+        # One pass over the streams the retired WAL file holds records of (not every packed
+        # stream): their rows and, for those with enough extents to merge, their merge choice.
         records: dict[str, list[tuple[int, int, int]]] = {}
+        due: list[tuple[str, list[tuple[int, int, int, int]]]] = []
         for log_id in sorted(self._records.pop(generation, ())):
             extents = self.extents.get(log_id)
             if extents is None:
                 continue
-            rows = [row for row in extents.in_file(IN_WAL, generation) if row[2] > 0]
+            rows = extents.in_file(IN_WAL, generation)
+            if rows and rows[0][2] == 0:  # the header record (positions grow: only the first)
+                del rows[0]
             if rows:
                 records[log_id] = rows
+                chosen = self._merge_choice(log_id, extents, rows)
+                if chosen:
+                    due.append((log_id, chosen))
         for g in self._shrunk - dead.keys():  # packs that merges took entries from
             dead[g] = []
         self._shrunk = set()
@@ -872,33 +881,36 @@ class PackBook:
         ]
         for g in [g for g in dead if not dead[g] and g not in compact]:
             del dead[g]  # a merge source not worth rewriting: nothing to write
-        merges = self._plan_merges(records, {*compact, *remove})
+        merges = self._plan_merges(due, {*compact, *remove})
         for g in [g for g, n in self.counts.items() if not n and g <= generation]:
             del self.counts[g]
         return Retirement(generation, dead, keep, remove, compact, records, merges)
 
+    def _merge_choice(
+        self, log_id: str, extents: Extents, rows: list[tuple[int, int, int]]
+    ) -> list[tuple[int, int, int, int]]:
+        """Step 2c: the pack extents of a carried stream that ``extents.merge_choice`` would merge
+        with its new records ``rows``; [] without computing it for a stream with too few extents
+        to merge (``may_merge``: most streams of a checkpoint, the count checked first)."""
+        created = self.live.get(log_id)
+        if created is None or log_id in self._merging or not may_merge(extents):
+            return []
+        end = first = rows[0][2]
+        for _, length, position in rows:  # the run the merged entry ends with
+            if position != end:
+                break
+            end += length
+        return merge_choice(extents.rows(), created, first, end - first)
+
     def _plan_merges(
-        self, records: dict[str, list[tuple[int, int, int]]], moving: set[int]
+        self, due: list[tuple[str, list[tuple[int, int, int, int]]]], moving: set[int]
     ) -> dict[str, list[tuple[int, int, int, int]]]:
-        """Step 2c: the streams carried whose pack extents are merged with their new records
-        (``extents.merge_choice``), none of whose sources this plan rewrites or removes, those
-        with the most extents first until ``MERGE_BYTES_PER_CHECKPOINT`` old bytes are taken (a
-        stream left for later has more next time: none waits forever behind the others). Their
+        """Step 2c: of the carried streams whose pack extents could merge with their new records
+        (``due``, from ``_merge_choice``), those none of whose sources this plan rewrites or
+        removes, the most extents first until ``MERGE_BYTES_PER_CHECKPOINT`` old bytes are taken
+        (a stream left for later has more next time: none waits forever behind the others). Their
         entries there stop counting now (one an extent)."""
-        due: list[tuple[str, list[tuple[int, int, int, int]]]] = []
-        for log_id, rows in records.items():
-            extents = self.extents.get(log_id)
-            created = self.live.get(log_id)
-            if extents is None or created is None or log_id in self._merging:
-                continue
-            end = first = rows[0][2]
-            for _, length, position in rows:  # the run the merged entry ends with
-                if position != end:
-                    break
-                end += length
-            chosen = merge_choice(extents.rows(), created, first, end - first)
-            if chosen and not any(piece[0] in moving for piece in chosen):
-                due.append((log_id, chosen))
+        due = [item for item in due if not any(piece[0] in moving for piece in item[1])]
         due.sort(key=lambda item: -len(item[1]))
         merges: dict[str, list[tuple[int, int, int, int]]] = {}
         budget = MERGE_BYTES_PER_CHECKPOINT
