@@ -286,11 +286,17 @@ class Extents:
 MERGE_BASE_EXTENTS = 4
 
 
-def may_merge(extents: Extents) -> bool:
-    """False if ``merge_choice`` must say [] for ``extents`` whatever its arguments: it merges more
-    than ``MERGE_BASE_EXTENTS`` - 1 pack extents before the new records' extent (so at least
-    ``MERGE_BASE_EXTENTS`` + 1 extents), checked before copying the rows (issue 16)."""
-    return len(extents) > MERGE_BASE_EXTENTS
+def may_merge(extents: Extents, first: int) -> bool:
+    """False if ``merge_choice`` must say [] for the stream's new records from logical ``first``
+    on, whatever else it is given: it merges only when more than ``MERGE_BASE_EXTENTS`` - 1 pack
+    extents come before the new records' first extent, so with fewer extents than that ahead of
+    it there is nothing to choose. A C-level search instead of copying the rows and walking them
+    in Python, for every stream a checkpoint carries (issue 16: most have too few)."""
+    try:
+        ahead = extents._a[3::_FIELDS].index(first)
+    except ValueError:  # no extent starts there: ``merge_choice`` says [] too
+        return False
+    return ahead >= MERGE_BASE_EXTENTS
 
 
 def merge_choice(

@@ -893,9 +893,9 @@ class PackBook:
         with its new records ``rows``; [] without computing it for a stream with too few extents
         to merge (``may_merge``: most streams of a checkpoint, the count checked first)."""
         created = self.live.get(log_id)
-        if created is None or log_id in self._merging or not may_merge(extents):
-            return []
         end = first = rows[0][2]
+        if created is None or log_id in self._merging or not may_merge(extents, first):
+            return []
         for _, length, position in rows:  # the run the merged entry ends with
             if position != end:
                 break

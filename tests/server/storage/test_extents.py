@@ -163,7 +163,7 @@ def test_a_checkpoints_fast_paths_equal_the_general_ones() -> None:
     extents in a file built one by one, a merge equal to the whole rebuild, and no stream that
     ``may_merge`` rules out for which ``merge_choice`` would choose something."""
     rng = random.Random(69)
-    runs = 0
+    runs = merges = 0
     for case in range(400):
         extents = Extents()
         position = 0
@@ -185,8 +185,10 @@ def test_a_checkpoints_fast_paths_equal_the_general_ones() -> None:
             assert extents.in_file(where, generation) == expected, case
         news = extents.in_file(IN_WAL, 7)
         if news:
-            chosen = merge_choice(rows, 1, news[0][2], news[0][1])
-            assert may_merge(extents) or chosen == [], case
+            for first, length, _ in [(news[0][2], news[0][1], 0), (rows[-1], rows[-2], 0)]:
+                chosen = merge_choice(rows, 1, first, length)
+                assert may_merge(extents, first) or chosen == [], case
+                merges += bool(chosen)
         # A merge of the WAL file's extents with a pack's: the files' extents, one entry in pack 9.
         files = {(IN_WAL, 7), (IN_PACK, rng.randint(1, 4))}
         keys = {g * 2 + w for w, g in files}
@@ -209,6 +211,7 @@ def test_a_checkpoints_fast_paths_equal_the_general_ones() -> None:
         extents.merge(files, moved, (IN_PACK, 9))
         assert extents.rows() == whole.rows(), case
     assert runs > 50  # the fast path was taken, not only the refusals
+    assert merges > 0  # and ``may_merge`` let merges through
 
 
 def test_coalesced_entries_written_to_a_file_are_read_back_through_their_extents(
