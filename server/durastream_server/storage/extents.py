@@ -124,31 +124,29 @@ class Extents:
         return out
 
     def in_file(self, where: int, generation: int) -> list[tuple[int, int, int]]:
-        """The extents in file (``where``, ``generation``) as (offset, length, position), in order.
+        """The extents in file (``where``, ``generation``) as (offset, length, position), in order
+        (``in_file_flat``, as rows)."""
+        return flat_rows(self.in_file_flat(where, generation))
 
-        A checkpoint asks this of every stream it carries (``PackBook.plan`` and ``carried_out``):
-        building a ``Piece`` per extent made that cost grow with the stream's packs, one more each
-        checkpoint that carried its records (issue 16). The keys are copied out at C speed and only
-        the extents from the first match on are visited in Python (a retired WAL file's extents are
-        the stream's last ones but those of the WAL files after it)."""
+    def in_file_flat(self, where: int, generation: int) -> array:
+        """``in_file`` as a flat copy of the extents (file key, offset, length, position each): one
+        C-level slice when they are one run, and an object the garbage collector does not track. A
+        checkpoint's ``PackBook.plan`` takes this of every stream it carries, on the loop, and the
+        carry thread makes the rows (``flat_rows``): a tuple a row on the loop (10 for a stream with
+        10 rounds in the file) was the largest item of ``plan``, with the young collections they
+        set off (issue 16). The keys are copied out and counted at C speed (``_matching``): a
+        retired WAL file's extents are the stream's last ones but those of the WAL files after it."""
         a = self._a
         matched = self._matching(where, generation)
         if not matched:
-            return []
+            return array("q")
         start, stop = matched[0], matched[-1] + _FIELDS
         if stop - start == len(matched) * _FIELDS:
-            # One run (a file's extents follow each other in logical order, but those of a pack
-            # rewritten around a merge): three C-level slices, not a tuple built in Python per
-            # extent (~9 us a stream with 10 rounds in the file, the largest item of ``plan``).
-            return list(
-                zip(
-                    a[start + 1 : stop : _FIELDS],
-                    a[start + 2 : stop : _FIELDS],
-                    a[start + 3 : stop : _FIELDS],
-                    strict=True,
-                )
-            )
-        return [(a[i + 1], a[i + 2], a[i + 3]) for i in matched]
+            return a[start:stop]
+        out = array("q")
+        for i in matched:
+            out += a[i : i + _FIELDS]
+        return out
 
     def _matching(self, where: int, generation: int) -> list[int]:
         """The array index of each extent in file (``where``, ``generation``), in order. Counted
@@ -284,6 +282,11 @@ class Extents:
 # than ``MERGE_BASE_EXTENTS`` plus half the log2 of (its packed bytes / the round's new bytes) has its
 # last ones merged with the new records into one entry of the new pack (``merge_choice``).
 MERGE_BASE_EXTENTS = 4
+
+
+def flat_rows(flat: array) -> list[tuple[int, int, int]]:
+    """The (offset, length, position) rows of ``Extents.in_file_flat``'s extents, in order."""
+    return list(zip(flat[1::_FIELDS], flat[2::_FIELDS], flat[3::_FIELDS], strict=True))
 
 
 def may_merge(extents: Extents, first: int) -> bool:

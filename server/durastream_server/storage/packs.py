@@ -51,6 +51,7 @@ import json
 import logging
 import os
 import re
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,7 @@ from durastream_server.storage.extents import (
     Extents,
     Piece,
     coalesce,
+    flat_rows,
     may_merge,
     merge_choice,
     records_offsets,
@@ -672,12 +674,18 @@ class Retirement:
     remove: list[int]  # packs with no live packed create left
     compact: list[int]  # packs whose void entries reach half of them: rewritten with the live ones
     # Step 2: the live packed records the retired WAL file holds, read back from it by ``carry_out``
-    # (never held in memory while serving): stream id -> [(WAL file offset, length, position)].
-    records: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    # (never held in memory while serving): stream id -> their extents in the WAL file, flat
+    # (``Extents.in_file_flat``: made on the loop without a tuple a row; ``rows`` makes those).
+    records: dict[str, array] = field(default_factory=dict)
     # Step 2c: streams whose last pack extents (generation, offset, length, position) are merged with
     # their ``records`` into one entry of the new pack (``extents.merge_choice``); their entries in
     # those packs are void once the new pack is durable (a sidecar line each, by id).
     merges: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
+
+    def rows(self) -> dict[str, list[tuple[int, int, int]]]:
+        """``records`` as stream id -> [(WAL file offset, length, position)], for the carry
+        thread (``carry_out``)."""
+        return {log_id: flat_rows(flat) for log_id, flat in self.records.items()}
 
     def files_moved(self) -> list[tuple[int, int]]:
         """The files (where, generation) ``carry_out`` may rename over or remove: what packed reads
@@ -854,18 +862,18 @@ class PackBook:
         # records are void; a promotion's CREATE entry holds them).
         # One pass over the streams the retired WAL file holds records of (not every packed
         # stream): their rows and, for those with enough extents to merge, their merge choice.
-        records: dict[str, list[tuple[int, int, int]]] = {}
+        records: dict[str, array] = {}
         due: list[tuple[str, list[tuple[int, int, int, int]]]] = []
         for log_id in sorted(self._records.pop(generation, ())):
             extents = self.extents.get(log_id)
             if extents is None:
                 continue
-            rows = extents.in_file(IN_WAL, generation)
-            if rows and rows[0][2] == 0:  # the header record (positions grow: only the first)
-                del rows[0]
-            if rows:
-                records[log_id] = rows
-                chosen = self._merge_choice(log_id, extents, rows)
+            flat = extents.in_file_flat(IN_WAL, generation)
+            if flat and flat[3] == 0:  # the header record (positions grow: only the first)
+                del flat[:4]
+            if flat:
+                records[log_id] = flat
+                chosen = self._merge_choice(log_id, extents, flat)
                 if chosen:
                     due.append((log_id, chosen))
         for g in self._shrunk - dead.keys():  # packs that merges took entries from
@@ -887,16 +895,17 @@ class PackBook:
         return Retirement(generation, dead, keep, remove, compact, records, merges)
 
     def _merge_choice(
-        self, log_id: str, extents: Extents, rows: list[tuple[int, int, int]]
+        self, log_id: str, extents: Extents, flat: array
     ) -> list[tuple[int, int, int, int]]:
         """Step 2c: the pack extents of a carried stream that ``extents.merge_choice`` would merge
-        with its new records ``rows``; [] without computing it for a stream with too few extents
-        to merge (``may_merge``: most streams of a checkpoint, the count checked first)."""
+        with its new records (``flat``: their extents in the WAL file); [] without computing it
+        for a stream with too few extents to merge (``may_merge``: most streams of a checkpoint,
+        the count checked first)."""
         created = self.live.get(log_id)
-        end = first = rows[0][2]
+        end = first = flat[3]
         if created is None or log_id in self._merging or not may_merge(extents, first):
             return []
-        for _, length, position in rows:  # the run the merged entry ends with
+        for length, position in zip(flat[2::4], flat[3::4], strict=True):  # the run merged
             if position != end:
                 break
             end += length
@@ -962,9 +971,10 @@ class PackBook:
             if plan.keep or plan.records:
                 entries = list(plan.keep)
                 sizes = records_sizes(entries)  # the creates' header records: one each
-                read = _read_ranges(wal.fd, plan.records.values())
+                streams = plan.rows()
+                read = _read_ranges(wal.fd, streams.values())
                 heads = _read_merged(packs, plan.merges)
-                for log_id, rows in plan.records.items():
+                for log_id, rows in streams.items():
                     _carried_entries(log_id, rows, read, entries, sizes, heads.get(log_id))
                 records = len(entries) - len(plan.keep)
                 size = write_pack(packs, plan.generation, entries, sync=sync, sizes=sizes)
