@@ -318,8 +318,10 @@ def merge_choice(
     never merged: its entries there include the create, which only a drop or promotion voids. The
     stream's entries in a pack are voided together (by id, in its sidecar), so a pack is merged
     whole or not at all."""
-    n = len(rows)
-    stop = next((i for i in range(0, n, _FIELDS) if rows[i + 3] == first), -1)
+    try:  # the new records' first extent (a C-level search: every carried stream asks)
+        stop = rows[3::_FIELDS].index(first) * _FIELDS
+    except ValueError:
+        stop = -1
     start = stop
     while start > 0:
         key = rows[start - _FIELDS]
@@ -352,7 +354,7 @@ def merge_choice(
         if before[0] < start:
             return []
         cut = before[0]
-    if any(rows[i] & 1 == IN_PACK and rows[i] >> 1 in taken for i in range(stop, n, _FIELDS)):
+    if not {g * 2 + IN_PACK for g in taken}.isdisjoint(rows[stop::_FIELDS]):
         return []
     return [
         (rows[i] >> 1, rows[i + 1], rows[i + 2], rows[i + 3]) for i in range(cut, stop, _FIELDS)
