@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from durastream_server.storage.wal import FIXED_SIZE, HEAD_SIZE, WalEntry
@@ -284,9 +284,15 @@ class Extents:
 MERGE_BASE_EXTENTS = 4
 
 
+def flat_iter(flat: array) -> Iterator[tuple[int, int, int]]:
+    """The (offset, length, position) rows of ``Extents.in_file_flat``'s extents, in order, one at
+    a time (``zip`` reuses its tuple when the caller keeps none)."""
+    return zip(flat[1::_FIELDS], flat[2::_FIELDS], flat[3::_FIELDS], strict=True)
+
+
 def flat_rows(flat: array) -> list[tuple[int, int, int]]:
-    """The (offset, length, position) rows of ``Extents.in_file_flat``'s extents, in order."""
-    return list(zip(flat[1::_FIELDS], flat[2::_FIELDS], flat[3::_FIELDS], strict=True))
+    """``flat_iter`` as a list."""
+    return list(flat_iter(flat))
 
 
 def may_merge(extents: Extents, first: int) -> bool:

@@ -63,6 +63,7 @@ from durastream_server.storage.extents import (
     Extents,
     Piece,
     coalesce,
+    flat_iter,
     flat_rows,
     may_merge,
     merge_choice,
@@ -971,11 +972,13 @@ class PackBook:
             if plan.keep or plan.records:
                 entries = list(plan.keep)
                 sizes = records_sizes(entries)  # the creates' header records: one each
-                streams = plan.rows()
-                read = _read_ranges(wal.fd, streams.values())
+                # Each stream's rows iterated straight off its flat extents (``flat_iter``): a
+                # list of 10 tuples a stream was ~3 us more of this thread (10,000 streams).
+                read = _read_ranges(wal.fd, map(flat_iter, plan.records.values()))
                 heads = _read_merged(packs, plan.merges)
-                for log_id, rows in streams.items():
-                    _carried_entries(log_id, rows, read, entries, sizes, heads.get(log_id))
+                for log_id, flat in plan.records.items():
+                    head = heads.get(log_id)
+                    _carried_entries(log_id, flat_iter(flat), read, entries, sizes, head)
                 records = len(entries) - len(plan.keep)
                 size = write_pack(packs, plan.generation, entries, sync=sync, sizes=sizes)
                 written[plan.generation] = (size, len(entries))
@@ -1050,7 +1053,7 @@ class PackBook:
 
 def _carried_entries(
     log_id: str,
-    rows: list[tuple[int, int, int]],
+    rows: Iterable[tuple[int, int, int]],
     read: dict[int, bytes],
     entries: list[WalEntry],
     sizes: list[int],
@@ -1111,7 +1114,7 @@ _READ_GAP = 16 << 10
 _READ_WINDOW = 1 << 20
 
 
-def _read_ranges(fd: int, streams: Iterable[list[tuple[int, int, int]]]) -> dict[int, bytes]:
+def _read_ranges(fd: int, streams: Iterable[Iterable[tuple[int, int, int]]]) -> dict[int, bytes]:
     """The bytes of every (offset, length, position) range of ``streams`` in file ``fd``, by offset.
 
     A checkpoint carries every live packed record of its WAL file; one ``pread`` each was a syscall
