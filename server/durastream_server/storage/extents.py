@@ -15,7 +15,8 @@ bound that grows with the log of the stream's bytes, the checkpoint merges its l
 with the new records into one entry (``merge_choice``, step 2c), so a stream appended every
 checkpoint keeps a handful (7 after 128 checkpoints), not one a checkpoint.
 
-Everything here runs on the event loop (the reading thread gets an immutable ``pieces`` list).
+Everything here runs on the event loop (the reading thread gets an immutable ``pieces`` list, a
+checkpoint's carry thread flat copies of the extents it moves: ``in_file_flat``, ``flat_iter``).
 """
 
 from __future__ import annotations

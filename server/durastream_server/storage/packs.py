@@ -684,8 +684,8 @@ class Retirement:
     merges: dict[str, list[tuple[int, int, int, int]]] = field(default_factory=dict)
 
     def rows(self) -> dict[str, list[tuple[int, int, int]]]:
-        """``records`` as stream id -> [(WAL file offset, length, position)], for the carry
-        thread (``carry_out``)."""
+        """``records`` as stream id -> [(WAL file offset, length, position)]: what ``carry_out``
+        iterates (``flat_iter``), as lists to look at."""
         return {log_id: flat_rows(flat) for log_id, flat in self.records.items()}
 
     def files_moved(self) -> list[tuple[int, int]]:
