@@ -2,7 +2,7 @@
 
 In process, real files (``--durability fsync``, packed appends on): ``--streams`` packed streams are
 created, then each ``--rounds`` round appends one record to every stream and forces a checkpoint. Each
-checkpoint's ``PackBook.carry_out`` (thread) and ``PackBook.carried_out`` (loop) are timed (CPU of the
+checkpoint's ``PackBook.carry_out`` (thread), ``PackBook.plan`` and ``PackBook.carried_out`` (loop) are timed (CPU of the
 calling thread) and ``write_pack`` is counted: the packs it writes, their entries and bytes, against
 the round's new records. So it says whether a checkpoint rewrites more than the round's new data, and
 what the pack work costs per stream. Run from a tree's root: ``PYTHONPATH=server:. .venv/bin/python
@@ -41,7 +41,7 @@ from tests.server.storage._util import checkpoint, read_all  # noqa: E402  (the 
 
 
 class Counter:
-    """Wraps ``write_pack``, ``carry_out`` and ``carried_out`` to count and time them."""
+    """Wraps ``write_pack``, ``plan``, ``carry_out`` and ``carried_out`` to count and time them."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, float]] = []
@@ -53,6 +53,7 @@ class Counter:
         write_pack = packs.write_pack
         carry_out = packs.PackBook.carry_out
         carried_out = packs.PackBook.carried_out
+        plan = packs.PackBook.plan
         counter = self
 
         def counting_write(directory, generation, entries, *, sync, **kwargs):  # noqa: ANN001, ANN202
@@ -79,6 +80,7 @@ class Counter:
         packs.write_pack = counting_write
         packs.PackBook.carry_out = timed("carry_out_s", carry_out)
         packs.PackBook.carried_out = timed("carried_out_s", carried_out)
+        packs.PackBook.plan = timed("plan_s", plan)
 
     def take(self) -> dict[str, float]:
         row, self.now = self.now, {}
@@ -122,6 +124,7 @@ async def main_async(args: argparse.Namespace, counter: Counter) -> None:
         print(
             f"round {r}: {row.get('packs', 0)} packs, {row.get('entries', 0)} entries, "
             f"{row.get('bytes', 0)} bytes written; carry_out {row.get('carry_out_s', 0) * 1e3:.1f} ms, "
+            f"plan {row.get('plan_s', 0) * 1e3:.1f} ms, "
             f"carried_out {row.get('carried_out_s', 0) * 1e3:.1f} ms ({args.streams * args.records} new records)"
         )
         if r + 1 in args.report_at:

@@ -15,7 +15,8 @@ bound that grows with the log of the stream's bytes, the checkpoint merges its l
 with the new records into one entry (``merge_choice``, step 2c), so a stream appended every
 checkpoint keeps a handful (7 after 128 checkpoints), not one a checkpoint.
 
-Everything here runs on the event loop (the reading thread gets an immutable ``pieces`` list).
+Everything here runs on the event loop (the reading thread gets an immutable ``pieces`` list, a
+checkpoint's carry thread flat copies of the extents it moves: ``in_file_flat``, ``flat_iter``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from durastream_server.storage.wal import FIXED_SIZE, HEAD_SIZE, WalEntry
@@ -124,20 +125,34 @@ class Extents:
         return out
 
     def in_file(self, where: int, generation: int) -> list[tuple[int, int, int]]:
-        """The extents in file (``where``, ``generation``) as (offset, length, position), in order.
+        """The extents in file (``where``, ``generation``) as (offset, length, position), in order
+        (``in_file_flat``, as rows)."""
+        return flat_rows(self.in_file_flat(where, generation))
 
-        A checkpoint asks this of every stream it carries (``PackBook.plan`` and ``carried_out``):
-        building a ``Piece`` per extent made that cost grow with the stream's packs, one more each
-        checkpoint that carried its records (issue 16). The keys are copied out at C speed and only
-        the extents from the first match on are visited in Python (a retired WAL file's extents are
-        the stream's last ones but those of the WAL files after it)."""
-        return [
-            (self._a[i + 1], self._a[i + 2], self._a[i + 3])
-            for i in self._matching(where, generation)
-        ]
+    def in_file_flat(self, where: int, generation: int) -> array:
+        """``in_file`` as a flat copy of the extents (file key, offset, length, position each): one
+        C-level slice when they are one run, and an object the garbage collector does not track. A
+        checkpoint's ``PackBook.plan`` takes this of every stream it carries, on the loop, and the
+        carry thread makes the rows (``flat_rows``): a tuple a row on the loop (10 for a stream with
+        10 rounds in the file) was the largest item of ``plan``, with the young collections they
+        set off (issue 16). The keys are copied out and counted at C speed (``_matching``): a
+        retired WAL file's extents are the stream's last ones but those of the WAL files after it."""
+        a = self._a
+        matched = self._matching(where, generation)
+        if not matched:
+            return array("q")
+        start, stop = matched[0], matched[-1] + _FIELDS
+        if stop - start == len(matched) * _FIELDS:
+            return a[start:stop]
+        out = array("q")
+        for i in matched:
+            out += a[i : i + _FIELDS]
+        return out
 
     def _matching(self, where: int, generation: int) -> list[int]:
-        """The array index of each extent in file (``where``, ``generation``), in order."""
+        """The array index of each extent in file (``where``, ``generation``), in order. Counted
+        and checked at C speed when they are one run (the usual case: a checkpoint asks this of
+        every stream it carries, ``in_file`` and ``relocate``)."""
         a = self._a
         key = generation * 2 + where
         keys = a[::_FIELDS]
@@ -145,6 +160,9 @@ class Extents:
             first = keys.index(key)
         except ValueError:
             return []
+        count = keys.count(key)
+        if count == 1 or keys[first : first + count].count(key) == count:
+            return list(range(first * _FIELDS, (first + count) * _FIELDS, _FIELDS))
         return [k * _FIELDS for k in range(first, len(keys)) if keys[k] == key]
 
     def relocate(
@@ -200,6 +218,8 @@ class Extents:
         key is in ``keys``, in order) replaced by ``moved``; the ones before the first are kept as
         they are (one C-level slice)."""
         a = self._a
+        if self._replace_run(matched, moved, to):
+            return
         head = matched[0] if matched else len(a)
         gone = [(a[i + 3], a[i + 2]) for i in matched]
         came = [(position, length) for _, length, position in moved]
@@ -224,11 +244,69 @@ class Extents:
             fresh.add(k & 1, k >> 1, offset, length, position)
         self._a = fresh._a
 
+    def _replace_run(
+        self, matched: list[int], moved: list[tuple[int, int, int]], to: tuple[int, int]
+    ) -> bool:
+        """``_replace`` when ``matched`` is one run of extents and ``moved`` covers exactly its
+        logical bytes (every checkpoint's relocation of a retired WAL file's extents, and every
+        merge): the extents before and after the run kept as two C-level slices, only ``moved``
+        added in Python. The same array ``_replace`` builds (the run's bytes are contiguous in
+        logical order, so sorting puts ``moved`` in its place); False, nothing changed, for any
+        other case (``_replace`` checks it and says what is wrong). Issue 16: the general path's
+        sorts, coverage lists and an ``add`` per extent were the largest item of ``carried_out``."""
+        a = self._a
+        if not matched or not moved:
+            return False
+        head, stop = matched[0], matched[-1] + _FIELDS
+        if stop - head != len(matched) * _FIELDS:
+            return False
+        new_key = to[1] * 2 + to[0]
+        rows = sorted(moved, key=lambda row: row[2]) if len(moved) > 1 else moved
+        end = a[head + 3]
+        for _, length, position in rows:
+            if position != end or length <= 0:
+                return False
+            end += length
+        if end != a[stop - 1] + a[stop - 2]:
+            return False
+        if stop < len(a) and a[stop] == new_key:
+            return False  # the next extent could join the last moved one: the general path
+        fresh = Extents()
+        fresh._a = a[:head]  # a new array: the old one is left as it was
+        for offset, length, position in rows:
+            fresh.add(to[0], to[1], offset, length, position)
+        self._a = fresh._a + a[stop:] if stop < len(a) else fresh._a
+        return True
+
 
 # Merging (decision 0010, "Step 2c: merging a stream's pack extents"): a stream with more pack extents
 # than ``MERGE_BASE_EXTENTS`` plus half the log2 of (its packed bytes / the round's new bytes) has its
 # last ones merged with the new records into one entry of the new pack (``merge_choice``).
 MERGE_BASE_EXTENTS = 4
+
+
+def flat_iter(flat: array) -> Iterator[tuple[int, int, int]]:
+    """The (offset, length, position) rows of ``Extents.in_file_flat``'s extents, in order, one at
+    a time (``zip`` reuses its tuple when the caller keeps none)."""
+    return zip(flat[1::_FIELDS], flat[2::_FIELDS], flat[3::_FIELDS], strict=True)
+
+
+def flat_rows(flat: array) -> list[tuple[int, int, int]]:
+    """``flat_iter`` as a list."""
+    return list(flat_iter(flat))
+
+
+def may_merge(extents: Extents, first: int) -> bool:
+    """False if ``merge_choice`` must say [] for the stream's new records from logical ``first``
+    on, whatever else it is given: it merges only when more than ``MERGE_BASE_EXTENTS`` - 1 pack
+    extents come before the new records' first extent, so with fewer extents than that ahead of
+    it there is nothing to choose. A C-level search instead of copying the rows and walking them
+    in Python, for every stream a checkpoint carries (issue 16: most have too few)."""
+    try:
+        ahead = extents._a[3::_FIELDS].index(first)
+    except ValueError:  # no extent starts there: ``merge_choice`` says [] too
+        return False
+    return ahead >= MERGE_BASE_EXTENTS
 
 
 def merge_choice(
@@ -247,8 +325,10 @@ def merge_choice(
     never merged: its entries there include the create, which only a drop or promotion voids. The
     stream's entries in a pack are voided together (by id, in its sidecar), so a pack is merged
     whole or not at all."""
-    n = len(rows)
-    stop = next((i for i in range(0, n, _FIELDS) if rows[i + 3] == first), -1)
+    try:  # the new records' first extent (a C-level search: every carried stream asks)
+        stop = rows[3::_FIELDS].index(first) * _FIELDS
+    except ValueError:
+        stop = -1
     start = stop
     while start > 0:
         key = rows[start - _FIELDS]
@@ -281,7 +361,7 @@ def merge_choice(
         if before[0] < start:
             return []
         cut = before[0]
-    if any(rows[i] & 1 == IN_PACK and rows[i] >> 1 in taken for i in range(stop, n, _FIELDS)):
+    if not {g * 2 + IN_PACK for g in taken}.isdisjoint(rows[stop::_FIELDS]):
         return []
     return [
         (rows[i] >> 1, rows[i + 1], rows[i + 2], rows[i + 3]) for i in range(cut, stop, _FIELDS)

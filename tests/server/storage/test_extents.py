@@ -19,6 +19,8 @@ from durastream_server.storage.extents import (
     Extents,
     Piece,
     coalesce,
+    may_merge,
+    merge_choice,
     records_offsets,
 )
 from durastream_server.storage.files import pread_exact, pwrite_all
@@ -152,6 +154,64 @@ def test_relocate_keeps_the_extents_ahead_and_equals_a_whole_rebuild() -> None:
         extents.relocate(where, generation, moved, to)
         assert extents.rows() == expected, case
         assert extents.in_file(where, generation) == [] or to == (where, generation)
+
+
+def test_a_checkpoints_fast_paths_equal_the_general_ones() -> None:
+    """Issue 16 (h69): a checkpoint's per-stream work on the loop takes C-level slices when a file's
+    extents are one run (``in_file``, ``relocate`` and ``merge``), and skips ``merge_choice`` for a
+    stream with too few extents (``may_merge``). Each must give what the general path gives: the
+    extents in a file built one by one, a merge equal to the whole rebuild, and no stream that
+    ``may_merge`` rules out for which ``merge_choice`` would choose something."""
+    rng = random.Random(69)
+    runs = merges = 0
+    for case in range(400):
+        extents = Extents()
+        position = 0
+        for _ in range(rng.randint(1, 14)):
+            where, generation = rng.choice(
+                [(IN_PACK, g) for g in range(1, 5)] + [(IN_WAL, 7), (IN_WAL, 7), (IN_WAL, 8)]
+            )
+            length = rng.randint(1, 9)
+            extents.add(where, generation, rng.randint(0, 1 << 20), length, position)
+            position += length
+        rows = extents.rows()
+        for where, generation in [(IN_WAL, 7), (IN_PACK, 2), (IN_WAL, 9)]:
+            key = generation * 2 + where
+            expected = [
+                (rows[i + 1], rows[i + 2], rows[i + 3])
+                for i in range(0, len(rows), 4)
+                if rows[i] == key
+            ]
+            assert extents.in_file(where, generation) == expected, case
+        news = extents.in_file(IN_WAL, 7)
+        if news:
+            for first, length, _ in [(news[0][2], news[0][1], 0), (rows[-1], rows[-2], 0)]:
+                chosen = merge_choice(rows, 1, first, length)
+                assert may_merge(extents, first) or chosen == [], case
+                merges += bool(chosen)
+        # A merge of the WAL file's extents with a pack's: the files' extents, one entry in pack 9.
+        files = {(IN_WAL, 7), (IN_PACK, rng.randint(1, 4))}
+        keys = {g * 2 + w for w, g in files}
+        gone = [(rows[i + 3], rows[i + 2]) for i in range(0, len(rows), 4) if rows[i] in keys]
+        if not gone:
+            continue
+        moved = [(100, sum(length for _, length in gone), gone[0][0])]
+        kept = [rows[i : i + 4] for i in range(0, len(rows), 4) if rows[i] not in keys]
+        kept += [(9 * 2 + IN_PACK, *moved[0][:2], moved[0][2])]
+        whole = Extents()
+        try:
+            for k, offset, length, pos in sorted(kept, key=lambda e: e[3]):
+                whole.add(k & 1, k >> 1, offset, length, pos)
+        except ValueError:  # the files' extents are not one logical run: the merge refuses
+            with pytest.raises(ValueError):
+                extents.merge(files, moved, (IN_PACK, 9))
+            assert extents.rows() == rows, case
+            continue
+        runs += 1
+        extents.merge(files, moved, (IN_PACK, 9))
+        assert extents.rows() == whole.rows(), case
+    assert runs > 50  # the fast path was taken, not only the refusals
+    assert merges > 0  # and ``may_merge`` let merges through
 
 
 def test_coalesced_entries_written_to_a_file_are_read_back_through_their_extents(

@@ -573,7 +573,7 @@ def test_packed_records_answered_after_their_streams_drop_are_not_carried(tmp_pa
     assert "gone" not in book.extents and not book.is_packed("gone")
     plan = book.plan(1)
     assert set(plan.records) == {"kept"}  # nothing of the dropped stream carried
-    assert plan.records["kept"] == [(400, 30, len(head))]
+    assert plan.rows()["kept"] == [(400, 30, len(head))]
     assert [e.log_id for e in plan.keep] == ["kept"] and plan.dead == {1: ["gone"]}
 
 
