@@ -47,6 +47,10 @@ from durastream_server.subscriptions.service import SubscriptionService
 
 logger = logging.getLogger(__name__)
 
+# A worker waits for its shard's lock for the grace period plus this (``StorageConfig.lock_wait_seconds``):
+# closing the data directory after the last request (a final flush and checkpoint) takes well under it.
+WORKER_LOCK_MARGIN_SECONDS = 10.0
+
 
 class Backend:
     """Everything the HTTP layer serves, opened and closed as one unit."""
@@ -85,6 +89,13 @@ class Backend:
                 max_open_files=config.max_open_files,
                 packed_appends=config.packed_appends,
                 packed_threshold=config.packed_threshold,
+                # A worker: the previous generation's worker of this shard may still be shutting
+                # down (its parent died); it is done within its grace period and a final flush.
+                lock_wait_seconds=(
+                    0.0
+                    if config.shard_index is None
+                    else config.shutdown_grace_seconds + WORKER_LOCK_MARGIN_SECONDS
+                ),
             ),
             metrics,
             lazy=True,  # streams recover after the server listens (engine/recovery.py)

@@ -122,6 +122,11 @@ class StorageConfig:
     # ``--packed-threshold``: a packed stream whose virtual segment 0 would pass this many bytes is
     # promoted to its own directory (capped by ``segment_bytes``: segment 0 is never rolled).
     packed_threshold: int = PACKED_APPEND_BYTES
+    # How long ``open`` waits for the directory's lock when another process holds it (0: refuse at
+    # once, hazard 24). A worker of ``--workers N`` waits: after its parent is SIGKILLed, the last
+    # generation's workers (SIGTERMed by the kernel) hold their shards' locks until their graceful
+    # shutdown ends, and a parent started again at once would otherwise fail to start.
+    lock_wait_seconds: float = 0.0
 
 
 class AlreadyLocked(RuntimeError):
@@ -235,7 +240,7 @@ class DataDir:
         nothing yet, leave every stream in ``pending`` for ``recover``."""
         root = Path(config.root)
         root.mkdir(parents=True, exist_ok=True)
-        lock_fd = _lock(root)
+        lock_fd = await _lock_waiting(root, config.lock_wait_seconds)
         try:
             self = cls(config, lock_fd, metrics)
         except BaseException:
@@ -917,6 +922,31 @@ def _sorted_listing(directory: str) -> list[str]:
 
 def _batches(ids: list[str]) -> list[list[str]]:
     return [ids[i : i + _RECOVERY_BATCH] for i in range(0, len(ids), _RECOVERY_BATCH)]
+
+
+async def _lock_waiting(root: Path, seconds: float) -> int:
+    """``_lock``, retried until ``seconds`` have passed while another process holds the lock (a
+    lock has no notification to wait on; this runs once, before the server serves)."""
+    deadline = time.monotonic() + seconds
+    warned = False
+    while True:
+        try:
+            return _lock(root)
+        except AlreadyLocked:
+            if time.monotonic() >= deadline:
+                raise
+            if not warned:
+                warned = True
+                log.warning(
+                    "data directory %s is locked by another process; waiting up to %.0f s for it "
+                    "(a previous server's worker finishing its shutdown)",
+                    root,
+                    seconds,
+                )
+            await asyncio.sleep(_LOCK_POLL_SECONDS)
+
+
+_LOCK_POLL_SECONDS = 0.05
 
 
 def _lock(root: Path) -> int:

@@ -8,6 +8,7 @@ other. Worker processes are the parent's children (``/proc/<pid>/task/<pid>/chil
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import http.client
 import json
 import os
@@ -363,3 +364,87 @@ def test_workers_stop_when_the_parent_is_killed(workers: ServerProcess) -> None:
     )
     workers.start()  # the shard locks and the port are free again
     assert len(workers_of(workers)) == 2
+
+
+def test_a_parent_started_again_at_once_waits_for_its_draining_workers(
+    workers: ServerProcess,
+) -> None:
+    """SIGKILL of the parent while a request is in flight on each shard, then a start at once: the
+    orphaned workers still hold their shards' locks during their graceful shutdown, and the new
+    workers wait for them (``StorageConfig.lock_wait_seconds``) instead of failing the start."""
+    streams = paths_on_both_shards("drain", each=1)
+    for path in streams:
+        assert requests.put(workers.stream_url(path), headers={"Content-Type": TEXT}).ok
+        assert produce(workers, path, b"kept;", 0).status_code in (200, 204)
+    held = []
+    for path in streams:  # a body promised and not sent: the request stays in flight (large, so
+        # it takes the ASGI path, whose task the graceful shutdown waits for)
+        connection = http.client.HTTPConnection(workers.host, workers.port, timeout=30)
+        connection.putrequest("POST", f"/v1/stream/{path}")
+        connection.putheader("Content-Type", TEXT)
+        connection.putheader("Content-Length", str(4 * 1024 * 1024))
+        connection.endheaders(b"partial")
+        held.append(connection)
+    children = workers_of(workers)
+    workers.kill()
+    try:
+        assert any(Path(f"/proc/{pid}").exists() and not _zombie(pid) for pid in children), (
+            "an orphaned worker should still be draining when the server starts again"
+        )
+        workers.start()  # (its health check may be answered by an orphan still listening)
+    finally:
+        for connection in held:
+            connection.close()
+    poll_until(
+        lambda: all(_zombie(pid) or not Path(f"/proc/{pid}").exists() for pid in children),
+        "the orphaned workers exited",
+        timeout=30,
+    )
+
+    def served() -> bool:
+        try:
+            return all(
+                requests.get(workers.stream_url(path), params={"offset": "-1"}).content == b"kept;"
+                for path in streams
+            )
+        except requests.ConnectionError:  # the new workers still waiting for the locks
+            return False
+
+    poll_until(served, "both shards served by the new workers", timeout=60)
+    assert workers.running, workers.log_tail()
+    assert len(workers_of(workers)) == 2
+
+
+def test_a_worker_waits_for_its_shards_lock_instead_of_failing_the_start(
+    workers: ServerProcess,
+) -> None:
+    """The same, made deterministic: the test holds shard 1's lock (as a draining worker would) until
+    the new worker says it is waiting for it; the start then completes with the shard's data."""
+    streams = paths_on_both_shards("lockwait", each=1)
+    for path in streams:
+        assert requests.put(workers.stream_url(path), headers={"Content-Type": TEXT}).ok
+        assert produce(workers, path, b"kept;", 0).status_code in (200, 204)
+    assert workers.terminate() == 0
+    lock = os.open(workers.data_dir / "shards" / "1" / "LOCK", os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    released = threading.Event()
+
+    def release_once_waiting() -> None:
+        try:
+            poll_until(
+                lambda: "is locked by another process; waiting" in workers.log_tail(200),
+                "the new worker waiting for shard 1's lock",
+                timeout=60,
+            )
+        finally:
+            os.close(lock)  # releases the flock
+            released.set()
+
+    releaser = threading.Thread(target=release_once_waiting, daemon=True)
+    releaser.start()
+    workers.start()
+    releaser.join(timeout=60)
+    assert released.is_set()
+    for path in streams:
+        response = requests.get(workers.stream_url(path), params={"offset": "-1"})
+        assert (response.status_code, response.content) == (200, b"kept;"), path
