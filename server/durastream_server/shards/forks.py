@@ -6,8 +6,8 @@ its own path hashes to. Placement:
 
 * The fork's **home** (``shard_of(fork path)``, where every worker sends its requests, as for any
   stream) keeps a small table, fork path -> the shard that holds it (``ForkPlacements``), durable in
-  its shard directory (``meta/fork-placements``, written whole: a temporary file, fsync, rename,
-  fsync of the directory) *before* the create is forwarded, so a fork that exists is always found
+  its shard directory (``meta/fork-placements``, written whole: ``atomic_write``, a temporary file, fsync,
+  rename, fsync of the directory) *before* the create is forwarded, so a fork that exists is always found
   after a SIGKILL or restart of any worker. The home forwards every request for that path there,
   marked as placed (``PLACED_HEADER``, honoured only from a worker's Unix socket): the holder serves
   it whatever its path hashes to.
@@ -30,9 +30,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Final
+
+from durastream_server.subscriptions.store import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -110,14 +111,5 @@ def _load(path: Path) -> dict[str, int]:
 
 def _write(path: Path, placements: dict[str, int]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump({"version": 1, "placements": placements}, handle, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    document = json.dumps({"version": 1, "placements": placements}, sort_keys=True)
+    atomic_write(path, document.encode("utf-8"), mode=0o644)
