@@ -26,7 +26,6 @@ import asyncio
 import os
 import pstats
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 from create_bench import loop_cpu  # noqa: E402
+from create_profile import spawn_under  # noqa: E402
 from scale_bench import ScaleServer, raw_request, run_clients  # noqa: E402
 
 PHASES = ("put", "first_post", "post_again", "put_post")
@@ -160,19 +160,7 @@ def main() -> None:
         wrapper = Path(workdir) / "wrapper.py"
         wrapper.write_text(WRAPPER)
         server = ScaleServer(Path(workdir) / "data", None, ["--durability", "fsync"])
-        real, popen = sys.executable, subprocess.Popen
-
-        def wrapped(cmd, *a, **k):  # noqa: ANN001, ANN002, ANN003
-            if cmd[:3] == [real, "-m", "durastream_server"]:
-                cmd = [real, str(wrapper), *cmd[3:]]
-                k["env"] = {**k.get("env", os.environ), "PHASES_OUT": str(out)}
-            return popen(cmd, *a, **k)
-
-        subprocess.Popen = wrapped  # type: ignore[misc]
-        try:
-            server.spawn()
-        finally:
-            subprocess.Popen = popen  # type: ignore[misc]
+        spawn_under(server, [str(wrapper)], {"PHASES_OUT": str(out)})
         try:
             server.wait_healthy()
             asyncio.run(drive(server, args.count, args.clients))

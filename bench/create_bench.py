@@ -68,25 +68,28 @@ async def measure(server: ScaleServer, args: argparse.Namespace) -> dict:
         if status not in (200, 204):
             raise RuntimeError(f"POST: HTTP {status}")
 
-    async def post_again(conn, i: int) -> None:  # noqa: ANN001
+    async def post(conn, path: str, i: int) -> None:  # noqa: ANN001
         body = b'{"i":%d,"pad":"0123456789abcdef"}' % i
-        status, _ = await conn.request(
-            raw_request("POST", f"pp/s{i:06d}", body, "application/json")
-        )
+        status, _ = await conn.request(raw_request("POST", path, body, "application/json"))
         if status not in (200, 204):
-            raise RuntimeError(f"POST: HTTP {status}")
+            raise RuntimeError(f"POST {path}: HTTP {status}")
+
+    async def post_again(conn, i: int) -> None:  # noqa: ANN001
+        await post(conn, f"pp/s{i:06d}", i)
+
+    async def put_body(conn, i: int) -> None:  # noqa: ANN001
+        body = b'{"i":%d,"pad":"0123456789abcdef"}' % i
+        status, _ = await conn.request(raw_request("PUT", f"pb/s{i:06d}", body, "application/json"))
+        if status != 201:
+            raise RuntimeError(f"PUT with data: HTTP {status}")
 
     async def first_post(conn, i: int) -> None:  # noqa: ANN001
-        body = b'{"i":%d,"pad":"0123456789abcdef"}' % i
-        status, _ = await conn.request(
-            raw_request("POST", f"put/s{i:06d}", body, "application/json")
-        )
-        if status not in (200, 204):
-            raise RuntimeError(f"first POST: HTTP {status}")
+        await post(conn, f"put/s{i:06d}", i)
 
     phases = (
         ("put", put),
         ("put+post", put_post),
+        ("put_body", put_body),
         ("first_post", first_post),
         ("post_again", post_again),
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import pstats
 import subprocess
 import sys
@@ -66,6 +67,25 @@ async def drive(server: ScaleServer, args: argparse.Namespace) -> float:
     return await run_clients(server.port, args.clients, range(args.count), work)
 
 
+def spawn_under(server: ScaleServer, argv: list[str], env: dict[str, str] | None = None) -> None:
+    """Spawn ``server`` as ``sys.executable *argv SERVER-ARGS`` (with ``env`` added) instead of
+    ``sys.executable -m durastream_server SERVER-ARGS``: under a profiler or a wrapper script."""
+    real, popen = sys.executable, subprocess.Popen
+
+    def wrapped(cmd, *a, **k):  # noqa: ANN001, ANN002, ANN003
+        if cmd[:3] == [real, "-m", "durastream_server"]:
+            cmd = [real, *argv, *cmd[3:]]
+            if env:
+                k["env"] = {**k.get("env", os.environ), **env}
+        return popen(cmd, *a, **k)
+
+    subprocess.Popen = wrapped  # type: ignore[misc]
+    try:
+        server.spawn()
+    finally:
+        subprocess.Popen = popen  # type: ignore[misc]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workload", choices=("put", "putpost", "ensure", "sink"))
@@ -79,21 +99,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="create-profile-") as workdir:
         stats = args.stats or Path(workdir) / "server.prof"
         server = ScaleServer(Path(workdir) / "data", None, ["--durability", args.durability])
-        real = sys.executable
-        # ScaleServer starts ``sys.executable -m durastream_server``: run that under cProfile instead.
-
-        popen = subprocess.Popen
-
-        def profiled(cmd, *a, **k):  # noqa: ANN001, ANN002, ANN003
-            if cmd[:3] == [real, "-m", "durastream_server"]:
-                cmd = [real, "-m", "cProfile", "-o", str(stats), *cmd[1:]]
-            return popen(cmd, *a, **k)
-
-        subprocess.Popen = profiled  # type: ignore[misc]
-        try:
-            server.spawn()
-        finally:
-            subprocess.Popen = popen  # type: ignore[misc]
+        spawn_under(server, ["-m", "cProfile", "-o", str(stats), "-m", "durastream_server"])
         try:
             server.wait_healthy()
             elapsed = asyncio.run(drive(server, args))
