@@ -291,6 +291,17 @@ def flat_iter(flat: array) -> Iterator[tuple[int, int, int]]:
     return zip(flat[1::_FIELDS], flat[2::_FIELDS], flat[3::_FIELDS], strict=True)
 
 
+def flat_lengths(flats: Iterable[array]) -> dict[int, int]:
+    """The (file offset -> length) of every extent of ``flats`` (``Extents.in_file_flat`` copies),
+    for ``packs._read_ranges``: built at C speed, ints only (an (offset, length, position) tuple a
+    record, 100,000 a checkpoint of 10,000 streams x 10 rounds, kept the carry thread's collector
+    busy: issue 16)."""
+    lengths: dict[int, int] = {}
+    for flat in flats:
+        lengths.update(zip(flat[1::_FIELDS], flat[2::_FIELDS], strict=True))
+    return lengths
+
+
 def flat_rows(flat: array) -> list[tuple[int, int, int]]:
     """``flat_iter`` as a list."""
     return list(flat_iter(flat))

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import os
 import random
+from array import array
 from pathlib import Path
 
 import pytest
 
 from durastream_server import datacheck, errors
 from durastream_server.storage import DataDir, codec, committer, packindex, packs, wal
-from durastream_server.storage.extents import coalesce, records_offsets
+from durastream_server.storage.extents import coalesce, flat_lengths, records_offsets
 
 from ._util import append, checkpoint, config, crash_copy, header, open_dd, read_all, run
 
@@ -302,8 +303,9 @@ def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
         carried: list[wal.WalEntry] = []
         carried_sizes: list[int] = []
         packs._carried_entries(log_id, rows, read, carried, carried_sizes)
-        assert [(e.offset, list(e.records)) for e in carried] == [
-            (e.offset, list(e.records)) for e in merged
+        # The same bytes a run, joined into one record (one buffer to checksum and write).
+        assert [(e.offset, e.records) for e in carried] == [
+            (e.offset, [b"".join(e.records)]) for e in merged
         ]
         assert carried_sizes == packs.records_sizes(merged)
         entries += carried
@@ -358,11 +360,14 @@ def test_a_checkpoint_reads_its_wal_files_ranges_in_windows_as_one_pread_each_wo
             return real(*args)
 
         monkeypatch.setattr(packs, "pread_exact", counting)
-        got = packs._read_ranges(fd, rng.sample(streams, len(streams)))
+        flats = [array("q", [k for o, n, p in rows for k in (0, o, n, p)]) for rows in streams]
+        lengths = flat_lengths(rng.sample(flats, len(flats)))
+        got = packs._read_ranges(fd, lengths)
         wanted = [(offset, length) for rows in streams for offset, length, _ in rows]
+        assert lengths == dict(wanted)
         assert got == {o: data[o : o + n] for o, n in wanted}
         assert 1 < reads < len(wanted)
         with pytest.raises(OSError, match="short read"):
-            packs._read_ranges(fd, [[(len(data) - 10, 20, 0)]])
+            packs._read_ranges(fd, {len(data) - 10: 20})
     finally:
         os.close(fd)
