@@ -33,6 +33,7 @@ from durastream_server.storage.wal import FIXED_SIZE, HEAD_SIZE, WalEntry
 IN_WAL = 0
 IN_PACK = 1
 _FIELDS = 4  # file key (generation * 2 + where), file offset, length, logical position
+FIELDS = _FIELDS  # for the flat copies (``Extents.in_file_flat``) other modules slice
 _EXACT_UP_TO = 16  # extents kept in an exact-size buffer (``Extents.add``)
 
 

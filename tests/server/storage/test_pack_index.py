@@ -371,3 +371,65 @@ def test_a_checkpoint_reads_its_wal_files_ranges_in_windows_as_one_pread_each_wo
             packs._read_ranges(fd, {len(data) - 10: 20})
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_a_checkpoint_carries_a_dense_wal_files_records_as_one_read_as_a_record_at_a_time_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dense: bool
+) -> None:
+    """Issue 16: ``_carry_records`` reads a WAL file's packed records in one ``pread`` when they are
+    most of its range and joins each stream's run at C speed; the entries (offsets, records bytes,
+    sizes) are those of ``_read_ranges`` + ``_carried_entries`` a record at a time, with streams
+    whose records leave a gap and streams with merged pack extents in front (step 2c), and the same
+    when the records are sparse (the record-at-a-time path)."""
+    rng = random.Random(16 + dense)
+    monkeypatch.setattr(packs, "_READ_WINDOW", 64 << 10)
+    data = rng.randbytes(2_000_000)
+    path = tmp_path / "wal"
+    path.write_bytes(data)
+    records: dict[str, array] = {}
+    heads: dict[str, tuple[int, list[bytes]]] = {}
+    at = 0
+    streams = [f"{s:032x}" for s in range(30)]
+    positions = dict.fromkeys(streams, 100)
+    for _ in range(6):  # rounds: each stream's records interleave with the others'
+        for log_id in streams:
+            length = rng.randint(1, 50)
+            at += rng.randint(0, 30) if dense else rng.randint(3_000, 9_000)
+            gap = rng.random() < 0.1
+            flat = records.setdefault(log_id, array("q"))
+            flat.extend((5, at, length, positions[log_id] + gap))
+            positions[log_id] += gap + length
+            at += length
+    for log_id in streams[::3]:  # merged pack extents ending where its records start
+        head = [rng.randbytes(rng.randint(1, 20)) for _ in range(2)]
+        first = records[log_id][3]
+        heads[log_id] = (first - sum(map(len, head)) - (log_id == streams[3]), head)
+    reads = 0
+    real = packs.pread_exact
+
+    def counting(*args: int) -> bytes:
+        nonlocal reads
+        reads += 1
+        return real(*args)
+
+    monkeypatch.setattr(packs, "pread_exact", counting)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fast: list[wal.WalEntry] = []
+        fast_sizes: list[int] = []
+        packs._carry_records(fd, records, heads, fast, fast_sizes)
+        assert (reads == 1) is dense
+        read = packs._read_ranges(fd, flat_lengths(records.values()))
+    finally:
+        os.close(fd)
+    slow: list[wal.WalEntry] = []
+    slow_sizes: list[int] = []
+    for log_id, flat in records.items():
+        rows = list(zip(flat[1::4], flat[2::4], flat[3::4], strict=True))
+        packs._carried_entries(log_id, rows, read, slow, slow_sizes, heads.get(log_id))
+    assert len(slow) > len(records)  # some gaps
+    assert fast_sizes == slow_sizes
+    assert [(e.log_id, e.offset, e.kind, b"".join(e.records)) for e in fast] == [
+        (e.log_id, e.offset, e.kind, b"".join(e.records)) for e in slow
+    ]
