@@ -52,7 +52,7 @@ import logging
 import os
 import re
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import add, sub
@@ -207,8 +207,11 @@ def write_pack(
     size = replace_file(
         directory / pack_name(generation), _encoded(generation, entries, sizes), sync=sync
     )
-    packindex.write(
-        directory, generation, size, packindex.rows_of_entries(entries, sizes), sync=sync
+    packindex.write_encoded(
+        directory,
+        generation,
+        packindex.encode_entries(generation, size, entries, sizes),
+        sync=sync,
     )
     return size
 
@@ -218,12 +221,12 @@ def write_pack(
 _ENCODE_CHUNK = 256 << 10
 
 
-def _encoded(generation: int, entries: list[WalEntry], sizes: list[int]) -> list[bytes]:
-    """``entries`` encoded (``wal.encode_entry``) as a few joined buffers of about
-    ``_ENCODE_CHUNK`` bytes: ``files.pwrite_all`` looks at every buffer it is given in Python, and
-    four or five a (stream, round) were ~25% of a checkpoint's carry of 10,000 streams x 10
-    rounds (issue 16); joining is one copy at C speed."""
-    chunks: list[bytes] = []
+def _encoded(generation: int, entries: list[WalEntry], sizes: list[int]) -> Iterator[bytes]:
+    """``entries`` encoded (``wal.encode_entry``) as joined buffers of about ``_ENCODE_CHUNK``
+    bytes, made one at a time as they are written (a copy of the whole pack is never held):
+    ``files.pwrite_all`` looks at every buffer it is given in Python, and four or five a (stream,
+    round) were ~25% of a checkpoint's carry of 10,000 streams x 10 rounds (issue 16); joining is
+    one copy at C speed."""
     parts: list[bytes | bytearray | memoryview] = []
     held = 0
     fixed = HEAD_SIZE + FIXED_SIZE
@@ -231,12 +234,11 @@ def _encoded(generation: int, entries: list[WalEntry], sizes: list[int]) -> list
         parts += encode_entry(generation, entry)
         held += fixed + len(entry.log_id) + size
         if held >= _ENCODE_CHUNK:
-            chunks.append(b"".join(parts))
+            yield b"".join(parts)
             parts = []
             held = 0
     if parts:
-        chunks.append(b"".join(parts))
-    return chunks
+        yield b"".join(parts)
 
 
 def _live_entries(directory: Path, generation: int, void: set[str]) -> list[WalEntry]:

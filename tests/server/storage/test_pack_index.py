@@ -319,6 +319,9 @@ def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
         assert (known / name).read_bytes() == (summed / name).read_bytes()
     scanned = wal.scan(known / packs.pack_name(3), 3, resync=True)
     assert packindex.rows_of_entries(entries, sizes) == packindex.rows_of_scan(scanned)
+    assert packindex.encode_entries(3, size, entries, sizes) == packindex.encode(
+        3, size, packindex.rows_of_scan(scanned)
+    )
     rows = packs._rows(entries, sizes)
     assert rows == packs._rows(entries)
     offsets = records_offsets(entries)
