@@ -1113,9 +1113,9 @@ def _carry_records(
         head = heads.get(log_id)
         ahead = [] if head is None else head[1]
         first = positions[0] - sum(map(len, ahead))
-        if (head is not None and head[0] != first) or positions[1:] != array(
-            "q", map(add, positions[:-1], lengths[:-1])
-        ):  # a gap: a record at a time
+        # A stream's extents are in order and never overlap: they follow on if they span their sum.
+        spanned = positions[-1] + lengths[-1] - positions[0]
+        if spanned != sum(lengths) or (head is not None and head[0] != first):  # a gap
             read = {o + base: take(slice(o, o + n)) for o, n in zip(offsets, lengths, strict=True)}
             _carried_entries(log_id, flat_iter(flat), read, entries, sizes, head)
             continue
