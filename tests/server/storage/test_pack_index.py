@@ -330,6 +330,19 @@ def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
     ]
 
 
+def _count_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``packs.pread_exact`` counted: [calls so far]."""
+    reads = [0]
+    real = packs.pread_exact
+
+    def counting(*args: int) -> bytes:
+        reads[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(packs, "pread_exact", counting)
+    return reads
+
+
 def test_a_checkpoint_reads_its_wal_files_ranges_in_windows_as_one_pread_each_would(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -354,22 +367,14 @@ def test_a_checkpoint_reads_its_wal_files_ranges_in_windows_as_one_pread_each_wo
         streams.append(rows)
     fd = os.open(path, os.O_RDONLY)
     try:
-        reads = 0
-        real = packs.pread_exact
-
-        def counting(*args: int) -> bytes:
-            nonlocal reads
-            reads += 1
-            return real(*args)
-
-        monkeypatch.setattr(packs, "pread_exact", counting)
+        reads = _count_preads(monkeypatch)
         flats = [array("q", [k for o, n, p in rows for k in (0, o, n, p)]) for rows in streams]
         lengths = flat_lengths(rng.sample(flats, len(flats)))
         got = packs._read_ranges(fd, lengths)
         wanted = [(offset, length) for rows in streams for offset, length, _ in rows]
         assert lengths == dict(wanted)
         assert got == {o: data[o : o + n] for o, n in wanted}
-        assert 1 < reads < len(wanted)
+        assert 1 < reads[0] < len(wanted)
         with pytest.raises(OSError, match="short read"):
             packs._read_ranges(fd, {len(data) - 10: 20})
     finally:
@@ -408,21 +413,13 @@ def test_a_checkpoint_carries_a_dense_wal_files_records_as_one_read_as_a_record_
         head = [rng.randbytes(rng.randint(1, 20)) for _ in range(2)]
         first = records[log_id][3]
         heads[log_id] = (first - sum(map(len, head)) - (log_id == streams[3]), head)
-    reads = 0
-    real = packs.pread_exact
-
-    def counting(*args: int) -> bytes:
-        nonlocal reads
-        reads += 1
-        return real(*args)
-
-    monkeypatch.setattr(packs, "pread_exact", counting)
+    reads = _count_preads(monkeypatch)
     fd = os.open(path, os.O_RDONLY)
     try:
         fast: list[wal.WalEntry] = []
         fast_sizes: list[int] = []
         packs._carry_records(fd, records, heads, fast, fast_sizes)
-        assert (reads == 1) is dense
+        assert (reads[0] == 1) is dense
         read = packs._read_ranges(fd, flat_lengths(records.values()))
     finally:
         os.close(fd)
