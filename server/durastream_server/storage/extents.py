@@ -33,6 +33,7 @@ from durastream_server.storage.wal import FIXED_SIZE, HEAD_SIZE, WalEntry
 IN_WAL = 0
 IN_PACK = 1
 _FIELDS = 4  # file key (generation * 2 + where), file offset, length, logical position
+FIELDS = _FIELDS  # for the flat copies (``Extents.in_file_flat``) other modules slice
 _EXACT_UP_TO = 16  # extents kept in an exact-size buffer (``Extents.add``)
 
 
@@ -289,6 +290,17 @@ def flat_iter(flat: array) -> Iterator[tuple[int, int, int]]:
     """The (offset, length, position) rows of ``Extents.in_file_flat``'s extents, in order, one at
     a time (``zip`` reuses its tuple when the caller keeps none)."""
     return zip(flat[1::_FIELDS], flat[2::_FIELDS], flat[3::_FIELDS], strict=True)
+
+
+def flat_lengths(flats: Iterable[array]) -> dict[int, int]:
+    """The (file offset -> length) of every extent of ``flats`` (``Extents.in_file_flat`` copies),
+    for ``packs._read_ranges``: built at C speed, ints only (an (offset, length, position) tuple a
+    record, 100,000 a checkpoint of 10,000 streams x 10 rounds, kept the carry thread's collector
+    busy: issue 16)."""
+    lengths: dict[int, int] = {}
+    for flat in flats:
+        lengths.update(zip(flat[1::_FIELDS], flat[2::_FIELDS], strict=True))
+    return lengths
 
 
 def flat_rows(flat: array) -> list[tuple[int, int, int]]:

@@ -193,7 +193,7 @@ class FdCache:
         return []
 
 
-def pwrite_all(fd: int, buffers: Sequence[bytes | bytearray], offset: int) -> int:
+def pwrite_all(fd: int, buffers: Iterable[bytes | bytearray], offset: int) -> int:
     """Write every buffer at ``offset`` (pwritev of at most ``WRITE_CALL_BYTES`` and IOV_MAX buffers per
     call, resuming after short writes); returns the bytes written.
 
@@ -275,7 +275,7 @@ def write_file(path: str | os.PathLike[str], flags: int, data: bytes, *, sync: b
 
 
 def replace_file(
-    final: Path, buffers: Sequence[bytes | bytearray | memoryview], *, sync: bool
+    final: Path, buffers: Iterable[bytes | bytearray | memoryview], *, sync: bool
 ) -> int:
     """Put ``buffers`` at ``final`` whole or not at all: written to ``final`` + ``.tmp``, fdatasync'd,
     renamed over ``final``, its directory fsync'd (with ``sync``). A crash leaves the old file or the

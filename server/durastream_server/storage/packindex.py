@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import zlib
+from collections.abc import Iterator
 from json.decoder import scanstring as _scanstring
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
@@ -75,16 +76,21 @@ def rows_of_entries(entries: list[WalEntry], sizes: list[int]) -> list[Row]:
     """The rows of a pack ``write_pack`` lays out from ``entries``, in order; ``sizes``: each
     entry's records bytes (``packs.records_sizes``; summing them here was ~10% of a routed save's
     server CPU, issue 16)."""
-    rows = []
+    return [Row(*fields) for fields in _entry_fields(entries, sizes)]
+
+
+def _entry_fields(
+    entries: list[WalEntry], sizes: list[int]
+) -> Iterator[tuple[int, int, int, str, int, str | None]]:
+    """``rows_of_entries``'s fields, one tuple at a time (``encode_entries`` keeps none)."""
     at = 0
     fixed = HEAD_SIZE + FIXED_SIZE
     packed = Kind.PACKED
     for entry, size in zip(entries, sizes, strict=True):
         length = fixed + len(entry.log_id) + size
         path = _create_path(entry.records[0]) if entry.kind == packed and entry.records else None
-        rows.append(Row(at, length, entry.kind, entry.log_id, entry.offset, path))
+        yield at, length, entry.kind, entry.log_id, entry.offset, path
         at += length
-    return rows
 
 
 def rows_of_scan(scanned: Scan) -> list[Row]:
@@ -101,12 +107,22 @@ def rows_of_scan(scanned: Scan) -> list[Row]:
 
 
 def encode(generation: int, size: int, rows: list[Row]) -> bytes:
-    lines = [f"{MAGIC} {VERSION} {generation} {size} {len(rows)}"]
-    lines += [
-        f"{r.offset} {r.length} {r.kind} {r.log_id} {r.position} "
-        f"{_quote(r.path) if r.path else '-'}"
-        for r in rows
-    ]
+    return _framed(generation, size, [_line(*row) for row in rows])
+
+
+def encode_entries(generation: int, size: int, entries: list[WalEntry], sizes: list[int]) -> bytes:
+    """``encode(generation, size, rows_of_entries(entries, sizes))`` without a ``Row`` an entry: a
+    checkpoint of 10,000 streams made 10,000 named tuples the collector tracked (issue 16)."""
+    return _framed(generation, size, [_line(*fields) for fields in _entry_fields(entries, sizes)])
+
+
+def _line(offset: int, length: int, kind: int, log_id: str, position: int, path: str | None) -> str:
+    return f"{offset} {length} {kind} {log_id} {position} {_quote(path) if path else '-'}"
+
+
+def _framed(generation: int, size: int, lines: list[str]) -> bytes:
+    """The index file: its first line, ``lines`` (one a row), and the checksum of both."""
+    lines.insert(0, f"{MAGIC} {VERSION} {generation} {size} {len(lines)}")
     body = ("\n".join(lines) + "\n").encode()
     return body + f"crc {zlib.crc32(body):08x}\n".encode()
 
@@ -143,7 +159,12 @@ def decode(raw: bytes, generation: int, size: int) -> list[Row]:
 
 def write(directory: Path, generation: int, size: int, rows: list[Row], *, sync: bool) -> None:
     """``packs/<generation>.idx`` for the pack of ``size`` bytes that is there (renamed in, durable)."""
-    replace_file(directory / index_name(generation), [encode(generation, size, rows)], sync=sync)
+    write_encoded(directory, generation, encode(generation, size, rows), sync=sync)
+
+
+def write_encoded(directory: Path, generation: int, encoded: bytes, *, sync: bool) -> None:
+    """``write`` of an index already encoded (``encode_entries``)."""
+    replace_file(directory / index_name(generation), [encoded], sync=sync)
 
 
 def remove(directory: Path, generation: int, *, sync: bool) -> None:

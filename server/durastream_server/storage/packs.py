@@ -52,18 +52,22 @@ import logging
 import os
 import re
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add, sub
 from pathlib import Path
 
 from durastream_server.storage import codec, packindex
 from durastream_server.storage.extents import (
+    FIELDS,
     IN_PACK,
     IN_WAL,
     Extents,
     Piece,
     coalesce,
     flat_iter,
+    flat_lengths,
     flat_rows,
     may_merge,
     merge_choice,
@@ -73,6 +77,8 @@ from durastream_server.storage.files import fsync_dir, pread_exact, replace_file
 from durastream_server.storage.records import StreamHeader
 from durastream_server.storage.recovery import Quarantine, Recovered, recover_packed
 from durastream_server.storage.wal import (
+    FIXED_SIZE,
+    HEAD_SIZE,
     WAL_DIR,
     Kind,
     Scan,
@@ -193,21 +199,46 @@ def write_pack(
     leaves the old pack or the new one, never a part of either (a stray temporary file is removed at
     start-up). ``sizes``: each entry's records bytes if the caller knows them (``records_sizes``).
     Returns the new pack's size."""
-    buffers: list[bytes | bytearray | memoryview] = []
-    for entry in entries:
-        buffers += encode_entry(generation, entry)
+    if sizes is None:
+        sizes = records_sizes(entries)
     # The old pack's index goes (durably) before the new pack is renamed in; the new index is
     # written once the rename is durable (``packindex``): no index ever describes other bytes.
     packindex.remove(directory, generation, sync=sync)
-    size = replace_file(directory / pack_name(generation), buffers, sync=sync)
-    packindex.write(
+    size = replace_file(
+        directory / pack_name(generation), _encoded(generation, entries, sizes), sync=sync
+    )
+    packindex.write_encoded(
         directory,
         generation,
-        size,
-        packindex.rows_of_entries(entries, sizes if sizes is not None else records_sizes(entries)),
+        packindex.encode_entries(generation, size, entries, sizes),
         sync=sync,
     )
     return size
+
+
+# ``_encoded``: a pack's entries are joined into buffers of about this many bytes before they are
+# written (``files.WRITE_CALL_BYTES`` is the most one write call takes).
+_ENCODE_CHUNK = 256 << 10
+
+
+def _encoded(generation: int, entries: list[WalEntry], sizes: list[int]) -> Iterator[bytes]:
+    """``entries`` encoded (``wal.encode_entry``) as joined buffers of about ``_ENCODE_CHUNK``
+    bytes, made one at a time as they are written (a copy of the whole pack is never held):
+    ``files.pwrite_all`` looks at every buffer it is given in Python, and four or five a (stream,
+    round) were ~25% of a checkpoint's carry of 10,000 streams x 10 rounds (issue 16); joining is
+    one copy at C speed."""
+    parts: list[bytes | bytearray | memoryview] = []
+    held = 0
+    fixed = HEAD_SIZE + FIXED_SIZE
+    for entry, size in zip(entries, sizes, strict=True):
+        parts += encode_entry(generation, entry)
+        held += fixed + len(entry.log_id) + size
+        if held >= _ENCODE_CHUNK:
+            yield b"".join(parts)
+            parts = []
+            held = 0
+    if parts:
+        yield b"".join(parts)
 
 
 def _live_entries(directory: Path, generation: int, void: set[str]) -> list[WalEntry]:
@@ -972,13 +1003,10 @@ class PackBook:
             if plan.keep or plan.records:
                 entries = list(plan.keep)
                 sizes = records_sizes(entries)  # the creates' header records: one each
-                # Each stream's rows iterated straight off its flat extents (``flat_iter``): a
-                # list of 10 tuples a stream was ~3 us more of this thread (10,000 streams).
-                read = _read_ranges(wal.fd, map(flat_iter, plan.records.values()))
+                # Each stream's records taken straight off its flat extents (``_carry_records``:
+                # one read and a join a stream when they are dense, no tuple a record).
                 heads = _read_merged(packs, plan.merges)
-                for log_id, flat in plan.records.items():
-                    head = heads.get(log_id)
-                    _carried_entries(log_id, flat_iter(flat), read, entries, sizes, head)
+                _carry_records(wal.fd, plan.records, heads, entries, sizes)
                 records = len(entries) - len(plan.keep)
                 size = write_pack(packs, plan.generation, entries, sync=sync, sizes=sizes)
                 written[plan.generation] = (size, len(entries))
@@ -1051,6 +1079,75 @@ class PackBook:
             self._merging.pop(log_id, None)
 
 
+def _carry_records(
+    fd: int,
+    records: dict[str, array],
+    heads: dict[str, tuple[int, list[bytes]]],
+    entries: list[WalEntry],
+    sizes: list[int],
+) -> None:
+    """Append to ``entries`` (and their records bytes to ``sizes``) the packed records of a retired
+    WAL file (``fd``): ``records``, each stream's extents there (``Extents.in_file_flat``), one
+    entry a run that follows on (``_carried_entries``), ``heads`` merged in front (step 2c).
+
+    When the records are most of the bytes between the first and the last (a WAL file of small
+    packed appends: their entry framing between them), that range is read in one ``pread`` and a
+    stream whose records follow each other (every round's one after the last: the usual case)
+    takes them as one join of slices made at C speed (``map``), with no Python step a record;
+    a checkpoint of 10,000 streams x 10 rounds spent ~1 us a record on dicts, tuples and
+    windows (issue 16). Otherwise (sparse records, a stream with a gap) ``_read_ranges`` and
+    ``_carried_entries`` do it a record at a time. Raises OSError as ``pread_exact`` does."""
+    span = _dense_span(records.values())
+    if span is None:
+        read = _read_ranges(fd, flat_lengths(records.values()))
+        for log_id, flat in records.items():
+            _carried_entries(log_id, flat_iter(flat), read, entries, sizes, heads.get(log_id))
+        return
+    base, end = span
+    data = pread_exact(fd, end - base, base)
+    take = data.__getitem__
+    for log_id, flat in records.items():
+        offsets = array("q", map(sub, flat[1::FIELDS], repeat(base)))
+        lengths = flat[2::FIELDS]
+        positions = flat[3::FIELDS]
+        head = heads.get(log_id)
+        ahead = [] if head is None else head[1]
+        first = positions[0] - sum(map(len, ahead))
+        # A stream's extents are in order and never overlap: they follow on if they span their sum.
+        spanned = positions[-1] + lengths[-1] - positions[0]
+        if spanned != sum(lengths) or (head is not None and head[0] != first):  # a gap
+            read = {o + base: take(slice(o, o + n)) for o, n in zip(offsets, lengths, strict=True)}
+            _carried_entries(log_id, flat_iter(flat), read, entries, sizes, head)
+            continue
+        parts = map(take, map(slice, offsets, map(add, offsets, lengths)))
+        joined = b"".join([*ahead, *parts])
+        entries.append(WalEntry(log_id, 0, first, [joined], Kind.PACKED_RECORDS))
+        sizes.append(len(joined))
+
+
+# ``_dense_span``: the records are read in one ``pread`` of the range from the first to the end of
+# the last if that range is at most this many times their bytes (or at most ``_READ_WINDOW``).
+_DENSE_FACTOR = 4
+
+
+def _dense_span(flats: Iterable[array]) -> tuple[int, int] | None:
+    """(start, end) of the file range holding every extent of ``flats`` if it is dense enough to
+    read whole (``_DENSE_FACTOR``), else None (or None if there are none). C-level sums and
+    searches over one array of every extent."""
+    every = array("q")
+    for flat in flats:
+        every.extend(flat)
+    offsets = every[1::FIELDS]
+    if not offsets:
+        return None
+    lengths = every[2::FIELDS]
+    start, last = min(offsets), max(offsets)
+    end = last + lengths[offsets.index(last)]  # extents of a file do not overlap
+    if end - start > max(_READ_WINDOW, _DENSE_FACTOR * sum(lengths)):
+        return None
+    return start, end
+
+
 def _carried_entries(
     log_id: str,
     rows: Iterable[tuple[int, int, int]],
@@ -1063,6 +1160,9 @@ def _carried_entries(
     a retired WAL file, ``rows`` (offset, length, position) in order, merged where they follow each
     other: what ``coalesce`` makes of one entry per row, without making those entries (a
     ``WalEntry`` per (stream, round) was ~10% of the carry for 10 rounds a stream, issue 16).
+    Each entry's records are joined into one bytes: the same bytes in the pack (an entry's records
+    are written one after the other under one CRC), one buffer to checksum and write instead of
+    one a round (``write_pack``).
     ``head``: (position, records) of the stream's pack extents merged in front of them (step 2c),
     which end where ``rows`` start."""
     records: list[bytes] = []
@@ -1072,7 +1172,7 @@ def _carried_entries(
         end = first + sum(map(len, records))
     for offset, length, position in rows:
         if position != end and records:
-            entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
+            entries.append(WalEntry(log_id, 0, first, [b"".join(records)], Kind.PACKED_RECORDS))
             sizes.append(end - first)
             records = []
         if not records:
@@ -1080,7 +1180,7 @@ def _carried_entries(
         records.append(read[offset])
         end += length
     if records:
-        entries.append(WalEntry(log_id, 0, first, records, Kind.PACKED_RECORDS))
+        entries.append(WalEntry(log_id, 0, first, [b"".join(records)], Kind.PACKED_RECORDS))
         sizes.append(end - first)
 
 
@@ -1090,15 +1190,15 @@ def _read_merged(
     """The bytes of the pack extents ``merges`` names (step 2c): stream id -> (position of the
     first, their records in order). Each pack is opened once and read as ``_read_ranges`` reads a
     WAL file. Raises OSError."""
-    by_pack: dict[int, list[tuple[int, int, int]]] = {}
+    by_pack: dict[int, dict[int, int]] = {}
     for chosen in merges.values():
-        for generation, offset, length, position in chosen:
-            by_pack.setdefault(generation, []).append((offset, length, position))
+        for generation, offset, length, _ in chosen:
+            by_pack.setdefault(generation, {})[offset] = length
     read: dict[tuple[int, int], bytes] = {}
-    for generation, ranges in by_pack.items():
+    for generation, lengths in by_pack.items():
         fd = os.open(packs / pack_name(generation), os.O_RDONLY | _O_CLOEXEC)
         try:
-            for offset, data in _read_ranges(fd, [ranges]).items():
+            for offset, data in _read_ranges(fd, lengths).items():
                 read[(generation, offset)] = data
         finally:
             os.close(fd)
@@ -1114,30 +1214,37 @@ _READ_GAP = 16 << 10
 _READ_WINDOW = 1 << 20
 
 
-def _read_ranges(fd: int, streams: Iterable[Iterable[tuple[int, int, int]]]) -> dict[int, bytes]:
-    """The bytes of every (offset, length, position) range of ``streams`` in file ``fd``, by offset.
+def _read_ranges(fd: int, lengths: dict[int, int]) -> dict[int, bytes]:
+    """The bytes of every range (file offset -> length) of ``lengths`` in file ``fd``, by offset.
 
     A checkpoint carries every live packed record of its WAL file; one ``pread`` each was a syscall
     per (stream, round) (issue 16: 100,000 for a routed save). The ranges are read in file order,
     nearby ones in one read of at most ``_READ_WINDOW`` bytes, each a copy of its part of the window
     (bytes, as a ``pread`` gives: a memoryview slice is an object the garbage collector tracks, and
-    10,000 of them a checkpoint made a collection every other one).
+    10,000 of them a checkpoint made a collection every other one). Offsets are sorted as ints, not
+    (offset, length) tuples: no object per range the collector tracks.
     Raises OSError as ``pread_exact`` does (a short read: the file shrank)."""
-    ranges = sorted((offset, length) for rows in streams for offset, length, _ in rows)
+    offsets = sorted(lengths)
     out: dict[int, bytes] = {}
+    n = len(offsets)
     i = 0
-    while i < len(ranges):
-        start, end = ranges[i][0], ranges[i][0] + ranges[i][1]
+    while i < n:
+        start = offsets[i]
+        end = start + lengths[start]
+        limit = start + _READ_WINDOW
         j = i + 1
-        while j < len(ranges):
-            offset, length = ranges[j]
-            if offset - end > _READ_GAP or offset + length - start > _READ_WINDOW:
+        while j < n:
+            offset = offsets[j]
+            stop = offset + lengths[offset]
+            if offset - end > _READ_GAP or stop > limit:
                 break
-            end = max(end, offset + length)
+            if stop > end:
+                end = stop
             j += 1
         window = pread_exact(fd, end - start, start)
-        for offset, length in ranges[i:j]:
-            out[offset] = window[offset - start : offset - start + length]
+        for offset in offsets[i:j]:
+            at = offset - start
+            out[offset] = window[at : at + lengths[offset]]
         i = j
     return out
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import os
 import random
+from array import array
 from pathlib import Path
 
 import pytest
 
 from durastream_server import datacheck, errors
 from durastream_server.storage import DataDir, codec, committer, packindex, packs, wal
-from durastream_server.storage.extents import coalesce, records_offsets
+from durastream_server.storage.extents import coalesce, flat_lengths, records_offsets
 
 from ._util import append, checkpoint, config, crash_copy, header, open_dd, read_all, run
 
@@ -302,8 +303,9 @@ def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
         carried: list[wal.WalEntry] = []
         carried_sizes: list[int] = []
         packs._carried_entries(log_id, rows, read, carried, carried_sizes)
-        assert [(e.offset, list(e.records)) for e in carried] == [
-            (e.offset, list(e.records)) for e in merged
+        # The same bytes a run, joined into one record (one buffer to checksum and write).
+        assert [(e.offset, e.records) for e in carried] == [
+            (e.offset, [b"".join(e.records)]) for e in merged
         ]
         assert carried_sizes == packs.records_sizes(merged)
         entries += carried
@@ -317,12 +319,28 @@ def test_a_checkpoints_known_sizes_lay_out_the_same_pack_index_and_extents(
         assert (known / name).read_bytes() == (summed / name).read_bytes()
     scanned = wal.scan(known / packs.pack_name(3), 3, resync=True)
     assert packindex.rows_of_entries(entries, sizes) == packindex.rows_of_scan(scanned)
+    assert packindex.encode_entries(3, size, entries, sizes) == packindex.encode(
+        3, size, packindex.rows_of_scan(scanned)
+    )
     rows = packs._rows(entries, sizes)
     assert rows == packs._rows(entries)
     offsets = records_offsets(entries)
     assert [r for e in entries for r in rows[e.log_id] if r[2] == e.offset] == [
         (at, n, e.offset) for e, at, n in zip(entries, offsets, sizes, strict=True)
     ]
+
+
+def _count_preads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """``packs.pread_exact`` counted: [calls so far]."""
+    reads = [0]
+    real = packs.pread_exact
+
+    def counting(*args: int) -> bytes:
+        reads[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(packs, "pread_exact", counting)
+    return reads
 
 
 def test_a_checkpoint_reads_its_wal_files_ranges_in_windows_as_one_pread_each_would(
@@ -349,20 +367,69 @@ def test_a_checkpoint_reads_its_wal_files_ranges_in_windows_as_one_pread_each_wo
         streams.append(rows)
     fd = os.open(path, os.O_RDONLY)
     try:
-        reads = 0
-        real = packs.pread_exact
-
-        def counting(*args: int) -> bytes:
-            nonlocal reads
-            reads += 1
-            return real(*args)
-
-        monkeypatch.setattr(packs, "pread_exact", counting)
-        got = packs._read_ranges(fd, rng.sample(streams, len(streams)))
+        reads = _count_preads(monkeypatch)
+        flats = [array("q", [k for o, n, p in rows for k in (0, o, n, p)]) for rows in streams]
+        lengths = flat_lengths(rng.sample(flats, len(flats)))
+        got = packs._read_ranges(fd, lengths)
         wanted = [(offset, length) for rows in streams for offset, length, _ in rows]
+        assert lengths == dict(wanted)
         assert got == {o: data[o : o + n] for o, n in wanted}
-        assert 1 < reads < len(wanted)
+        assert 1 < reads[0] < len(wanted)
         with pytest.raises(OSError, match="short read"):
-            packs._read_ranges(fd, [[(len(data) - 10, 20, 0)]])
+            packs._read_ranges(fd, {len(data) - 10: 20})
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_a_checkpoint_carries_a_dense_wal_files_records_as_one_read_as_a_record_at_a_time_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dense: bool
+) -> None:
+    """Issue 16: ``_carry_records`` reads a WAL file's packed records in one ``pread`` when they are
+    most of its range and joins each stream's run at C speed; the entries (offsets, records bytes,
+    sizes) are those of ``_read_ranges`` + ``_carried_entries`` a record at a time, with streams
+    whose records leave a gap and streams with merged pack extents in front (step 2c), and the same
+    when the records are sparse (the record-at-a-time path)."""
+    rng = random.Random(16 + dense)
+    monkeypatch.setattr(packs, "_READ_WINDOW", 64 << 10)
+    data = rng.randbytes(2_000_000)
+    path = tmp_path / "wal"
+    path.write_bytes(data)
+    records: dict[str, array] = {}
+    heads: dict[str, tuple[int, list[bytes]]] = {}
+    at = 0
+    streams = [f"{s:032x}" for s in range(30)]
+    positions = dict.fromkeys(streams, 100)
+    for _ in range(6):  # rounds: each stream's records interleave with the others'
+        for log_id in streams:
+            length = rng.randint(1, 50)
+            at += rng.randint(0, 30) if dense else rng.randint(3_000, 9_000)
+            gap = rng.random() < 0.1
+            flat = records.setdefault(log_id, array("q"))
+            flat.extend((5, at, length, positions[log_id] + gap))
+            positions[log_id] += gap + length
+            at += length
+    for log_id in streams[::3]:  # merged pack extents ending where its records start
+        head = [rng.randbytes(rng.randint(1, 20)) for _ in range(2)]
+        first = records[log_id][3]
+        heads[log_id] = (first - sum(map(len, head)) - (log_id == streams[3]), head)
+    reads = _count_preads(monkeypatch)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fast: list[wal.WalEntry] = []
+        fast_sizes: list[int] = []
+        packs._carry_records(fd, records, heads, fast, fast_sizes)
+        assert (reads[0] == 1) is dense
+        read = packs._read_ranges(fd, flat_lengths(records.values()))
+    finally:
+        os.close(fd)
+    slow: list[wal.WalEntry] = []
+    slow_sizes: list[int] = []
+    for log_id, flat in records.items():
+        rows = list(zip(flat[1::4], flat[2::4], flat[3::4], strict=True))
+        packs._carried_entries(log_id, rows, read, slow, slow_sizes, heads.get(log_id))
+    assert len(slow) > len(records)  # some gaps
+    assert fast_sizes == slow_sizes
+    assert [(e.log_id, e.offset, e.kind, b"".join(e.records)) for e in fast] == [
+        (e.log_id, e.offset, e.kind, b"".join(e.records)) for e in slow
+    ]
