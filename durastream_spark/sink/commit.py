@@ -366,11 +366,14 @@ def _log_summary(
     if not summaries:
         log.info("batch %s committed: no rows", _batch_text(batch_id, chosen))
         return
+    if not log.isEnabledFor(logging.INFO):  # a line per stream: 10,000 of a routed batch
+        return
+    batch = _batch_text(batch_id, chosen)
     for summary in summaries:
         log.info(
             "batch %s committed to stream '%s': %d rows, %d bytes from %d partition(s) (%d now visible, "
             "%d already visible from an earlier run); final offset %s",
-            _batch_text(batch_id, chosen),
+            batch,
             summary.stream,
             summary.rows,
             summary.bytes,

@@ -77,10 +77,11 @@ def _rows(base: str, partition: int) -> list[dict]:
     ]
 
 
-def _write_batch(
+def _write_messages(
     harness: WriterHarness, base: str, epoch: int, attempt: int = 0
-) -> tuple[list[SinkCommitMessage], BatchFigures]:
-    messages = [
+) -> list[SinkCommitMessage]:
+    """Both partitions' tasks of a batch (``_rows``), their commit messages."""
+    return [
         harness.write(
             record_batches(ARROW, _rows(base, partition), 250),
             epoch=epoch,
@@ -89,6 +90,12 @@ def _write_batch(
         )
         for partition in (0, 1)
     ]
+
+
+def _write_batch(
+    harness: WriterHarness, base: str, epoch: int, attempt: int = 0
+) -> tuple[list[SinkCommitMessage], BatchFigures]:
+    messages = _write_messages(harness, base, epoch, attempt)
     figures = commit_batch(harness.plan.client, harness.plan.options, messages, batch_id=epoch)
     return messages, figures
 
@@ -382,15 +389,7 @@ def test_a_failed_attempt_then_a_multi_part_commit_is_exactly_once(harness) -> N
     parts are gone with it); attempts 1 of both partitions are committed, one entry per stream."""
     writer, root, base = harness
     writer.write(record_batches(ARROW, _rows(base, 0), 250), epoch=2, partition=0, attempt=0)
-    messages = [
-        writer.write(
-            record_batches(ARROW, _rows(base, partition), 250),
-            epoch=2,
-            partition=partition,
-            attempt=1,
-        )
-        for partition in (0, 1)
-    ]
+    messages = _write_messages(writer, base, epoch=2, attempt=1)
     with counted_commit_entries() as counts:
         figures = commit_batch(writer.plan.client, writer.plan.options, messages, batch_id=2)
     assert counts["per_stream"] == STREAMS
@@ -469,15 +468,7 @@ def test_a_failed_slice_of_the_commit_fails_only_its_streams_and_a_replay_comple
 
     writer, root, base = harness
     monkeypatch.setattr(transactional, "MAX_ENTRIES", 40)  # 150 streams: 4 slices
-    messages = [
-        writer.write(
-            record_batches(ARROW, _rows(base, partition), 250),
-            epoch=4,
-            partition=partition,
-            attempt=0,
-        )
-        for partition in (0, 1)
-    ]
+    messages = _write_messages(writer, base, epoch=4)
     doomed = f"{base}/s050"  # in the second slice (s040-s079)
     original = BulkWrites.commit_parts
     failed: list[str] = []
