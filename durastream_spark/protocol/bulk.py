@@ -204,7 +204,7 @@ class BulkWrites:
         def result(index: int, reply: Reply) -> AppendResult:
             return StreamClient._append_result(reply, _producer(entries[index].producer))
 
-        return self._send(ext.COMMITS_PATH, requests, result)
+        return self._send(ext.COMMITS_PATH, requests, result, plain_ok=True)
 
     def supports_parts(self) -> bool:
         """Whether the server takes inline commits of several parts in one entry (bulk-write 2)."""
@@ -290,7 +290,10 @@ class BulkWrites:
         result: Any,
         answer_of: Callable[[int, dict[str, Any], str | None], Any] | None = None,
         parts: list[int] | None = None,
+        plain_ok: bool = False,
     ) -> list:
+        """``plain_ok``: an entry's usual commit answer is read by ``_plain_ok`` (commits only: for
+        them it is what ``result`` makes of it)."""
         client = self._client
         url = client.connection.url + resource
 
@@ -324,6 +327,11 @@ class BulkWrites:
             for index, (entry, answer) in enumerate(
                 zip(part, self._results(reply, context, len(part)), strict=True), first
             ):
+                if plain_ok:
+                    plain = _plain_ok(answer)
+                    if plain is not None:
+                        out.append(plain)
+                        continue
                 path, entry_headers, _ = entry
                 if answer_of is not None and isinstance(answer, dict) and "error" not in answer:
                     out.append(answer_of(index, answer, request_id))
