@@ -45,9 +45,8 @@ from durastream_spark.sink.options import EXACTLY_ONCE, ORDERED, TRANSACTIONAL, 
 from durastream_spark.worker_heap import collections_held
 
 log = logging.getLogger(__name__)
-phases = logging.getLogger(
-    "durastream_spark.phases"
-)  # DEBUG stamps of the commit's phases (partition.py)
+# DEBUG stamps of the commit's phases (see partition.py).
+phases = logging.getLogger("durastream_spark.phases")
 
 MAX_COMMIT_THREADS = 16
 

@@ -341,9 +341,8 @@ def commit_parts(
         sliced = [jobs[index] for index in indexes]
         try:
             answers = _commit_staged(bulk, sliced, shape)
-        except (
-            DurastreamError
-        ) as error:  # this slice's request failed: its parts are to be replayed
+        except DurastreamError as error:
+            # This slice's request failed as a whole: its parts (only) are to be replayed.
             answers = [error] * len(sliced)
         _recommit_missing(client, options, bulk, sliced, answers)
         for index, answer in zip(indexes, answers, strict=True):
