@@ -424,7 +424,7 @@ def _plain_ok(answer: Any) -> AppendResult | None:
     Why: a routed batch's commit answers ~20,000 parts, nearly all of them this way; the general path
     (an ``_AnswerHeaders``, a ``Reply``, a ``Producer`` and six case-insensitive lookups a part) was
     most of the driver's answer parsing, which runs while the server still works on other requests."""
-    if type(answer) is not dict or answer.get("status") != 200:
+    if type(answer) is not dict or answer.get("status") != 200 or "error" in answer:
         return None
     headers = answer.get("headers")
     if type(headers) is not dict or not _PLAIN_HEADERS.issuperset(headers):
