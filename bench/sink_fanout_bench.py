@@ -70,6 +70,7 @@ import charts  # noqa: E402
 from bulk_workers_bench import tree_cpu_seconds  # noqa: E402
 
 CODE_VARIABLE = "DURASTREAM_BENCH_CODE"  # a child runs the connector found there (the base)
+PHASE_VARIABLE = "DURASTREAM_PHASE_LOG"  # --phases: the connector's phase stamps (phase_hook/)
 
 
 def child(args: argparse.Namespace) -> None:
@@ -106,11 +107,12 @@ def child(args: argparse.Namespace) -> None:
         cpu = tree_cpu_seconds(args.server_pid)  # with --workers N: the workers' too
         workers = python_workers_cpu(os.getpid())
         logged = Path(args.access_log).stat().st_size
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
         df.write.format("durastream").option("url", args.url).options(**options).mode(
             "append"
         ).save()
         wall = time.perf_counter() - started
+        ended_at = time.time()
         server_cpu = tree_cpu_seconds(args.server_pid) - cpu
         workers = python_workers_cpu(os.getpid()) - workers
         time.sleep(0.2)  # the server's last access-log lines reach the file
@@ -119,6 +121,8 @@ def child(args: argparse.Namespace) -> None:
         figures["server_ms"] = {k: round(ms, 1) for k, (_, ms) in answered.items()}
         figures["workers_cpu_s"] = round(workers, 3)  # the tasks' and the commit's Python
         figures.update(write_stage(spark, wall))
+        if os.environ.get(PHASE_VARIABLE):
+            figures["phases"] = phase_split(Path(os.environ[PHASE_VARIABLE]), started_at, ended_at)
         return [wall, server_cpu, figures]
 
     # Warm-up: the whole rows, so both partitions' Python workers, the writer's code paths and the
@@ -279,6 +283,60 @@ def streaming(spark, args: argparse.Namespace, rows) -> dict[str, object]:
     return out
 
 
+def phase_split(log: Path, start: float, end: float) -> dict[str, object]:
+    """A ``df.write`` save's wall split by phase (seconds), from the connector's DEBUG stamps between
+    ``start`` and ``end`` (``time.time()``): up to the first task's start (Spark's job and stage
+    start, the Python worker), per task its input (routing, encoding, staging) and its ``finish``, from
+    the last task's end to the commit's start (Spark), the commit (before its first bulk request is
+    built; the requests, first built to last parsed; the rest) and after the commit. Every stamp the
+    save logged is in ``stamps``, relative to ``start``."""
+    stamps: list[tuple[float, str]] = []
+    for line in log.read_text().splitlines():
+        at, _, message = line.split(" ", 2)
+        if start <= float(at) <= end:
+            stamps.append((float(at) - start, message))
+    if not stamps:
+        return {}
+
+    def first(text: str) -> float:
+        return min(at for at, message in stamps if text in message)
+
+    def last(text: str) -> float:
+        return max(at for at, message in stamps if text in message)
+
+    tasks = {}
+    for at, message in stamps:
+        if message.startswith("task "):
+            _, number, what = message.split(" ", 2)
+            tasks.setdefault(number, {})[what] = at
+    split: dict[str, object] = {
+        "to_first_task": first("task ") if tasks else None,
+        "tasks": {
+            number: {
+                "input": round(times["fed"] - times["start"], 3),
+                "finish": round(times["end"] - times["fed"], 3),
+            }
+            for number, times in tasks.items()
+            if {"start", "fed", "end"} <= times.keys()
+        },
+    }
+    if any("commit start" in message for _, message in stamps):
+        commit = first("commit start")
+        requests = [at for at, message in stamps if message.startswith("bulk ")]
+        split["task_end_to_commit"] = commit - last("task ") if tasks else None
+        if requests:
+            split["commit_before_requests"] = first(" built") - commit
+            split["commit_requests"] = last(" parsed") - first(" built")
+            split["commit_after_requests"] = last("commit end") - last(" parsed")
+        split["commit"] = last("commit end") - commit
+        split["after_commit"] = (end - start) - last("commit end")
+    rounded = {
+        key: round(value, 3) if isinstance(value, float) else value for key, value in split.items()
+    }
+    rounded["stamps"] = [[round(at, 4), message] for at, message in stamps]
+    return rounded
+
+
 def python_workers_cpu(root: int) -> float:
     """CPU seconds of Spark's Python workers below ``root`` (this child; its JVM; the JVM's
     ``pyspark.daemon`` and the workers it forks, which run the tasks' ``write`` and the job's
@@ -389,6 +447,11 @@ def run_child(args: argparse.Namespace, url: str, pid: int, code: Path | None) -
         # editable install's finder); the workers start in the child's directory, not this checkout.
         env[CODE_VARIABLE] = str(code)
         env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")])
+    if args.phases:  # the phase stamps of the child and of Spark's Python workers (phase_split)
+        log = Path(tempfile.mkdtemp(prefix="sink-phases-")) / "phases.log"
+        env[PHASE_VARIABLE] = str(log)
+        hook = str(Path(__file__).resolve().parent / "phase_hook")
+        env["PYTHONPATH"] = os.pathsep.join([hook, env.get("PYTHONPATH", "")])
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
@@ -451,6 +514,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--spy", type=Path, help="(--steady) py-spy the server and the driver during fan_again"
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="split each df.write save's wall by phase from the connector's DEBUG stamps "
+        "(figures' 'phases'; a connector without the stamps gives none)",
     )
     parser.add_argument("--replot", type=Path, help="record the chart of a saved --json run")
     parser.add_argument(

@@ -42,8 +42,11 @@ from durastream_spark.sink.messages import (
     StreamPart,
 )
 from durastream_spark.sink.options import EXACTLY_ONCE, ORDERED, TRANSACTIONAL, SinkOptions
+from durastream_spark.worker_heap import collections_held
 
 log = logging.getLogger(__name__)
+# DEBUG stamps of the commit's phases (see partition.py).
+phases = logging.getLogger("durastream_spark.phases")
 
 MAX_COMMIT_THREADS = 16
 
@@ -111,7 +114,25 @@ def commit_batch(
     *,
     batch_id: int | None,
 ) -> BatchFigures:
+    """Commit the batch (see the module's docstring); its figures.
+
+    With the collector held (``collections_held``): a routed batch's commit keeps ~20,000 parts, their
+    answers and results alive to the end, so each young collection walked the survivors again and the
+    older ones the whole heap: ~250 collections and about a third of the driver's commit CPU for
+    10,000 streams x 2 partitions (docs/benchmarks.md, sink "Run 18b"). It makes no cycles worth
+    collecting early; what it leaves is collected after."""
+    with collections_held():
+        return _commit_batch(client, options, messages, batch_id)
+
+
+def _commit_batch(
+    client: StreamClient,
+    options: SinkOptions,
+    messages: Sequence[WriterCommitMessage | None],
+    batch_id: int | None,
+) -> BatchFigures:
     started = time.perf_counter()
+    phases.debug("commit start")
     sent_before, retried_before = client.counts.snapshot()
     chosen, extra = _choose_attempts(messages, batch_id)
     for message in extra:
@@ -140,6 +161,7 @@ def commit_batch(
                     results.append(future.result())
                 except BaseException as error:  # collected; raised below once every part was tried
                     failures.append((message, part, error))
+    phases.debug("commit requests done")
     if failures:
         listed = "; ".join(
             f"stream '{part.stream}' partition {message.partition}: {error}"
@@ -170,6 +192,7 @@ def commit_batch(
         writer_key=next(iter(chosen.values())).writer_key if chosen else None,
     )
     log.info("%s", figures.describe())
+    phases.debug("commit end")
     return figures
 
 
@@ -342,11 +365,14 @@ def _log_summary(
     if not summaries:
         log.info("batch %s committed: no rows", _batch_text(batch_id, chosen))
         return
+    if not log.isEnabledFor(logging.INFO):  # a line per stream: 10,000 of a routed batch
+        return
+    batch = _batch_text(batch_id, chosen)
     for summary in summaries:
         log.info(
             "batch %s committed to stream '%s': %d rows, %d bytes from %d partition(s) (%d now visible, "
             "%d already visible from an earlier run); final offset %s",
-            _batch_text(batch_id, chosen),
+            batch,
             summary.stream,
             summary.rows,
             summary.bytes,

@@ -36,9 +36,13 @@ from durastream_spark.sink.plan import STREAMING, SinkPlan
 from durastream_spark.sink.producer import RequestPool
 from durastream_spark.sink.targets import BATCH_JOBS, TargetStreams, forget_query, query_targets
 from durastream_spark.sink.transactional import TransactionalPartitionWriter
-from durastream_spark.worker_heap import freeze_startup_heap
+from durastream_spark.worker_heap import collections_held, freeze_startup_heap
 
 log = logging.getLogger(__name__)
+# Phase stamps of a task at DEBUG (its write's start, the input split and encoded, ``finish`` done): the
+# record's own time is the stamp. Off unless a handler enables this logger (bench/sink_fanout_bench.py
+# --phases), so a routed save's wall can be split by phase across Spark's Python workers.
+phases = logging.getLogger("durastream_spark.phases")
 
 ROW_CHUNK = 4096  # rows encoded together on the row path
 # Routed Arrow input: consecutive batches are split by target together, up to this many payload bytes.
@@ -158,6 +162,16 @@ class PartitionWrite:
     # ---- internals ---------------------------------------------------------------------------------------
 
     def _run(self, feed: Any) -> SinkCommitMessage:
+        """The write, the collector held when routed: a task routing to 10,000 streams keeps a
+        batcher, state and part per stream alive to its end, and the collections walking them again
+        were about a quarter of its CPU (docs/benchmarks.md, sink "Run 18b"). What it leaves is
+        collected after (PySpark collects after every task)."""
+        if self._plan.routing.column is None:
+            return self._write(feed)
+        with collections_held():
+            return self._write(feed)
+
+    def _write(self, feed: Any) -> SinkCommitMessage:
         plan, identity = self._plan, self._identity
         sent_before, retried_before = plan.client.counts.snapshot()
         pool = RequestPool(plan.options.max_in_flight)
@@ -170,8 +184,13 @@ class PartitionWrite:
         )
         if isinstance(writer, TransactionalPartitionWriter):
             writer.targets = self._targets
+        stamps = phases.isEnabledFor(logging.DEBUG)
+        if stamps:
+            phases.debug("task %d start", identity.partition)
         try:
             feed(writer)
+            if stamps:
+                phases.debug("task %d fed", identity.partition)
             parts = writer.finish()
         except BaseException as error:
             if isinstance(error, StreamNotFound):  # a remembered target is gone: the retry ensures
@@ -201,6 +220,8 @@ class PartitionWrite:
             requests=sent - sent_before,
             retries=retried - retried_before,
         )
+        if stamps:
+            phases.debug("task %d end", identity.partition)
         log.info(
             "%s wrote %d rows to %d stream(s) in %s mode",
             identity.describe(),

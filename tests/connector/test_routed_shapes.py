@@ -174,3 +174,110 @@ def test_summaries_add_up_each_streams_parts() -> None:
             for s in summarize(results)
         ]
         assert got == expected
+
+
+def _answers(rng: random.Random) -> list[object]:
+    """Part answers as a server might write them: the usual 200, duplicates, closed streams, other
+    spellings and values, extra headers, errors and things that are not answers at all."""
+    out: list[object] = []
+    for _ in range(3000):
+        headers: dict[str, object] = {}
+        if rng.random() < 0.95:
+            headers[rng.choice(["Stream-Next-Offset"] * 8 + ["stream-next-offset"])] = rng.choice(
+                [f"{rng.randrange(10**6):016d}_{rng.randrange(99):08d}", "", 7]
+            )
+        if rng.random() < 0.9:
+            headers["Cache-Control"] = "no-store"
+        for name in ("Producer-Epoch", "Producer-Seq"):
+            if rng.random() < 0.9:
+                headers[rng.choice([name] * 8 + [name.upper()])] = rng.choice(
+                    [str(rng.randrange(10**6))] * 6 + [" 3", "x", "\u00b2", "\u0663", None, 5]
+                )
+        if rng.random() < 0.1:
+            headers["Stream-Closed"] = rng.choice(["true", "false"])
+        if rng.random() < 0.05:
+            headers["Durastream-Digest"] = rng.choice(["match", "unknown"])
+        if rng.random() < 0.05:
+            headers["Durastream-Txn-Messages"] = "4"
+        answer: object = {"status": rng.choice([200] * 8 + [204, "200"]), "headers": headers}
+        if rng.random() < 0.03:
+            answer = {"status": 200}
+        elif rng.random() < 0.03:  # a refused part: the general path makes its typed error
+            answer["error"] = {"code": "STREAM_CLOSED", "message": "closed"}
+        out.append(answer)
+    return out
+
+
+def test_plain_ok_reads_the_usual_answer_as_the_general_path_does() -> None:
+    from durastream_spark.protocol.client import StreamClient
+    from durastream_spark.protocol.models import Producer
+
+    plain = 0
+    for answer in _answers(random.Random(1618)):
+        got = bulk._plain_ok(answer)
+        if got is None:  # the general path reads it (as every answer before)
+            continue
+        assert "error" not in answer  # type: ignore[operator]
+        plain += 1
+        general = StreamClient._append_result(
+            bulk._reply(None, answer),  # type: ignore[arg-type]
+            Producer("p", 0, 0),
+        )
+        assert got == general, answer
+    assert plain > 300  # the usual answer was common in the inputs
+    assert bulk._plain_ok({"status": 204, "headers": {"Stream-Next-Offset": "1"}}) is None
+    usual = {"Stream-Next-Offset": "1", "Producer-Epoch": "0", "Producer-Seq": "0"}
+    assert bulk._plain_ok({"status": 200, "headers": usual}) is not None
+    assert bulk._plain_ok({"status": 200, "error": {"code": "X"}, "headers": usual}) is None
+
+
+def test_slices_cut_between_streams_within_a_request_s_limits(monkeypatch) -> None:
+    monkeypatch.setattr(transactional, "MAX_ENTRIES", 3)
+    monkeypatch.setattr(transactional, "MAX_BULK_PARTS", 7)
+    monkeypatch.setattr(transactional, "MAX_BULK_BYTES", 40)
+    rng = random.Random(1619)
+    for _ in range(300):
+        parts = sorted(
+            (
+                StreamPart(
+                    f"s{rng.randrange(12)}",
+                    1,
+                    3,
+                    0,
+                    inline=os.urandom(rng.randrange(1, 20)) if rng.random() < 0.8 else None,
+                    handles=() if rng.random() < 0.8 else ("h",),
+                )
+                for _ in range(rng.randrange(0, 40))
+            ),
+            key=lambda part: part.stream,
+        )
+        slices = transactional._stream_slices(parts)
+        assert [i for first, last in slices for i in range(first, last)] == list(range(len(parts)))
+        for first, last in slices:
+            assert first < last
+            if first:  # never between two parts of one stream
+                assert parts[first - 1].stream != parts[first].stream
+            # Within the limits, unless one stream alone exceeds them (then it travels alone).
+            if len({part.stream for part in parts[first:last]}) > 1:
+                without_last = [p for p in parts[first:last] if p.stream != parts[last - 1].stream]
+                assert len({p.stream for p in without_last}) < 3
+                assert len(without_last) < 7
+                assert sum(len(p.inline or b"") for p in without_last) < 40
+
+
+def test_slices_group_as_the_whole_batch_does() -> None:
+    """The groups of each slice (with the batch's shape) are the batch's groups, in order: slicing
+    changes which request an entry travels in, never the entry."""
+    rng = random.Random(1620)
+    for _ in range(300):
+        jobs = sorted(_jobs(rng), key=lambda job: job[1].stream)
+        whole = [(g.indexes, g.entry) for g in transactional._stream_groups(jobs)]
+        shape = transactional._GroupShape.of(jobs)
+        if shape is None:  # not the sink's shape: the commit sends no groups, sliced or not
+            assert whole == []
+            continue
+        cut: list[tuple[tuple[int, ...], bulk.PartsEntry]] = []
+        for first, last in transactional._stream_slices([part for _, part in jobs]):
+            for group in transactional._stream_groups(jobs[first:last], shape):
+                cut.append((tuple(first + i for i in group.indexes), group.entry))
+        assert cut == whole

@@ -77,10 +77,11 @@ def _rows(base: str, partition: int) -> list[dict]:
     ]
 
 
-def _write_batch(
+def _write_messages(
     harness: WriterHarness, base: str, epoch: int, attempt: int = 0
-) -> tuple[list[SinkCommitMessage], BatchFigures]:
-    messages = [
+) -> list[SinkCommitMessage]:
+    """Both partitions' tasks of a batch (``_rows``), their commit messages."""
+    return [
         harness.write(
             record_batches(ARROW, _rows(base, partition), 250),
             epoch=epoch,
@@ -89,6 +90,12 @@ def _write_batch(
         )
         for partition in (0, 1)
     ]
+
+
+def _write_batch(
+    harness: WriterHarness, base: str, epoch: int, attempt: int = 0
+) -> tuple[list[SinkCommitMessage], BatchFigures]:
+    messages = _write_messages(harness, base, epoch, attempt)
     figures = commit_batch(harness.plan.client, harness.plan.options, messages, batch_id=epoch)
     return messages, figures
 
@@ -382,15 +389,7 @@ def test_a_failed_attempt_then_a_multi_part_commit_is_exactly_once(harness) -> N
     parts are gone with it); attempts 1 of both partitions are committed, one entry per stream."""
     writer, root, base = harness
     writer.write(record_batches(ARROW, _rows(base, 0), 250), epoch=2, partition=0, attempt=0)
-    messages = [
-        writer.write(
-            record_batches(ARROW, _rows(base, partition), 250),
-            epoch=2,
-            partition=partition,
-            attempt=1,
-        )
-        for partition in (0, 1)
-    ]
+    messages = _write_messages(writer, base, epoch=2, attempt=1)
     with counted_commit_entries() as counts:
         figures = commit_batch(writer.plan.client, writer.plan.options, messages, batch_id=2)
     assert counts["per_stream"] == STREAMS
@@ -455,3 +454,46 @@ def test_a_later_df_write_job_to_a_remembered_stream_closed_since_fails_naming_i
     assert "closed" in str(failed.value).lower()
     assert len(read_stream(root, f"{base}/s005")) == 2 * ROWS_PER_STREAM
     assert len(read_stream(root, f"{base}/s006")) == 2 * 2 * ROWS_PER_STREAM
+
+
+def test_a_failed_slice_of_the_commit_fails_only_its_streams_and_a_replay_completes(
+    harness, monkeypatch
+) -> None:
+    """The driver commits a routed batch in slices of streams (``_stream_slices``), several in
+    flight. One slice's bulk request fails outright: its streams' parts fail, named by stream and
+    partition; the other slices' are committed; committing the batch again (its replay) commits the
+    failed slice's parts and finds the rest duplicates: every stream's rows once."""
+    from durastream_spark.errors import RequestContext, TransportError
+    from durastream_spark.sink import transactional
+
+    writer, root, base = harness
+    monkeypatch.setattr(transactional, "MAX_ENTRIES", 40)  # 150 streams: 4 slices
+    messages = _write_messages(writer, base, epoch=4)
+    doomed = f"{base}/s050"  # in the second slice (s040-s079)
+    original = BulkWrites.commit_parts
+    failed: list[str] = []
+
+    def commit_parts(self, entries):
+        paths = [entry.path for entry in entries]
+        if doomed in paths and not failed:
+            failed.extend(paths)
+            context = RequestContext("POST", root, body_bytes=1)
+            raise TransportError(
+                context, ConnectionResetError("reset"), attempts=3, maybe_applied=False
+            )
+        return original(self, entries)
+
+    monkeypatch.setattr(BulkWrites, "commit_parts", commit_parts)
+    with pytest.raises(CommitError) as raised:
+        commit_batch(writer.plan.client, writer.plan.options, messages, batch_id=4)
+    assert sorted(failed) == [f"{base}/s{s:03d}" for s in range(40, 80)]
+    text = str(raised.value)
+    assert f"failed for 80 of {2 * STREAMS} (stream, partition) parts" in text
+    for stream in failed:
+        assert f"stream '{stream}' partition 0" in text and f"stream '{stream}' partition 1" in text
+    assert f"stream '{base}/s039'" not in text and f"stream '{base}/s080'" not in text
+    again = commit_batch(writer.plan.client, writer.plan.options, messages, batch_id=4)
+    by_stream = {s.stream: (s.committed, s.duplicates) for s in again.per_stream}
+    assert {by_stream[stream] for stream in failed} == {(2, 0)}
+    assert {v for k, v in by_stream.items() if k not in failed} == {(0, 2)}
+    _assert_every_stream_once(root, base)
