@@ -15,6 +15,8 @@ server's CPU (``/proc``) is taken per stream:
 - ``split``: ``plain`` but one plain append per (stream, partition), side by side, as ``inline``'s
   parts are: ``inline`` minus ``split`` is what the producer tuples and commit keys cost, ``split``
   minus ``plain`` what a second append (request entry, record, answer) of a stream costs.
+- ``one``: the reference: the batch's rows (every stream's) to ONE stream, as plain appends of
+  ~1 MiB JSON arrays through the same bulk path. Issue 16's target is <= 3x of this (for the save).
 
 The server has no bulk plain append (a ``commits`` entry must be a keyed commit): the server is run by
 this script (``--serve``) with one bench-only patch of ``http/bulk.py``: an entry with the header
@@ -47,7 +49,7 @@ from sink_commit_cpu import inline_messages  # noqa: E402
 from sink_fanout_bench import spying  # noqa: E402
 
 PLAIN = "x-bench-plain"
-VARIANTS = ("inline", "plain", "bytes", "split")
+VARIANTS = ("inline", "plain", "bytes", "split", "one")
 ROW = b'{"id":1,"name":"n1","pad":"' + b"x" * 70 + b'"}'
 
 
@@ -140,7 +142,7 @@ def main() -> None:
                     streams = [f"{prefix}/s{i}" for i in range(args.streams)]
                     ctype = "application/octet-stream" if variant == "bytes" else "application/json"
                     bulk = BulkWrites(client, ctype)
-                    bulk.ensure(streams, create=True)
+                    bulk.ensure(streams[:1] if variant == "one" else streams, create=True)
                     if variant == "inline":
                         messages = inline_messages(streams, body, args.rows, args.partitions)
 
@@ -148,7 +150,15 @@ def main() -> None:
                             commit_batch(client, options, messages, batch_id=None)
                     else:
                         headers = {"Content-Type": ctype, "X-Bench-Plain": "1"}
-                        if variant == "split":
+                        if variant == "one":
+                            per = max(1, (1 << 20) // len(ROW))
+                            total = args.streams * args.rows * args.partitions
+                            chunk = b"[" + b",".join([ROW] * per) + b"]"
+                            last = b"[" + b",".join([ROW] * (total % per)) + b"]"
+                            entries = [(streams[0], headers, chunk)] * (total // per)
+                            if total % per:
+                                entries.append((streams[0], headers, last))
+                        elif variant == "split":
                             entries = [
                                 (s, headers, body) for s in streams for _ in range(args.partitions)
                             ]
@@ -169,13 +179,14 @@ def main() -> None:
                     srv = server_cpu_seconds(server.pid) - srv0
                     settled = settle(server.pid) - srv0
                     # after the timing: the GET is not the commit
-                    check(
-                        url,
-                        streams[-1],
-                        variant,
-                        args.rows * args.partitions,
-                        len(body) * args.partitions,
-                    )
+                    if variant != "one":
+                        check(
+                            url,
+                            streams[-1],
+                            variant,
+                            args.rows * args.partitions,
+                            len(body) * args.partitions,
+                        )
                     per_stream = 1e6 * srv / args.streams
                     results[variant].append(per_stream)
                     after[variant].append(1e6 * settled / args.streams)
