@@ -20,6 +20,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -27,6 +28,26 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from listing_bench import server_cpu_seconds  # noqa: E402
 from sink_fanout_bench import spying  # noqa: E402
+
+
+def inline_messages(streams: list[str], body: bytes, rows: int, partitions: int) -> list[Any]:
+    """One transactional batch's commit messages, one a partition, each with ``body`` as the inline
+    part of every stream (as a routed task hands its small parts to the driver)."""
+    from durastream_spark.sink.messages import SinkCommitMessage, StreamPart
+
+    writer = uuid.uuid4().hex[:8]
+    return [
+        SinkCommitMessage(
+            mode="transactional",
+            writer_key=writer,
+            epoch=0,
+            partition=p,
+            attempt=0,
+            producer_id=f"durastream-spark-{writer}-{p}",
+            parts=tuple(StreamPart(s, rows, len(body), 0, inline=body) for s in streams),
+        )
+        for p in range(partitions)
+    ]
 
 
 def main() -> None:
@@ -45,7 +66,6 @@ def main() -> None:
     from durastream_spark.protocol.bulk import BulkWrites
     from durastream_spark.protocol.client import StreamClient
     from durastream_spark.sink.commit import commit_batch
-    from durastream_spark.sink.messages import SinkCommitMessage, StreamPart
     from durastream_spark.sink.options import SinkOptions
     from tests.support.server_process import ServerProcess
 
@@ -66,21 +86,7 @@ def main() -> None:
                     + b",".join([b'{"id":1,"name":"n1","pad":"' + b"x" * 70 + b'"}'] * args.rows)
                     + b"]"
                 )
-                writer = uuid.uuid4().hex[:8]
-                messages = [
-                    SinkCommitMessage(
-                        mode="transactional",
-                        writer_key=writer,
-                        epoch=0,
-                        partition=p,
-                        attempt=0,
-                        producer_id=f"durastream-spark-{writer}-{p}",
-                        parts=tuple(
-                            StreamPart(s, args.rows, len(body), 0, inline=body) for s in streams
-                        ),
-                    )
-                    for p in range(args.partitions)
-                ]
+                messages = inline_messages(streams, body, args.rows, args.partitions)
                 cpu0, srv0, wall0 = (
                     time.process_time(),
                     server_cpu_seconds(server.pid),
