@@ -20,7 +20,10 @@ def test_packed_appends_names_packed_records_before_anything_is_written(tmp_path
     async def go() -> None:
         dd = await open_dd(tmp_path, packed_appends=True)
         try:
-            assert features.read(tmp_path) == {features.PACKED_RECORDS}
+            assert features.read(tmp_path) == {
+                features.PACKED_RECORDS,
+                features.PACKED_CREATE_DATA,
+            }
             log = await dd.create_stream(header("/s"), None)
             await append(log, b"x")
         finally:
