@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import zlib
 import struct
+import zlib
 from json.decoder import scanstring as _scanstring
 from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
