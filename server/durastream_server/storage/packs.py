@@ -3,7 +3,10 @@
 A create with no initial data that is not a fork writes a *packed* entry (``wal.Kind.PACKED``: the
 stream's header record) into the commit round's WAL file and nothing else: no directory, no segment file,
 no fd, no catalog line. The stream is *promoted* to a directory of its own (today's layout) by its first
-write (``promotion.py``): a CREATE entry and the write's records in one round.
+write (``promotion.py``): a CREATE entry and the write's records in one round. With packed appends, a
+create with a small initial body (a ``PUT`` with data) is packed too: its entry's one record is the
+header frame followed by the data's frame (``carries_data``, ``features.PACKED_CREATE_DATA``), read
+back as a packed stream with records whose header piece holds its data.
 
 Retention. At its checkpoint, a WAL file's packed creates that are still *live* are copied (entry by
 entry, byte for byte, so each still carries the WAL file's generation) into ``packs/<generation>.pack``
