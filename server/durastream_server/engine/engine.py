@@ -397,7 +397,8 @@ class Engine:
         path = request.path
         return (
             request.forked_from is None
-            and not request.body
+            # A body (issue 17): carried in the packed create's record (``create_packed_soon``).
+            and (not request.body or len(request.body) <= self._data.packed_data_bytes)
             and not request.closed
             and path not in self._registry.by_path
             and path not in self._bulk_creating
@@ -419,7 +420,7 @@ class Engine:
         try:
             now = self._clock()
             header = self._new_header(request, None, lifetime, 0, now)
-            done, made = self._data.create_packed_soon(header)
+            done, made = self._data.create_packed_soon(header, self._initial(request, header, now))
         except BaseException as exc:
             self._create_locks.release(path)
             if isinstance(exc, ProtocolError):
@@ -446,6 +447,28 @@ class Engine:
 
         done.add_done_callback(on_made)
         return result
+
+    def _initial(
+        self, request: CreateRequest, header: StreamHeader, now: float
+    ) -> AppendEntry | None:
+        """A packed create's initial data: ``_build``'s of a small body (``packed_data_bytes``),
+        split on the loop (as ``split_messages_offloaded`` splits a body this small); None for no
+        body or an empty JSON array. Raises the ``BadRequest`` ``_build`` would."""
+        if not request.body:
+            return None
+        if contenttype.is_json(header.content_type):
+            messages = jsonmode.split_messages(
+                request.body, allow_empty_array=True, max_messages=self.max_messages
+            )
+        else:
+            messages = (request.body,)
+        if not messages:
+            return None
+        return AppendEntry(
+            position=0,
+            messages=messages,
+            timestamp_ms=max(int(now * 1000), header.append_time_floor_ms),
+        )
 
     def create_batch_nowait(
         self, paths: list[str], content_type: str

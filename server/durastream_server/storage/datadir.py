@@ -90,6 +90,8 @@ _CLOSE_SNAPSHOT_BYTES = 256 * 1024
 _CLOSE_SNAPSHOT_ENTRIES = 256
 # Streams recovered per call on the I/O pool at start-up (recovery.recover_batch).
 _RECOVERY_BATCH = 256
+# The largest body a packed create carries (``DataDir.packed_data_bytes``).
+_PACKED_DATA_BYTES = 64 << 10
 
 
 class Durability(str, Enum):
@@ -251,7 +253,15 @@ class DataDir:
             # name packed records before any can be written (``features.py``).
             await self._run(features.require_known, root)
             if config.packed_appends:
-                await self._run(features.mark, root, features.PACKED_RECORDS, sync=self._ctx.sync)
+                # Packed creates with data (``create_packed_soon``) are written only with packed
+                # appends on: their header extent is the one packed records use.
+                await self._run(
+                    features.mark,
+                    root,
+                    features.PACKED_RECORDS,
+                    features.PACKED_CREATE_DATA,
+                    sync=self._ctx.sync,
+                )
             await self._run(self._prepare_dirs)
             # Before any stream is read: put back what the write-ahead log holds (wal.py).
             report = await self._run(
@@ -589,29 +599,51 @@ class DataDir:
         which ``create_packed_soon`` can start without a coroutine: with a WAL (fsync durability)."""
         return self._ctx.sync and not self._closed
 
+    @property
+    def packed_data_bytes(self) -> int:
+        """The largest initial data (a ``PUT``'s body) that ``create_packed_soon`` takes: 0 without
+        packed appends (its stream's bytes are then read through the extent packed records use),
+        else a packed stream's threshold (``--packed-threshold``), at most 64 KiB (a body the
+        engine splits on the loop, as ``jsonmode.split_messages_offloaded`` does)."""
+        committer = self._committer
+        if not committer.packed_appends or not self._ctx.sync:
+            return 0
+        return min(_PACKED_DATA_BYTES, committer.packed_threshold, self._ctx.segment_bytes // 2)
+
     def create_packed_soon(
-        self, header: StreamHeader
+        self, header: StreamHeader, initial: AppendEntry | None = None
     ) -> tuple[asyncio.Future[None], Callable[[asyncio.Future[None]], StreamLog]]:
-        """``create_stream(header, None)`` of a packed create (``can_create_packed``; ``header`` not a
-        fork) without a coroutine: the round's future, and what makes the log once it resolved
-        (raising what ``create_stream`` would have raised). The engine's single-request create
-        (``Engine.create_nowait``) chains both in one callback of the round's future: no task, no
-        coroutine frames per create (issue 17)."""
+        """``create_stream(header, initial)`` of a packed create (``can_create_packed``; ``header``
+        not a fork; ``initial`` only with ``packed_data_bytes``) without a coroutine: the round's
+        future, and what makes the log once it resolved (raising what ``create_stream`` would have
+        raised). The engine's single-request create (``Engine.create_nowait``) chains both in one
+        callback of the round's future: no task, no coroutine frames per create (issue 17).
+
+        ``initial`` (a ``PUT`` with a body): its frame follows the header's in the packed create's
+        ONE record (``features.PACKED_CREATE_DATA``), so one CRC covers both: a crash keeps the
+        create with its data or neither, never the create alone (whose retry would answer 200 with
+        the data gone). Its stream is then a packed stream with records whose header extent holds
+        the data too (``PackBook.header_piece``)."""
         self._check_open()
         assert header.fork_source_id is None and self._ctx.sync
+        assert initial is None or self._committer.packed_appends
         log_id = new_storage_id()
         header_frame = codec.encode_header(header)
+        initial_frame = codec.encode_append(initial) if initial is not None else None
         creation = _NewStream(
-            self, log_id, catalog.Entry(header.path, None), header_frame, None, True
+            self, log_id, catalog.Entry(header.path, None), header_frame, initial_frame, True
         )
         done = self._committer.create_soon(creation)
-        return done, functools.partial(self._packed_made, header, creation, len(header_frame))
+        return done, functools.partial(
+            self._packed_made, header, creation, len(header_frame), initial
+        )
 
     def _packed_made(
         self,
         header: StreamHeader,
         creation: _NewStream,
         header_end: int,
+        initial: AppendEntry | None,
         done: asyncio.Future[None],
     ) -> StreamLog:
         """The end of ``create_packed_soon``: the log of a packed create whose round resolved."""
@@ -623,8 +655,25 @@ class DataDir:
         state = StreamState(
             tail=header.fork_position, last_timestamp_ms=header.append_time_floor_ms
         )
-        stream = self._new_log(creation.log_id, header, state, None, header_end, None, 0)
+        if initial is None:
+            stream = self._new_log(creation.log_id, header, state, None, header_end, None, 0)
+            stream.packed = True
+            return stream
+        apply_entry(state, initial)
+        size = len(creation.data)
+        packs = self._committer.packs
+        piece = packs.header_piece(creation.log_id, size)
+        if piece is None:  # dropped meanwhile: never (nothing knows its id before this returns)
+            raise _create_failed(header.path, RuntimeError("packed create gone"))
+        stream = self._new_log(
+            creation.log_id, header, state, None, header_end, initial, size - header_end
+        )
         stream.packed = True
+        extents = Extents()
+        extents.add(*piece, size, 0)
+        stream.extents = extents
+        # The pack book tracks the same object: a checkpoint relocates it (as ``_packed_done``'s).
+        packs.adopt(creation.log_id, extents)
         return stream
 
     async def create_streams(self, headers: list[StreamHeader]) -> list[StreamLog | BaseException]:

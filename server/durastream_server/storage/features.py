@@ -20,8 +20,13 @@ from durastream_server.storage.files import replace_file
 
 FILE = "FEATURES"
 PACKED_RECORDS = "packed-records"
+# A packed create (WAL/pack entry kind PACKED) whose one record is the header frame followed by its
+# initial data's frame (a ``PUT`` with a body, issue 17): a server without it would take the entry
+# for a header alone and serve the stream empty. Named with ``packed-records`` (the same servers
+# write both).
+PACKED_CREATE_DATA = "packed-create-data"
 # Every feature this server reads.
-KNOWN = frozenset({PACKED_RECORDS})
+KNOWN = frozenset({PACKED_RECORDS, PACKED_CREATE_DATA})
 
 
 class UnknownFormat(RuntimeError):
@@ -51,11 +56,13 @@ def require_known(root: Path, known: frozenset[str] = KNOWN) -> frozenset[str]:
     return named
 
 
-def mark(root: Path, feature: str, *, sync: bool) -> None:
-    """Add ``feature`` to ``root``'s marker if missing: written to a temporary file, synced, renamed
-    over the marker and the directory synced, so a crash leaves the old marker or the new one."""
+def mark(root: Path, feature: str, *more: str, sync: bool) -> None:
+    """Add ``feature`` (and ``more``) to ``root``'s marker if missing: written to a temporary file,
+    synced, renamed over the marker and the directory synced, so a crash leaves the old marker or the
+    new one. Several at once: one replace at start-up, not one each."""
     named = read(root)
-    if feature in named:
+    wanted = {feature, *more}
+    if wanted <= named:
         return
-    data = "".join(f"{name}\n" for name in sorted(named | {feature})).encode()
+    data = "".join(f"{name}\n" for name in sorted(named | wanted)).encode()
     replace_file(root / FILE, [data], sync=sync)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 import zlib
 from collections.abc import Iterator
 from json.decoder import scanstring as _scanstring
@@ -62,11 +63,15 @@ def _create_path(header: bytes) -> str | None:
     1 s of the checkpoint thread for 100,000 creates): the key is found in the record's JSON body (a
     quote inside a JSON string is escaped, so ``"path":`` is a key) and only its string value is
     decoded. A hint for quarantining a damaged create, checked to be a string."""
-    at = header.find(_PATH_KEY, codec.FRAME_SIZE)
+    try:  # the header's body only: a create with data has its data's frame after it
+        end = codec.FRAME_SIZE + codec.FRAME.unpack_from(header)[3]
+    except struct.error:
+        return None
+    at = header.find(_PATH_KEY, codec.FRAME_SIZE, end)
     if at < 0:
         return None
     try:
-        path, _ = _scanstring(header[at + len(_PATH_KEY) + 1 :].decode(), 0)
+        path, _ = _scanstring(header[at + len(_PATH_KEY) + 1 : end].decode(), 0)
     except (ValueError, UnicodeDecodeError):
         return None
     return path if isinstance(path, str) else None

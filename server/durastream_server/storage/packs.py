@@ -3,7 +3,10 @@
 A create with no initial data that is not a fork writes a *packed* entry (``wal.Kind.PACKED``: the
 stream's header record) into the commit round's WAL file and nothing else: no directory, no segment file,
 no fd, no catalog line. The stream is *promoted* to a directory of its own (today's layout) by its first
-write (``promotion.py``): a CREATE entry and the write's records in one round.
+write (``promotion.py``): a CREATE entry and the write's records in one round. With packed appends, a
+create with a small initial body (a ``PUT`` with data) is packed too: its entry's one record is the
+header frame followed by the data's frame (``carries_data``, ``features.PACKED_CREATE_DATA``), read
+back as a packed stream with records whose header piece holds its data.
 
 Retention. At its checkpoint, a WAL file's packed creates that are still *live* are copied (entry by
 entry, byte for byte, so each still carries the WAL file's generation) into ``packs/<generation>.pack``
@@ -51,6 +54,7 @@ import json
 import logging
 import os
 import re
+import struct
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -131,14 +135,28 @@ def decode_header_frame(data: bytes) -> StreamHeader:
     return codec.decode_header(body)
 
 
+def carries_data(record: bytes) -> bool:
+    """Whether a packed create's record holds more than its header frame: the initial data of a
+    ``PUT`` with a body (``features.PACKED_CREATE_DATA``), read back as a packed stream with records
+    whose header piece holds them (one CRC covers both: never the create without its data)."""
+    if len(record) <= codec.FRAME_SIZE:
+        return False
+    try:
+        return len(record) > codec.FRAME_SIZE + codec.parse_frame(record).body_len
+    except codec.CorruptRecord:
+        return False  # refused where its header is decoded (``decode_header_frame``)
+
+
 def header_path(data: bytes) -> str:
     """The path a packed entry's header record names, without decoding the rest of it: start-up
     needs only the path of 100,000 packed streams (their pending hints), and the full decode cost
     ~55 us each (its field checks); the header is decoded and checked when the stream is recovered.
     Raises ``codec.CorruptRecord``."""
     try:
-        path = json.loads(data[codec.FRAME_SIZE :])["path"]
-    except (ValueError, TypeError, KeyError) as exc:
+        # The header's body only: a packed create with data (``carries_data``) has a frame after it.
+        body_len = codec.FRAME.unpack_from(data)[3]
+        path = json.loads(data[codec.FRAME_SIZE : codec.FRAME_SIZE + body_len])["path"]
+    except (ValueError, TypeError, KeyError, struct.error) as exc:
         raise codec.CorruptRecord(f"a packed entry without a readable path: {exc}") from exc
     if not isinstance(path, str):
         raise codec.CorruptRecord("a packed entry whose path is not a string")
@@ -356,6 +374,8 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]], *, headers: bool = Fal
                 created[log_id] = (generation, records)
                 if headers and where == IN_PACK:
                     header_at[log_id] = scanned.records_at[i]
+                if carries_data(records):  # a stream with records: its header piece holds them
+                    found.setdefault(log_id, [])
             elif kind == Kind.PACKED_RECORDS and records:
                 piece = _Piece(offset, where, generation, scanned.records_at[i], records, kind)
                 found.setdefault(log_id, []).append(piece)
@@ -384,7 +404,7 @@ def survey(root: Path, wal_scans: list[tuple[int, Scan]], *, headers: bool = Fal
     gaps: list[str] = []
     for log_id in live:
         pieces = found.get(log_id, [])
-        if any(p.kind == Kind.PACKED_RECORDS for p in pieces):
+        if any(p.kind == Kind.PACKED_RECORDS for p in pieces) or carries_data(live[log_id][1]):
             chosen[log_id], whole = _contiguous(pieces)
             if not whole:
                 gaps.append(log_id)

@@ -233,8 +233,11 @@ def test_a_storage_failure_of_a_create_answers_as_on_the_ordinary_path(
             got = []
             with monkeypatch.context() as patch:
                 patch.setattr(os, "mkdir", broken)
-                # With data: a directory to make (without, the create is packed: no mkdir).
-                conn.send(_wire("/v1/stream/broken", b"[1]", JSON, b"localhost"))
+                # With more data than a packed create carries (64 KiB): a directory to make
+                # (without, or with a small body, the create is packed: no mkdir).
+                conn.send(
+                    _wire("/v1/stream/broken", b"[" + b"1," * 40_000 + b"1]", JSON, b"localhost")
+                )
                 got.append(await conn.response())
             for path in ("/v1/stream/broken", "/v1/stream/fine"):
                 conn.send(_wire(path, b"[1]", JSON, b"localhost"))

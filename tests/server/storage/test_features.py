@@ -20,7 +20,10 @@ def test_packed_appends_names_packed_records_before_anything_is_written(tmp_path
     async def go() -> None:
         dd = await open_dd(tmp_path, packed_appends=True)
         try:
-            assert features.read(tmp_path) == {features.PACKED_RECORDS}
+            assert features.read(tmp_path) == {
+                features.PACKED_RECORDS,
+                features.PACKED_CREATE_DATA,
+            }
             log = await dd.create_stream(header("/s"), None)
             await append(log, b"x")
         finally:
@@ -28,7 +31,7 @@ def test_packed_appends_names_packed_records_before_anything_is_written(tmp_path
         # Reopened without the flag: still named (never removed), and still readable by this server.
         dd = await open_dd(tmp_path)
         await dd.close()
-        assert (tmp_path / features.FILE).read_text() == "packed-records\n"
+        assert (tmp_path / features.FILE).read_text() == "packed-create-data\npacked-records\n"
         assert not (tmp_path / (features.FILE + ".tmp")).exists()
 
     run(go)
@@ -52,6 +55,20 @@ def test_a_server_without_packed_records_refuses_a_directory_that_names_them(
         features.require_known(tmp_path, known=frozenset())
     assert str(tmp_path / features.FILE) in str(caught.value)
     assert features.require_known(tmp_path) == {features.PACKED_RECORDS}
+
+
+def test_a_server_without_packed_create_data_refuses_a_directory_that_names_it(
+    tmp_path: Path,
+) -> None:
+    """A server that reads packed records but not a packed create's data would serve such a stream
+    empty: it must refuse the directory instead."""
+    features.mark(tmp_path, features.PACKED_RECORDS, features.PACKED_CREATE_DATA, sync=True)
+    with pytest.raises(features.UnknownFormat, match="packed-create-data"):
+        features.require_known(tmp_path, known=frozenset({features.PACKED_RECORDS}))
+    assert features.require_known(tmp_path) == {
+        features.PACKED_RECORDS,
+        features.PACKED_CREATE_DATA,
+    }
 
 
 def test_unknown_feature_refuses_start_and_touches_nothing(tmp_path: Path) -> None:
