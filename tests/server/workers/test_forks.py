@@ -32,7 +32,7 @@ from tests.server.subscriptions.test_end_to_end import Api, unique, wait_until
 from tests.server.workers.test_bulk import _inline, _post
 from tests.server.workers.test_multirange import _walk
 from tests.server.workers.test_subscriptions import _claim_all, _sub_of_shard, subscriptions_ready
-from tests.server.workers.test_workers import WORKERS, worker_of_shard
+from tests.server.workers.test_workers import WORKERS, kill_and_await_workers, worker_of_shard
 from tests.support.http import poll_until
 from tests.support.server_process import ServerProcess
 
@@ -196,7 +196,8 @@ def test_placement_survives_sigkill_of_either_worker_and_a_restart(server_factor
         poll_until(
             reads_back, f"every fork read back after shard {1 - shard}'s SIGKILL", timeout=60
         )
-    workers.restart()
+    kill_and_await_workers(workers)  # not restart(): an orphan could answer, then reset
+    workers.start()
     poll_until(reads_back, "every fork read back after a restart", timeout=60)
     # the fork's path still lives in its source's shard: appended to, read from any worker
     assert requests.post(url(fork), data=b"!", headers=TEXT).status_code == 204
