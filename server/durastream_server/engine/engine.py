@@ -870,7 +870,8 @@ class Engine:
         compared by essence as ``request_messages`` does), ``check_tuple_syntax`` (an id the
         stream knows is not empty; the epoch is the producer's; seq is last + 1), the digest,
         ``producers.validate``'s Accept (the same three comparisons), the JSON split, the entry and
-        its answer, as ``_checked_append`` makes them, staged as ``_append_staged`` stages them."""
+        its answer, as ``_checked_append`` makes them, staged as ``_append_staged`` stages them. The
+        digest is ``request_digest``'s, hashed in one piece (``producers.append_digest``)."""
         producer = request.producer
         body = request.body
         if (
@@ -912,7 +913,7 @@ class Engine:
             or seq > producers.MAX_SAFE_INTEGER
         ):
             return None
-        digest = producers.request_digest(request_type.essence, body, False)
+        digest = producers.append_digest(request_type.essence, body)
         messages = (
             jsonmode.split_messages(body, allow_empty_array=False, max_messages=self.max_messages)
             if inc.json
