@@ -629,9 +629,10 @@ class StreamLog:
 
     def _one_packed_append(self, queue: list[_Queued]) -> RoundJob | None:
         """``round_job`` of the common case of many small streams (issue 17, h73): a packed, healthy
-        log that has one append queued, which stays packed records. The general steps for it (``split_batch``, ``is_group_batch``,
-        ``_batch_bytes``, ``_packs_batch``) in one frame: the same job, the same state after it.
-        None, with nothing changed, for anything else (the general steps then decide)."""
+        log that has one append queued, which stays packed records. The general steps for it
+        (``split_batch``, ``is_group_batch``, ``_batch_bytes``, ``_packs_batch``) in one frame: the
+        same job, the same state after it. None, with nothing changed, for anything else (the
+        general steps then decide)."""
         item = queue[0][0]
         if type(item) is not AppendEntry:
             return None
