@@ -866,6 +866,9 @@ class Engine:
         """
         loop = asyncio.get_running_loop()
         try:
+            staged = self._next_of_producer(request, loop)
+            if staged is not None:
+                return staged
             inc, request_type = self._append_target(request)
             body = request.body
             if len(body) >= INLINE_BODY_BYTES:
@@ -874,6 +877,92 @@ class Engine:
             return self._append_staged(inc, request, request_type, None, digest)
         except Exception as exc:
             return _failed(loop, exc)
+
+    def _next_of_producer(
+        self, request: AppendRequest, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[AppendResult] | None:
+        """The common small append, checked, folded and staged in one frame (issue 17, h73): a
+        producer's next seq of its current epoch, a small body of the stream's content type, on
+        an open, healthy stream without a TTL, no Stream-Seq, no close, no commit key. None, with
+        nothing done but the sliding access time, when the request is anything else: the general
+        path (``_append_target``, ``_small_digest``, ``_append_staged``) then judges it from the
+        start, so every refusal, duplicate and precedence is its.
+
+        Each step is the general path's own for this case, without its intermediate calls: the
+        lookup (no TTL: never expired), ``_touch``, the content type (``contenttype.parse``'s cache,
+        compared by essence as ``request_messages`` does), ``check_tuple_syntax`` (an id the
+        stream knows is not empty; the epoch is the producer's; seq is last + 1), the digest,
+        ``producers.validate``'s Accept (the same three comparisons), the JSON split, the entry and
+        its answer, as ``_checked_append`` makes them, staged as ``_append_staged`` stages them. The
+        digest is ``request_digest``'s, hashed in one piece (``producers.append_digest``)."""
+        producer = request.producer
+        body = request.body
+        if (
+            producer is None
+            or request.key is not None
+            or request.stream_seq is not None
+            or request.close
+            or not body
+            or len(body) >= INLINE_BODY_BYTES
+        ):
+            return None
+        inc = self._registry.by_path.get(request.path)
+        if (
+            inc is None
+            or inc.soft_deleted
+            or inc.hard_deadline is not None
+            or inc.lifetime.ttl_seconds is not None
+        ):
+            return None
+        now = self._clock()
+        if now > inc.last_access:
+            inc.last_access = now
+        raw_type = request.content_type
+        request_type = None if raw_type is None else contenttype.parse(raw_type)
+        if request_type is None or request_type.essence != inc.essence:
+            return None
+        log = inc.log
+        if log.poisoned:
+            return None
+        state = log.state
+        if state.closed:
+            return None
+        current = state.producers.get(producer.producer_id)
+        seq = producer.seq
+        if (
+            current is None
+            or producer.epoch != current.epoch
+            or seq != current.last_seq + 1
+            or seq > producers.MAX_SAFE_INTEGER
+        ):
+            return None
+        digest = producers.append_digest(request_type.essence, body)
+        messages = (
+            jsonmode.split_messages(body, allow_empty_array=False, max_messages=self.max_messages)
+            if inc.json
+            else (body,)
+        )
+        entry = AppendEntry(
+            position=state.tail,
+            messages=messages,
+            timestamp_ms=max(int(self._clock() * 1000), state.last_timestamp_ms),
+            closes=False,
+            producer=producer,
+            stream_seq=None,
+            digest=digest,
+        )
+        answer = AppendResult(
+            next_offset=format_offset(state.tail + entry.size),
+            closed=False,
+            duplicate=False,
+            producer_epoch=producer.epoch,
+            producer_seq=seq,
+        )
+        result: asyncio.Future[AppendResult] = loop.create_future()
+        settles = _Settles(result, answer, inc.path if entry.size else None, self._emit)
+        log.stage_to(entry, settles)
+        settles.staged = True
+        return result
 
     def append_batch(self, requests: list[AppendRequest]) -> Batch:
         """``append_nowait`` of many appends (a bulk ``commits`` request's inline commits), settled

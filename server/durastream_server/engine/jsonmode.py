@@ -30,6 +30,7 @@ import asyncio
 import functools
 import json
 import re
+import sys
 from typing import Final
 
 import msgspec
@@ -203,6 +204,10 @@ def split_messages(
     """
     if not body:
         return ()
+    if body[:1] == b"{" and len(body) <= _SMALL_OBJECT_BYTES:
+        single = _small_object(body)
+        if single is not None:
+            return single
     fast = fast_split(body, views=views, max_messages=max_messages)
     if fast is None:
         if len(body) < STDLIB_MAX_BYTES or _stdlib_corner(body):
@@ -213,6 +218,30 @@ def split_messages(
     if not fast and not allow_empty_array:
         raise EmptyJsonArray("an empty JSON array appends nothing")
     return fast
+
+
+# A small body that is one JSON object (the one-event appends of issue 17) is validated by msgspec
+# without a Python object per value; the stdlib scanner decoded it to text, built its dict and encoded
+# it back. Only msgspec's "valid" is taken, and only where it is the stdlib's verdict too: an ASCII
+# body (msgspec does not check UTF-8; the stdlib decodes it), no longer than the interpreter's limit
+# on an integer's digits (the stdlib refuses a longer one, msgspec's span does not), and few enough
+# containers that the stdlib's recursion limit cannot be reached. Anything msgspec refuses (a lone
+# surrogate escape it is stricter about, or an error) goes to the stdlib path for its verdict and
+# message, as before.
+_SMALL_OBJECT_BYTES: Final = min(4096, sys.get_int_max_str_digits() or 4096)
+_SMALL_OBJECT_CONTAINERS: Final = 200
+
+
+def _small_object(body: bytes) -> tuple[bytes] | None:
+    """``(value,)`` for a small ASCII body that is one valid JSON object (whitespace after it
+    trimmed, as the stdlib path trims it), else None: not decided here."""
+    if not body.isascii() or body.count(b"{") + body.count(b"[") > _SMALL_OBJECT_CONTAINERS:
+        return None
+    try:
+        _ANY_RAW.decode(body)
+    except _FAST_REJECTS:
+        return None
+    return (body.rstrip(_WHITESPACE_BYTES),)
 
 
 def _stdlib_corner(body: bytes) -> bool:

@@ -560,6 +560,11 @@ class StreamLog:
         if failure is not None and self._failure is None:
             self._poison(failure)
         rare = self._rare
+        queue = self._queue
+        if self.packed and len(queue) == 1 and (rare is None or rare._failure is None):
+            job = self._one_packed_append(queue)  # type: ignore[arg-type]
+            if job is not None:
+                return job
         promote = None
         packed = False
         if self.packed and (rare is None or rare._failure is None):
@@ -620,6 +625,37 @@ class StreamLog:
             self._file_end,
             cost,
             promote,
+        )
+
+    def _one_packed_append(self, queue: list[_Queued]) -> RoundJob | None:
+        """``round_job`` of the common case of many small streams (issue 17, h73): a packed, healthy
+        log that has one append queued, which stays packed records. The general steps for it
+        (``split_batch``, ``is_group_batch``, ``_batch_bytes``, ``_packs_batch``) in one frame: the
+        same job, the same state after it. None, with nothing changed, for anything else (the
+        general steps then decide)."""
+        item = queue[0][0]
+        if type(item) is not AppendEntry:
+            return None
+        ctx = self._ctx
+        committer = ctx.committer
+        cost = item.cost
+        if (
+            not committer.packed_appends
+            or not ctx.sync
+            or self._file_end + cost > min(committer.packed_threshold, ctx.segment_bytes)
+            or (self.extents is None and self.id not in committer.packs.header_at)
+        ):
+            return None
+        self._queue = ()
+        self._inflight = queue
+        return RoundJob(
+            WriteTarget("", self.id, ctx.cache, PACKED_SEGMENT_BYTES, ctx.sync, ctx.metrics),
+            [item],
+            0,
+            self._file_end,
+            cost,
+            None,
+            packed=True,
         )
 
     def round_done(self, result: BatchResult | BaseException) -> None:

@@ -237,3 +237,52 @@ def test_a_large_invalid_nested_body_is_refused_without_building_its_values() ->
     finally:
         tracemalloc.stop()
     assert peak < 2 * len(body), peak  # the stdlib scanner built 238 MB of dicts here
+
+
+def _verdict(body: bytes) -> tuple[bytes, ...] | tuple[str, str]:
+    """``split_messages``'s answer: the messages, or the refusal's class and message."""
+    try:
+        return jsonmode.split_messages(body, allow_empty_array=False)
+    except BadRequest as exc:
+        return type(exc).__name__, str(exc)
+
+
+def _stdlib_verdict(body: bytes) -> tuple[bytes, ...] | tuple[str, str]:
+    try:
+        return jsonmode.split_with_stdlib(body, allow_empty_array=False)
+    except BadRequest as exc:
+        return type(exc).__name__, str(exc)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), _VALUES, max_size=5), st.booleans(), st.data())
+def test_a_small_object_gets_the_stdlib_verdict(
+    value: dict[str, object], ascii_only: bool, data: st.DataObject
+) -> None:
+    """A small body that starts with ``{`` (one event per append, issue 17) is validated by msgspec
+    (``_small_object``): the same messages as the stdlib path, the same refusal and message,
+    whatever the damage, trailing whitespace or non-ASCII text."""
+    body = bytearray(json.dumps(value, ensure_ascii=ascii_only).encode())
+    body += data.draw(st.sampled_from([b"", b" ", b"\n\t\r "]))
+    _damage(body, data, at_least=0)
+    if not body.startswith(b"{"):
+        body[0:0] = b"{"
+    assert _verdict(bytes(body)) == _stdlib_verdict(bytes(body)), bytes(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a":"\\ud800"}',  # a lone surrogate escape: msgspec refuses it, the stdlib accepts it
+        b'{"a":' + b"9" * 4400 + b"}",  # more digits than int() takes: the stdlib refuses it
+        b'{"a":' + b"[" * 300 + b"]" * 300 + b"}",  # many containers: the stdlib's recursion
+        b'{"\xff":1}',  # invalid UTF-8: msgspec does not check it
+        '{"é":"\u2028"}'.encode(),
+        b'{"a":1}\x0b',
+        b'{"a":1} \n',
+        b'{"a":NaN}',
+        b'{"a":01}',
+    ],
+)
+def test_small_object_corners_get_the_stdlib_verdict(body: bytes) -> None:
+    assert _verdict(body) == _stdlib_verdict(body)

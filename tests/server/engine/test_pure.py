@@ -402,3 +402,13 @@ def test_waitset_wakes_times_out_fails_and_shuts_down() -> None:
         assert len(failing) == 0
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("essence", ["application/json", "text/plain", "application/x-ünïcode"])
+@pytest.mark.parametrize("body", [b"x", b'{"n":1}', b"\x00" * 3000, bytes(range(256)) * 4])
+def test_the_one_piece_append_digest_is_request_digest(essence: str, body: bytes) -> None:
+    """``append_digest`` (the small append's one-frame path) hashes the same bytes in one piece."""
+    expected = producers.request_digest(essence, body, False)
+    assert producers.append_digest(essence, body) == expected
+    assert producers.append_digest(essence, body) == expected  # its cached prefix
+    assert producers.append_digest(essence, body + b"!") != expected

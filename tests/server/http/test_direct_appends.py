@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from durastream_server.auth import parse_token_spec
+from durastream_server.engine.engine import Engine
 from durastream_server.http.app import DIRECT_MAX_BODY
 from durastream_server.http.fastpath import DIRECT_SUPPORTED
 from tests.server.http.test_auth import RO, RW
@@ -70,11 +71,13 @@ SESSION: list[tuple[str, str, bytes, bytes]] = [
 ]
 
 
-async def _answers(tmp_path: Path, *, direct: bool) -> tuple[list[bytes], int]:
+async def _answers(
+    tmp_path: Path, *, direct: bool, session: list[tuple[str, str, bytes, bytes]] = SESSION
+) -> tuple[list[bytes], int]:
     async with running(tmp_path, direct=direct) as (app, port):
         answers = []
         conn = await Conn.open(port)  # one keep-alive connection, as a producer has
-        for method, path, body, extra in SESSION:
+        for method, path, body, extra in session:
             conn.send(
                 f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}\r\n".encode()
                 + extra
@@ -102,6 +105,49 @@ def test_direct_answers_are_byte_identical_to_the_ordinary_path(tmp_path: Path) 
             # Request ids differ per server run (a random prefix); every answer carries one.
             ours, theirs = without_request_id(ours), without_request_id(theirs)
             assert ours == theirs, (n, SESSION[n], ours, theirs)
+
+    asyncio.run(scenario())
+
+
+# A producer's session (issue 17, h73): its next seqs, which the engine checks, folds and stages in
+# one frame (``Engine._next_of_producer``), between every answer the general path gives a producer.
+PRODUCER_SESSION: list[tuple[str, str, bytes, bytes]] = [
+    ("PUT", "/v1/stream/a", b"", JSON),
+    ("PUT", "/v1/stream/t", b"", b"Content-Type: text/plain\r\n"),
+    ("POST", "/v1/stream/a", b'{"n":0}', JSON + producer("p", 0, 0)),  # 200, a new producer
+    ("POST", "/v1/stream/a", b'{"n":1}', JSON + producer("p", 0, 1)),  # 200, its next seq
+    ("POST", "/v1/stream/a", b'[{"n":2},{"n":3}] ', JSON + producer("p", 0, 2) + ORIGIN),
+    ("POST", "/v1/stream/a", b'{"n":2}', JSON + producer("p", 0, 2)),  # 409 tuple reused
+    ("POST", "/v1/stream/a", b'[{"n":2},{"n":3}] ', JSON + producer("p", 0, 2)),  # 204 duplicate
+    ("POST", "/v1/stream/a", b'{"n":9}', JSON + producer("p", 0, 7)),  # 409 sequence gap
+    ("POST", "/v1/stream/a", b"text", b"Content-Type: text/plain\r\n" + producer("p", 0, 3)),
+    ("POST", "/v1/stream/a", b"{nope", JSON + producer("p", 0, 3)),  # 400 invalid JSON
+    ("POST", "/v1/stream/a", b'{"n":3}', JSON + producer("p", 1, 0)),  # 200, a new epoch
+    ("POST", "/v1/stream/a", b'{"n":4}', JSON + producer("p", 1, 1)),  # 200, its next seq
+    ("POST", "/v1/stream/a", b'{"n":5}', JSON + producer("p", 0, 2)),  # 403 stale epoch
+    ("POST", "/v1/stream/t", b"x", b"Content-Type: text/plain\r\n" + producer("q", 0, 0)),
+    ("POST", "/v1/stream/t", b"y", b"Content-Type: text/plain\r\n" + producer("q", 0, 1)),
+    ("POST", "/v1/stream/a", b"", JSON + b"Stream-Closed: true\r\n" + producer("p", 1, 2)),
+    ("POST", "/v1/stream/a", b'{"n":6}', JSON + producer("p", 1, 3)),  # 409 closed
+    ("POST", "/v1/stream/a", b'{"n":4}', JSON + producer("p", 1, 1)),  # 204 duplicate, closed
+]
+
+
+def test_a_producers_next_appends_answer_as_the_general_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-frame path of a producer's next seq against the general path, byte for byte, both
+    direct (the engine's ``_next_of_producer`` switched off for the second run)."""
+
+    async def scenario() -> None:
+        ours, _ = await _answers(tmp_path / "one-frame", direct=True, session=PRODUCER_SESSION)
+        monkeypatch.setattr(Engine, "_next_of_producer", lambda self, request, loop: None)
+        general, _ = await _answers(tmp_path / "general", direct=True, session=PRODUCER_SESSION)
+        statuses = [status(a) for a in ours]
+        assert statuses.count(200) == 7 and {204, 400, 403, 409} <= set(statuses), statuses
+        for n, (a, b) in enumerate(zip(ours, general, strict=True)):
+            a, b = without_request_id(a), without_request_id(b)
+            assert a == b, (n, PRODUCER_SESSION[n], a, b)
 
     asyncio.run(scenario())
 

@@ -616,3 +616,67 @@ def test_a_stream_dropped_while_its_records_are_carried_leaves_the_pack_removabl
         assert not list((tmp_path / packs.PACKS_DIR).glob("*.pack"))
 
     run(go)
+
+
+def _round_jobs(root: Path, monkeypatch: pytest.MonkeyPatch, *, one_frame: bool) -> tuple:
+    """Every round job the committer is given for a session of packed streams (several appends
+    staged at once, a batch past the threshold, a checkpoint, a producer's appends), with the
+    log ids numbered by first appearance; the messages read back; how often the one-frame
+    ``round_job`` answered."""
+    taken = []
+    original = StreamLog._one_packed_append
+
+    def counted(self: StreamLog, queue: list) -> object:  # type: ignore[type-arg]
+        job = original(self, queue) if one_frame else None
+        if job is not None:
+            taken.append(self.id)
+        return job
+
+    monkeypatch.setattr(StreamLog, "_one_packed_append", counted)
+    jobs: list[tuple] = []  # type: ignore[type-arg]
+    ids: dict[str, int] = {}
+    write_round = committer.Committer._write_round
+
+    def recorded(self, round_jobs, *args):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN202
+        for job in round_jobs:
+            number = ids.setdefault(job.target.log_id, len(ids))
+            directory = job.target.directory.replace(str(root), "<root>")
+            directory = directory.replace(job.target.log_id, f"<{number}>")
+            target = (directory, job.target.segment_bytes, job.target.sync)
+            jobs.append((number, target, job.items, job.seg_base, job.end, job.cost, job.packed))
+            jobs.append(job.promote is None)
+        return write_round(self, round_jobs, *args)
+
+    monkeypatch.setattr(committer.Committer, "_write_round", recorded)
+
+    async def go() -> list[list[bytes]]:
+        dd = await open_dd(root, packed_appends=True, packed_threshold=4096)
+        a = await dd.create_stream(header("/a"), None)
+        b = await dd.create_stream(header("/b"), None)
+        await _producer_appends(a, 3)
+        await asyncio.gather(append(a, b'"x"'), append(a, b'"y"'), append(b, b'"z"'))
+        await _checkpoint(dd)
+        await _producer_appends(b, 2)
+        await append(b, b'"' + b"x" * 5000 + b'"')  # past the threshold: promoted
+        await append(b, b'"after"')
+        await append(a, b'"last"', closes=True)
+        messages = [await read_all(a), await read_all(b)]
+        await dd.close()
+        return messages
+
+    messages = run(go)
+    monkeypatch.setattr(StreamLog, "_one_packed_append", original)
+    monkeypatch.setattr(committer.Committer, "_write_round", write_round)
+    return jobs, messages, len(taken)
+
+
+def test_the_one_frame_round_job_gives_the_general_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``StreamLog._one_packed_append`` (issue 17, h73) stands in for the general steps of
+    ``round_job`` for one packed append: the same jobs, round by round, the same data."""
+    ours = _round_jobs(tmp_path / "one-frame", monkeypatch, one_frame=True)
+    general = _round_jobs(tmp_path / "general", monkeypatch, one_frame=False)
+    assert ours[0] == general[0]
+    assert ours[1] == general[1] and len(ours[1][1]) == 5
+    assert general[2] == 0 and ours[2] >= 5, ours[2]
