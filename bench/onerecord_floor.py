@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -210,6 +211,9 @@ async def _run(args: argparse.Namespace) -> dict[str, list[float]]:
                 AppendEntry(position=0, messages=(body,), timestamp_ms=1_700_000_000_000)
                 for _ in range(n)
             ]
+
+            gc.collect()
+            gc.freeze()  # as the server does once it listens (server.py)
 
             def proto_once() -> dict[str, float]:
                 got = {}
