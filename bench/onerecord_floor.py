@@ -22,13 +22,15 @@ Pieces, CPU per stream (``time.process_time``: every thread, the commit thread's
 ``index``  per stream, the least index work the layout needs, with the real functions on copies of
     each stream's objects: ``Extents.add`` of its slice of the record, the pack book's note of it
     (``PackBook.wrote``), ``SparseIndex.note`` of the record start, the state's tail, entries, time;
+``pcarry``  not in the floor: the checkpoint's least work for that entry (read back, written whole
+    into a pack file and synced, each stream's extent relocated), against ``carry``;
 ``settle``  per stream, the answer as one loop over arrays: durable tail and count, the offset token
     (``format_offset``), the ``AppendResult``, and the entry's bulk answer.
 
 What it leaves out (so it is a floor, not an estimate): recovery (a replay splitting the entry back
 into streams), readers of a stream whose bytes sit inside another entry (``packview`` reads extents, so
-that is mostly free, but frames a reader must skip are not designed), the checkpoint's carry of the
-entry into packs, per-stream record frames (a reader needs message boundaries: ``--frames`` times
+that is mostly free, but frames a reader must skip are not designed), the checkpoint beyond
+``pcarry`` (the pack's sidecar and index, the WAL file's removal, merges), per-stream record frames (a reader needs message boundaries: ``--frames`` times
 today's ``encode_append`` per stream as an extra piece), the JSON split (done once over the request it
 is timed, per stream), observers (``on_appended``), the HTTP request and answer bytes.
 
@@ -59,7 +61,7 @@ from durastream_server.engine.engine import Engine
 from durastream_server.offsets import format_offset
 from durastream_server.storage.codec import encode_append
 from durastream_server.storage.datadir import DataDir, Durability, StorageConfig
-from durastream_server.storage.extents import IN_WAL, Extents, records_offsets
+from durastream_server.storage.extents import IN_PACK, IN_WAL, Extents, records_offsets
 from durastream_server.storage.index import SparseIndex
 from durastream_server.storage.records import AppendEntry
 from durastream_server.storage.state import StreamState
@@ -112,6 +114,11 @@ class Prototype:
         for body in bodies:
             split(body, allow_empty_array=False, views=True)
 
+    def rotate(self) -> None:
+        """A new WAL file for the next batch (untimed): ``carry`` then moves one file's entry."""
+        self.generation += 1
+        self.wal = WalFile.create(self.wal_dir, self.generation)
+
     def record(self, bodies: list[bytes]) -> tuple[int, list[int]]:
         """One entry of every stream's bytes: join, the WAL's CRC, pwrite, fdatasync. Returns where
         the bytes start in the WAL file and each stream's slice start inside them."""
@@ -124,11 +131,38 @@ class Prototype:
         wal = self.wal
         base = wal.end
         wal.append([entry])
-        return records_offsets([entry], base, [at])[0], starts
+        self.last = (records_offsets([entry], base, [at])[0], at, starts)
+        return self.last[0], starts
+
+    def carry(self, bodies: list[bytes]) -> None:
+        """The checkpoint's least work for the entry: read it back from the WAL file, write it whole
+        into a pack file and sync it, then relocate each stream's extent there (``Extents.relocate``,
+        as ``PackBook.carried_out`` does; the pack's sidecar, index and the WAL's removal are not)."""
+        at, length, starts = self.last
+        data = os.pread(self.wal.fd, length, at)
+        pack = self.wal_dir / f"pack-{self.generation}"
+        fd = os.open(pack, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        generation = self.generation
+        for i, start in enumerate(starts):
+            position = self.positions[i]
+            self.extents[i].relocate(
+                IN_WAL,
+                generation,
+                [(start, len(bodies[i]), position)],
+                (IN_PACK, generation),
+                known_only=True,
+            )
+        assert (IN_PACK, generation) in self.extents[0].files(), "not relocated"
 
     def index(self, base: int, starts: list[int], bodies: list[bytes], rows: int, now: int) -> None:
         packs = self.packs
         generation = self.generation
+        self.positions = list(self.ends)
         for i, start in enumerate(starts):
             length = len(bodies[i])
             end = self.ends[i]
@@ -217,6 +251,7 @@ async def _run(args: argparse.Namespace) -> dict[str, list[float]]:
 
             def proto_once() -> dict[str, float]:
                 got = {}
+                proto.rotate()
                 c0 = _cpu()
                 proto.lookup(requests)
                 if ctype == "application/json":
@@ -232,6 +267,10 @@ async def _run(args: argparse.Namespace) -> dict[str, list[float]]:
                 answers = proto.settle()
                 c4 = _cpu()
                 assert len(answers) == n
+                c5 = _cpu()
+                proto.carry(bodies)
+                got["pcarry"] = _cpu() - c5
+                proto.wal.remove()
                 got.update(lookup=c1 - c0, record=c2 - c1, index=c3 - c2, settle=c4 - c3)
                 if args.frames:
                     c5 = _cpu()
@@ -268,8 +307,6 @@ async def _run(args: argparse.Namespace) -> dict[str, list[float]]:
                     flush=True,
                 )
         finally:
-            if proto is not None:
-                proto.wal.remove()
             await engine.close()
             await data.close()
     return figures
