@@ -257,8 +257,13 @@ async def in_process(args: argparse.Namespace) -> dict[str, list[float]]:
     gc.collect()
     gc.freeze()  # as the server does once it listens
 
+    def keep(spent: dict[str, float], name: str, answer_bytes: int) -> None:
+        for key, seconds in spent.items():
+            figures.setdefault(key, []).append(seconds / n * 1e6)
+        sizes[name] = answer_bytes
+
     async def today() -> None:
-        spent_parse = spent_answer = spent_frame = 0.0
+        spent = dict.fromkeys(("dsr1_parse", "dsr1_frame", "dsr1_answer"), 0.0)
         total = 0
         for (entries, body), outcomes in zip(dsr1, outcomes_of, strict=True):
             c0 = _cpu()
@@ -266,38 +271,27 @@ async def in_process(args: argparse.Namespace) -> dict[str, list[float]]:
             cf = _cpu()
             inline = proto.dsr1_entries(entries_read)
             c1 = _cpu()
-            spent_frame += cf - c0
-            answer = proto.dsr1_answer(inline, outcomes, entries)
-            c2 = _cpu()
-            spent_parse += c1 - c0
-            spent_answer += c2 - c1
-            total += len(answer)
-        figures.setdefault("dsr1_parse", []).append(spent_parse / n * 1e6)
-        figures.setdefault("dsr1_frame", []).append(spent_frame / n * 1e6)
-        figures.setdefault("dsr1_answer", []).append(spent_answer / n * 1e6)
-        sizes["dsr1_answer_bytes"] = total
+            total += len(proto.dsr1_answer(inline, outcomes, entries))
+            spent["dsr1_frame"] += cf - c0
+            spent["dsr1_parse"] += c1 - c0
+            spent["dsr1_answer"] += _cpu() - c1
+        keep(spent, "dsr1_answer_bytes", total)
 
     async def columnar() -> None:
-        spent_parse = spent_paths = spent_answer = 0.0
-        total = 0
-        at = 0
+        spent = dict.fromkeys(("col_parse", "col_paths", "col_answer"), 0.0)
+        total = at = 0
         for entries, body in col:
             c0 = _cpu()
             got, _, _ = await proto.col_parse(body)
             c1 = _cpu()
             proto.col_paths(got)
             c2 = _cpu()
-            answer = proto.col_answer(tokens[at : at + entries])
-            c3 = _cpu()
+            total += len(proto.col_answer(tokens[at : at + entries]))
             at += entries
-            spent_parse += c1 - c0
-            spent_paths += c2 - c1
-            spent_answer += c3 - c2
-            total += len(answer)
-        figures.setdefault("col_parse", []).append(spent_parse / n * 1e6)
-        figures.setdefault("col_paths", []).append(spent_paths / n * 1e6)
-        figures.setdefault("col_answer", []).append(spent_answer / n * 1e6)
-        sizes["col_answer_bytes"] = total
+            spent["col_parse"] += c1 - c0
+            spent["col_paths"] += c2 - c1
+            spent["col_answer"] += _cpu() - c2
+        keep(spent, "col_answer_bytes", total)
 
     for rep in range(args.repeat):
         steps = [today, columnar] if rep % 2 == 0 else [columnar, today]
